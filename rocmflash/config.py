@@ -1,0 +1,277 @@
+"""Kernel configuration records: what the tuner searches over and what a compile needs.
+
+Two records, both plain frozen dataclasses so they hash, compare and round-trip through
+JSON (the tuner database stores them):
+
+* :class:`KernelConfig` -- every knob of the forward-attention kernels: tile shape
+  (``BLOCK_M``, ``BLOCK_N``), ``num_warps``, ``num_stages``, ``PRE_LOAD_V``, the
+  accumulator-lifetime ``variant`` and its parameters (``num_splits`` for ``split_kv``,
+  ``d_chunks`` for ``split_d``), and the AMD-only compiler options ``waves_per_eu``,
+  ``matrix_instr_nonkdim``, ``kpack`` and ``schedule_hint``. ``validate()`` rejects bad
+  values by name -- Triton itself silently drops unknown option names and silently
+  accepts a bad ``schedule_hint``, so nothing downstream would notice.
+* :class:`Problem` -- the shape/dtype facts a compile depends on (head dim, dtype,
+  causal, heads, sequence lengths), so a kernel can be built for any target with no
+  tensors and no GPU.
+
+This module imports neither torch nor triton (except lazily, to cross-check option
+names against the installed Triton), so it is cheap to import from the tuner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping, Optional
+
+VARIANTS = ("online", "split_kv", "two_phase", "split_d")
+
+_POW2_TILES = (16, 32, 64, 128, 256)
+_NUM_WARPS = (1, 2, 4, 8, 16)
+_NONKDIM = (0, 16, 32)  # 0: let Triton pick (32x32 MFMA for FA-sized tiles)
+_KPACK = (1, 2)
+#: the values Triton 3.6's AMD backend understands (comma-separated combinations allowed)
+SCHEDULE_HINTS = ("none", "attention", "memory-bound-attention", "local-prefetch")
+
+#: options that only the AMD (``hip``) backend knows; never passed on CUDA
+AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+
+_DTYPES = {
+    "fp16": "fp16", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+}
+
+
+def _is_pow2(x: int) -> bool:
+    return isinstance(x, int) and x > 0 and (x & (x - 1)) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One point of the kernel search space (JSON keys = field names; keep them stable).
+
+    ``num_splits=0`` means "choose from the grid size at launch" (enough KV splits to
+    put about two programs on every CU/SM). ``d_chunks`` is the number of output
+    head-dim chunks of ``split_d`` (each chunk is rounded up to a power of two, so the
+    effective number may be smaller for small head dims). ``waves_per_eu=0`` gives LLVM
+    no occupancy hint. ``pad_head_dim=True`` forces padding a non-power-of-two head dim
+    to the next power of two instead of the default two-piece split (see
+    :func:`rocmflash.kernels.common.head_dim_pieces`).
+    """
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 1
+    PRE_LOAD_V: bool = False
+    variant: str = "online"
+    num_splits: int = 0
+    d_chunks: int = 2
+    waves_per_eu: int = 0
+    matrix_instr_nonkdim: int = 0
+    kpack: int = 1
+    schedule_hint: str = "none"
+    pad_head_dim: bool = False
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> "KernelConfig":
+        """Raise ValueError naming the first bad field and its allowed values; return self."""
+
+        def bad(field: str, allowed: str) -> None:
+            raise ValueError(
+                f"KernelConfig.{field}={getattr(self, field)!r} is invalid; expected {allowed}"
+            )
+
+        for f in ("BLOCK_M", "BLOCK_N"):
+            v = getattr(self, f)
+            if type(v) is not int or v not in _POW2_TILES:
+                bad(f, f"one of {_POW2_TILES}")
+        if type(self.num_warps) is not int or self.num_warps not in _NUM_WARPS:
+            bad("num_warps", f"one of {_NUM_WARPS}")
+        if type(self.num_stages) is not int or not 1 <= self.num_stages <= 6:
+            bad("num_stages", "an int in 1..6")
+        if not isinstance(self.PRE_LOAD_V, bool):
+            bad("PRE_LOAD_V", "a bool")
+        if self.variant not in VARIANTS:
+            bad("variant", f"one of {VARIANTS}")
+        if type(self.num_splits) is not int or not 0 <= self.num_splits <= 128:
+            bad("num_splits", "an int in 0..128 (0 = automatic)")
+        if type(self.d_chunks) is not int or not _is_pow2(self.d_chunks) or self.d_chunks > 16:
+            bad("d_chunks", "a power of two in 1..16")
+        if type(self.waves_per_eu) is not int or not 0 <= self.waves_per_eu <= 10:
+            bad("waves_per_eu", "an int in 0..10 (0 = no occupancy hint)")
+        if type(self.matrix_instr_nonkdim) is not int or self.matrix_instr_nonkdim not in _NONKDIM:
+            bad("matrix_instr_nonkdim", f"one of {_NONKDIM}")
+        if type(self.kpack) is not int or self.kpack not in _KPACK:
+            bad("kpack", f"one of {_KPACK}")
+        hints = str(self.schedule_hint).split(",") if isinstance(self.schedule_hint, str) else [None]
+        if not hints or any(h not in SCHEDULE_HINTS for h in hints) or (
+            "none" in hints and len(hints) > 1
+        ):
+            bad("schedule_hint", f"one of {SCHEDULE_HINTS} (or a comma-separated combination without 'none')")
+        if not isinstance(self.pad_head_dim, bool):
+            bad("pad_head_dim", "a bool")
+        return self
+
+    # ------------------------------------------------------------------ compile options
+    def compile_options(self, backend: str) -> dict:
+        """Triton compile options for ``backend`` ("hip" or "cuda"): only names that backend knows.
+
+        AMD-only options are left out on CUDA (Triton would reject them there at launch).
+        The names are cross-checked against the installed Triton's option dataclass so a
+        renamed option fails loudly instead of being dropped silently.
+        """
+        self.validate()
+        if backend not in ("hip", "cuda"):
+            raise ValueError(f"backend={backend!r} is invalid; expected 'hip' or 'cuda'")
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if backend == "hip":
+            opts.update(
+                waves_per_eu=self.waves_per_eu,
+                matrix_instr_nonkdim=self.matrix_instr_nonkdim,
+                kpack=self.kpack,
+                schedule_hint=self.schedule_hint,
+            )
+        _check_option_names(backend, opts)
+        return opts
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict:
+        """Plain dict with the field names as keys (JSON-ready)."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelConfig":
+        """Build and validate a config from a dict; unknown keys are an error (not dropped)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown KernelConfig key(s) {unknown}; expected a subset of {sorted(names)}")
+        return cls(**dict(d)).validate()
+
+    @classmethod
+    def from_json(cls, s: str) -> "KernelConfig":
+        return cls.from_dict(json.loads(s))
+
+    def replace(self, **changes) -> "KernelConfig":
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes).validate()
+
+
+def _check_option_names(backend: str, opts: dict) -> None:
+    try:
+        if backend == "hip":
+            from triton.backends.amd.compiler import HIPOptions as Opt
+        else:
+            from triton.backends.nvidia.compiler import CUDAOptions as Opt
+    except Exception:  # pragma: no cover - backend not shipped in this wheel
+        return
+    known = {f.name for f in dataclasses.fields(Opt)}
+    missing = sorted(set(opts) - known)
+    if missing:
+        raise RuntimeError(f"installed Triton's {backend} backend has no option(s) {missing}")
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """'fp16' or 'bf16' from a string or torch dtype; ValueError otherwise."""
+    key = str(dtype).lower()
+    if key not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unsupported; expected float16 or bfloat16")
+    return _DTYPES[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a compile-only build needs to know about the attention call (no tensors).
+
+    Strides are taken as those of contiguous ``(B, H, S, D)`` tensors. Sequence lengths
+    only matter through Triton's specialisation (divisible by 16 or not), so the
+    defaults are fine for register/occupancy studies.
+    """
+
+    head_dim: int = 128
+    dtype: str = "fp16"
+    causal: bool = False
+    batch: int = 1
+    heads_q: int = 16
+    heads_kv: int = 16
+    seqlen_q: int = 4096
+    seqlen_k: int = 4096
+    store_lse: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if type(self.head_dim) is not int or not 16 <= self.head_dim <= 256:
+            raise ValueError(f"Problem.head_dim={self.head_dim!r} is invalid; expected an int in 16..256")
+        for f in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k"):
+            if type(getattr(self, f)) is not int or getattr(self, f) < 1:
+                raise ValueError(f"Problem.{f}={getattr(self, f)!r} is invalid; expected a positive int")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(
+                f"Problem.heads_q={self.heads_q} is not a multiple of heads_kv={self.heads_kv}"
+            )
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Problem":
+        return cls(**dict(d))
+
+
+# ---------------------------------------------------------------------- defaults
+def default_config(
+    arch: Optional[str] = None, head_dim: int = 128, variant: str = "online", gpu: Any = None
+) -> KernelConfig:
+    """A sensible starting config per architecture and head dim, until the tuner's DB exists.
+
+    Reasoning:
+
+    * **AMD CDNA (gfx90a/gfx942/gfx950)**: FA is two fused GEMMs, so ``num_stages=1``
+      (AMD guidance); ``num_warps=4`` keeps the 4 waves of a workgroup on the 4 SIMDs.
+      The fp32 accumulator dominates VGPRs on wave-64: ``BLOCK_M x D`` floats spread
+      over ``num_warps x 64`` lanes, i.e. 64 VGPRs/lane for BM=128, D=128, 4 warps, plus
+      the Q tile, scores and P. BM=128/BN=64 at ``waves_per_eu=2`` (<= 256 VGPRs) fits that;
+      for D > 128 BM drops to 64 so the accumulator does not force 1 wave/SIMD.
+    * **NVIDIA sm_90 (H100/H200)**: measured best of a 36-config sweep of a portable
+      Triton FA kernel (reports/anchors): BM=128, BN=128 (D=128) or BN=64 (D=64),
+      8 warps, 3 stages; D > 128 drops to BN=64/2 stages for shared memory.
+    * **other / unknown** (including the CPU interpreter): BM=64, BN=64, 4 warps, 2 stages.
+    """
+    if gpu is not None:
+        arch = gpu.arch
+    if arch is None:
+        arch = "generic"
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is invalid; expected one of {VARIANTS}")
+    if arch.startswith("gfx9"):
+        if head_dim <= 64:
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2)
+        elif head_dim <= 128:
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
+                               PRE_LOAD_V=False)
+        else:
+            cfg = KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2)
+    elif arch == "sm_90":
+        if head_dim <= 64:
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+        elif head_dim <= 128:
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+        else:
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+    elif arch.startswith("sm_"):
+        if head_dim <= 128:
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+        else:
+            cfg = KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    else:
+        cfg = KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    return cfg.replace(variant=variant)

@@ -1,0 +1,30 @@
+"""Forward-attention kernels: one module per accumulator-lifetime variant.
+
+Each module exposes ``launch(q, k, v, cfg, causal, sm_scale, out=None, lse=None)``
+returning ``(out, lse)`` and ``compile_for(target, cfg, problem)`` returning a tuple of
+Triton ``CompiledKernel`` objects, main kernel first (``split_kv`` also returns its
+combine kernel second). ``KERNELS`` in each module names the kernels in that order.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from rocmflash.config import VARIANTS
+
+_MODULES = {name: f"rocmflash.kernels.{name}" for name in VARIANTS}
+
+
+def get_variant(name: str):
+    """The kernel module of a variant (``online``, ``split_kv``, ``two_phase``, ``split_d``)."""
+    if name not in _MODULES:
+        raise ValueError(f"variant={name!r} is unknown; expected one of {tuple(_MODULES)}")
+    return importlib.import_module(_MODULES[name])
+
+
+def registry() -> dict:
+    """``{variant name: kernel module}`` for every variant (imports all of them)."""
+    return {name: get_variant(name) for name in _MODULES}
+
+
+__all__ = ["get_variant", "registry", "VARIANTS"]

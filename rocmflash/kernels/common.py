@@ -1,0 +1,410 @@
+"""Pieces shared by the four forward-attention variants.
+
+Device side (``@kernel_jit`` helpers): loading the Q tile, computing the score tile
+``Q Kᵀ`` over one or two head-dim pieces, masking (key tail + causal diagonal), loading
+a V tile, and the causal loop bounds. Host side: the head-dim split rule, a
+:class:`Geometry` record built either from tensors (launch) or from a
+:class:`~rocmflash.config.Problem` (compile-only), and :func:`compile_kernel`, which
+builds a kernel for any ``GPUTarget`` with exactly the argument specialisation a real
+launch would get.
+
+Conventions used by every kernel:
+
+* Scores are computed in fp32; the softmax scale is pre-multiplied by ``log2(e)`` so the
+  kernels use ``exp2`` (one MUFU/v_exp op) instead of ``exp``.
+* Causal masking is **bottom-right aligned** (flash-attn convention): query ``i`` may
+  attend key ``j`` iff ``j <= i + (Sk - Sq)``. With ``Sq > Sk`` the first ``Sq - Sk``
+  queries see no key: their output is 0 and their LSE is ``-inf``.
+* LSE is returned in natural log, fp32, shape ``(B, Hq, Sq)``.
+
+**Non-power-of-two head dims.** ``tl.arange`` needs power-of-two extents and ``tl.dot``
+needs K >= 16. :func:`head_dim_pieces` splits D into a power-of-two main piece plus a
+second power-of-two piece (>= 16) when that is narrower than padding: 72 and 80 -> 64+16,
+96 -> 64+32, 160 -> 128+32, 192 -> 128+64; otherwise (e.g. 112, 24) D is padded to the next
+power of two with masked loads. Both QKᵀ (two accumulating dots) and the output
+accumulator (two tiles) use the pieces, so the fp32 accumulator shrinks with D instead
+of being sized for the next power of two. The measured register cost is in
+``reports/attention-*.md``; ``KernelConfig.pad_head_dim=True`` forces padding.
+
+**Interpreter and compiler in one process.** ``triton.jit`` decides at decoration time
+between a compiled ``JITFunction`` and an ``InterpretedFunction``. :func:`kernel_jit`
+always builds the ``JITFunction`` (so compile-only builds work anywhere) and gives it an
+interpreted twin; launches pick the twin when ``TRITON_INTERPRET=1`` *at call time*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from rocmflash.config import KernelConfig, Problem
+
+LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------- jit plumbing
+class _DualJIT(JITFunction):
+    """A JITFunction that also runs under Triton's interpreter.
+
+    The compiler never calls a JITFunction (it inlines it), so ``__call__`` is only
+    reached when an interpreted kernel calls a helper: forward it to the interpreted twin.
+    """
+
+    @property
+    def interpreted(self):
+        twin = self.__dict__.get("_twin")
+        if twin is None:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            twin = InterpretedFunction(self.fn)
+            self.__dict__["_twin"] = twin
+        return twin
+
+    def __call__(self, *args, **kwargs):
+        return self.interpreted(*args, **kwargs)
+
+
+def kernel_jit(fn):
+    """Decorator used instead of ``triton.jit`` for every kernel and helper of this package."""
+    return _DualJIT(fn)
+
+
+def interpreting() -> bool:
+    """True when launches should go through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# ----------------------------------------------------------------------------- device helpers
+@kernel_jit
+def load_2d(ptrs, rmask, cmask, MASK_R: tl.constexpr, MASK_C: tl.constexpr):
+    """Load a 2-D tile, masking rows and/or columns only where the caller says it is needed."""
+    if MASK_R:
+        if MASK_C:
+            x = tl.load(ptrs, mask=rmask[:, None] & cmask[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rmask[:, None], other=0.0)
+    else:
+        if MASK_C:
+            x = tl.load(ptrs, mask=cmask[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@kernel_jit
+def load_q(Q_base, offs_m, stride_qm, stride_qd, SEQ_Q,
+           HEAD_DIM: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr):
+    """The Q tile as one or two head-dim pieces ``(q0, q1)``; ``q1`` is a dummy when BLOCK_D1 == 0."""
+    offs_d0 = tl.arange(0, BLOCK_D0)
+    q0 = load_2d(Q_base + offs_m[:, None] * stride_qm + offs_d0[None, :] * stride_qd,
+                 offs_m < SEQ_Q, offs_d0 < HEAD_DIM, True, BLOCK_D0 > HEAD_DIM)
+    q1 = q0
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
+        q1 = load_2d(Q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qd,
+                     offs_m < SEQ_Q, offs_d1 < HEAD_DIM, True, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+    return q0, q1
+
+
+@kernel_jit
+def qk_scores(q0, q1, K_base, offs_n, stride_kn, stride_kd, SEQ_K,
+              HEAD_DIM: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr,
+              MASK_N: tl.constexpr):
+    """Raw fp32 scores ``Q Kᵀ`` for one key block: one dot per head-dim piece, accumulated.
+
+    K is loaded transposed (``[D, BLOCK_N]``); key rows past ``SEQ_K`` are loaded as 0
+    only in masked blocks (``MASK_N``) -- full blocks issue unmasked loads.
+    """
+    offs_d0 = tl.arange(0, BLOCK_D0)
+    k0 = load_2d(K_base + offs_d0[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                 offs_d0 < HEAD_DIM, offs_n < SEQ_K, BLOCK_D0 > HEAD_DIM, MASK_N)
+    s = tl.dot(q0, k0)
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D0 + tl.arange(0, BLOCK_D1)
+        k1 = load_2d(K_base + offs_d1[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                     offs_d1 < HEAD_DIM, offs_n < SEQ_K, BLOCK_D0 + BLOCK_D1 > HEAD_DIM, MASK_N)
+        s = tl.dot(q1, k1, s)
+    return s
+
+
+@kernel_jit
+def mask_scores(s, offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr):
+    """Set disallowed scores to -inf: keys past the end, and (causal) keys ``j > i + Sk - Sq``."""
+    keep = offs_n[None, :] < SEQ_K
+    if CAUSAL:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None] + (SEQ_K - SEQ_Q))
+    return tl.where(keep, s, float("-inf"))
+
+
+@kernel_jit
+def load_v(V_base, offs_n, d_start, stride_vn, stride_vd, SEQ_K, D_END,
+           BLOCK_D: tl.constexpr, MASK_N: tl.constexpr, MASK_D: tl.constexpr):
+    """V tile ``[BLOCK_N, BLOCK_D]`` for head-dim columns ``d_start + arange(BLOCK_D)`` (< D_END)."""
+    offs_d = d_start + tl.arange(0, BLOCK_D)
+    return load_2d(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                   offs_n < SEQ_K, offs_d < D_END, MASK_N, MASK_D)
+
+
+@kernel_jit
+def store_o(O_base, acc, offs_m, d_start, stride_om, stride_od, SEQ_Q, D_END,
+            BLOCK_D: tl.constexpr, MASK_D: tl.constexpr):
+    """Store an output tile (cast to O's dtype); rows past SEQ_Q and columns past D_END skipped."""
+    offs_d = d_start + tl.arange(0, BLOCK_D)
+    ptrs = O_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    if MASK_D:
+        tl.store(ptrs, acc.to(O_base.dtype.element_ty),
+                 mask=(offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < D_END))
+    else:
+        tl.store(ptrs, acc.to(O_base.dtype.element_ty), mask=offs_m[:, None] < SEQ_Q)
+
+
+@kernel_jit
+def kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr):
+    """``(full_end, hi)`` for a query block starting at ``start_m``.
+
+    Keys ``[0, full_end)`` are unmasked for every row of the block (whole blocks, no mask
+    work); keys ``[full_end, hi)`` need the tail/causal mask; keys ``>= hi`` are never
+    visited (fully masked blocks are skipped by the loop bounds, not masked).
+    """
+    if CAUSAL:
+        shift = SEQ_K - SEQ_Q  # bottom-right alignment
+        hi = tl.minimum(SEQ_K, tl.maximum(0, start_m + BLOCK_M + shift))
+        full_end = (tl.maximum(0, tl.minimum(hi, start_m + shift + 1)) // BLOCK_N) * BLOCK_N
+    else:
+        hi = SEQ_K
+        full_end = (SEQ_K // BLOCK_N) * BLOCK_N
+    return full_end, hi
+
+
+@kernel_jit
+def query_block(CAUSAL: tl.constexpr):
+    """Index of this program's query block; causal grids start with the longest rows."""
+    if CAUSAL:
+        pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+    return pid
+
+
+# ----------------------------------------------------------------------------- host helpers
+def next_pow2(x: int) -> int:
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
+def head_dim_pieces(head_dim: int, pad: bool = False) -> tuple[int, int]:
+    """``(BLOCK_D0, BLOCK_D1)`` covering ``head_dim`` (BLOCK_D1 == 0: one piece).
+
+    A two-piece split ``prev_pow2(D) + next_pow2(max(D - prev_pow2(D), 16))`` is used when
+    it is narrower than padding to ``next_pow2(D)``; otherwise (or with ``pad=True``) D is
+    padded to ``max(16, next_pow2(D))``.
+    """
+    padded = max(16, next_pow2(head_dim))
+    if pad or padded == head_dim:
+        return padded, 0
+    d0 = 1 << (int(head_dim).bit_length() - 1)
+    d1 = max(16, next_pow2(head_dim - d0))
+    if d0 >= 16 and d0 + d1 < padded:
+        return d0, d1
+    return padded, 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Sizes and element strides of one attention call, from tensors or from a Problem."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: str  # "fp16" | "bf16"
+    q_strides: tuple
+    k_strides: tuple
+    v_strides: tuple
+    o_strides: tuple
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @classmethod
+    def from_problem(cls, p: Problem) -> "Geometry":
+        def contig(h, s, d):
+            return (h * s * d, s * d, d, 1)
+
+        return cls(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim, p.dtype,
+                   contig(p.heads_q, p.seqlen_q, p.head_dim), contig(p.heads_kv, p.seqlen_k, p.head_dim),
+                   contig(p.heads_kv, p.seqlen_k, p.head_dim), contig(p.heads_q, p.seqlen_q, p.head_dim))
+
+    @classmethod
+    def from_tensors(cls, q, k, v, o) -> "Geometry":
+        B, Hq, Sq, D = q.shape
+        dt = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(q.dtype)]
+        return cls(B, Hq, k.shape[1], Sq, k.shape[2], D, dt,
+                   tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), tuple(o.stride()))
+
+
+class Ptr:
+    """Stand-in for a tensor argument in a compile-only build: just its Triton element type."""
+
+    def __init__(self, ty: str):
+        self.ty = ty
+
+
+def attention_args(g: Geometry, q, k, v, o, lse, sm_scale: float) -> dict:
+    """The argument prefix common to the main kernels, in kernel-signature order."""
+    return dict(
+        Q=q, K=k, V=v, O=o, LSE=lse, qk_scale=float(sm_scale) * LOG2E,
+        stride_qz=g.q_strides[0], stride_qh=g.q_strides[1], stride_qm=g.q_strides[2], stride_qd=g.q_strides[3],
+        stride_kz=g.k_strides[0], stride_kh=g.k_strides[1], stride_kn=g.k_strides[2], stride_kd=g.k_strides[3],
+        stride_vz=g.v_strides[0], stride_vh=g.v_strides[1], stride_vn=g.v_strides[2], stride_vd=g.v_strides[3],
+        stride_oz=g.o_strides[0], stride_oh=g.o_strides[1], stride_om=g.o_strides[2], stride_od=g.o_strides[3],
+        H_Q=g.heads_q, GROUP=g.group, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k,
+    )
+
+
+def compile_args(g: Geometry, store_lse: bool) -> dict:
+    """``attention_args`` for a compile-only build: pointers replaced by :class:`Ptr`."""
+    t = "*" + g.dtype
+    return attention_args(g, Ptr(t), Ptr(t), Ptr(t), Ptr(t), Ptr("*fp32"), 1.0)
+
+
+# ----------------------------------------------------------------------------- compile / launch
+def as_target(target: Any):
+    """A ``GPUTarget`` from a GPUTarget, an arch string (``gfx942``, ``sm_90``) or a catalog GPU name."""
+    from triton.backends.compiler import GPUTarget
+
+    if isinstance(target, GPUTarget):
+        return target
+    if hasattr(target, "triton_target"):
+        return target.triton_target()
+    name = str(target).strip().lower()
+    if name.startswith("gfx"):
+        return GPUTarget("hip", name, 32 if name.startswith("gfx1") else 64)
+    if name.startswith("sm_") and name[3:].isdigit():
+        return GPUTarget("cuda", int(name[3:]), 32)
+    from rocmflash.gpus import get_gpu
+
+    return get_gpu(name).triton_target()
+
+
+def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: KernelConfig):
+    """Cross-compile ``fn`` for ``target`` as a launch with these arguments would.
+
+    Integer arguments get Triton's launch-time specialisation (``== 1`` becomes a
+    constant, multiples of 16 get ``tt.divisibility``); pointers are taken as 16-byte
+    aligned. Returns Triton's ``CompiledKernel``.
+    """
+    from triton.backends.compiler import BaseBackend
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import native_specialize_impl
+
+    target = as_target(target)
+    signature, consts, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            consts[name] = constexprs[name]
+            continue
+        if name not in args:
+            raise TypeError(f"compile_kernel: no value for kernel argument {name!r} of {fn.__name__}")
+        val = args[name]
+        if isinstance(val, Ptr):
+            signature[name] = val.ty
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(val, float):
+            signature[name] = "fp32"
+        elif isinstance(val, bool) or not isinstance(val, int):
+            raise TypeError(f"compile_kernel: unsupported value {val!r} for {name!r}")
+        else:
+            ty, key = native_specialize_impl(BaseBackend, val, False, True, True)
+            if ty == "constexpr":
+                signature[name] = "constexpr"
+                consts[name] = key
+            else:
+                signature[name] = ty
+                if key:
+                    attrs[(i,)] = BaseBackend.parse_attr(key)
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=target, options=cfg.compile_options(target.backend))
+
+
+_BF16_DOT_PATCHED = False
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """Work around Triton 3.6's interpreter multiplying bf16 dot operands as raw uint16.
+
+    The interpreter stores bf16 as uint16 and ``create_dot`` calls ``np.matmul`` on that
+    storage (garbage results). Widen bf16 operands to fp32 first -- exact, and what the
+    tensor cores do (exact products, fp32 accumulation). Only the interpreter is touched.
+    """
+    global _BF16_DOT_PATCHED
+    if _BF16_DOT_PATCHED:
+        return
+    import numpy as np
+    from triton.runtime import interpreter as I
+
+    original = I.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(x):
+            if x.dtype.scalar == tl.bfloat16:
+                data = I._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
+                return I.TensorHandle(data, tl.float32)
+            return x
+
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    I.InterpreterBuilder.create_dot = create_dot
+    _BF16_DOT_PATCHED = True
+
+
+def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
+    """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments."""
+    if interpreting():
+        _patch_interpreter_bf16_dot()
+        fn.interpreted[grid](**args, **constexprs)
+    else:
+        fn[grid](**args, **constexprs, **cfg.compile_options(backend))
+
+
+def torch_backend() -> str:
+    """"hip" on ROCm builds of torch, else "cuda"."""
+    import torch
+
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def dummy_lse(device):
+    """A 1-element fp32 buffer passed as LSE when the caller does not want it."""
+    import torch
+
+    return torch.empty(1, device=device, dtype=torch.float32)
+
+
+def num_compute_units(device) -> int:
+    """CUs/SMs of the device (132 when unknown, e.g. under the interpreter)."""
+    import torch
+
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def resolve_pieces(cfg: KernelConfig, head_dim: int) -> tuple[int, int]:
+    return head_dim_pieces(head_dim, cfg.pad_head_dim)
+
+
+def check_problem_config(cfg: KernelConfig, variant: str, problem: Optional[Problem] = None) -> KernelConfig:
+    cfg = cfg.validate()
+    if cfg.variant != variant:
+        cfg = dataclasses.replace(cfg, variant=variant)
+    return cfg

@@ -1,0 +1,160 @@
+"""``online``: the classic one-pass online-softmax forward kernel (FlashAttention-2).
+
+One program owns ``BLOCK_M`` query rows of one (batch, head) and walks every allowed
+key block once. It carries the fp32 output accumulator ``acc[BLOCK_M, D]`` plus the
+running row max ``m_i`` and row sum ``l_i`` across the whole loop; each new block
+rescales ``acc`` by ``alpha = exp2(m_old - m_new)``. That accumulator is what dominates
+register use on wave-64 hardware (``BLOCK_M * D / (64 * num_warps)`` VGPRs per lane);
+the other variants trade it away.
+
+The key loop runs in two parts: whole blocks that need no mask (no tail, fully below
+the causal diagonal) and the few blocks that do. Fully masked causal blocks are never
+visited. ``PRE_LOAD_V`` issues the V load together with K (more registers live, more
+latency hidden).
+
+Head dims that are not powers of two use two head-dim pieces (see
+:mod:`rocmflash.kernels.common`): two accumulating dots for QKᵀ and two accumulator
+tiles ``acc0[BLOCK_M, D0]``, ``acc1[BLOCK_M, D1]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rocmflash.config import KernelConfig, Problem
+from rocmflash.kernels import common as C
+from rocmflash.kernels.common import kernel_jit
+
+
+@kernel_jit
+def online_block(acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
+                 stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr,
+                 CAUSAL: tl.constexpr, MASK: tl.constexpr, PRE_LOAD_V: tl.constexpr):
+    """One online-softmax step over keys ``[start_n, start_n + BLOCK_N)`` (shared with split_kv)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    s = C.qk_scores(q0, q1, K_base, offs_n, stride_kn, stride_kd, SEQ_K,
+                    HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
+    if PRE_LOAD_V:
+        v0 = C.load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
+                      BLOCK_D0, MASK, BLOCK_D0 > HEAD_DIM)
+        if BLOCK_D1 > 0:
+            v1 = C.load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
+                          BLOCK_D1, MASK, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+    if MASK:
+        s = C.mask_scores(s, offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL)
+    # new running max, in the log2 domain (qk_scale already holds log2(e))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    if MASK:
+        # a row with no allowed key so far keeps m = -inf; subtract 0 instead of -inf
+        # so that exp2 gives 0 rather than NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(s * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)  # rescale of everything accumulated so far
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if not PRE_LOAD_V:
+        v0 = C.load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
+                      BLOCK_D0, MASK, BLOCK_D0 > HEAD_DIM)
+        if BLOCK_D1 > 0:
+            v1 = C.load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
+                          BLOCK_D1, MASK, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+    p = p.to(v0.dtype)
+    acc0 = tl.dot(p, v0, acc0 * alpha[:, None])
+    if BLOCK_D1 > 0:
+        acc1 = tl.dot(p, v1, acc1 * alpha[:, None])
+    return acc0, acc1, m_new, l_i
+
+
+@kernel_jit
+def _fwd_online(Q, K, V, O, LSE, qk_scale,
+                stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd,
+                stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_oz, stride_oh, stride_om, stride_od,
+                H_Q, GROUP, SEQ_Q, SEQ_K,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr,
+                CAUSAL: tl.constexpr, PRE_LOAD_V: tl.constexpr, STORE_LSE: tl.constexpr):
+    start_m = C.query_block(CAUSAL) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_z = off_bh // H_Q
+    off_h = off_bh % H_Q
+    off_hk = off_h // GROUP  # GQA/MQA: GROUP query heads share one K/V head
+    # 64-bit base offsets: batch*head strides overflow int32 on large tensors
+    Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    K_base = K + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+    V_base = V + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q0, q1 = C.load_q(Q_base, offs_m, stride_qm, stride_qd, SEQ_Q, HEAD_DIM, BLOCK_D0, BLOCK_D1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D0], tl.float32)
+    acc1 = acc0  # placeholder, never updated, when there is no second head-dim piece
+    if BLOCK_D1 > 0:
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D1], tl.float32)
+
+    full_end, hi = C.kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_N):  # unmasked blocks
+        acc0, acc1, m_i, l_i = online_block(
+            acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+            HEAD_DIM, BLOCK_N, BLOCK_D0, BLOCK_D1, CAUSAL, False, PRE_LOAD_V)
+    for start_n in range(full_end, hi, BLOCK_N):  # diagonal / tail blocks
+        acc0, acc1, m_i, l_i = online_block(
+            acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+            HEAD_DIM, BLOCK_N, BLOCK_D0, BLOCK_D1, CAUSAL, True, PRE_LOAD_V)
+
+    # rows that saw no key (causal, Sq > Sk) have l = 0: output 0, LSE -inf
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    inv_l = 1.0 / l_safe
+    C.store_o(O_base, acc0 * inv_l[:, None], offs_m, 0, stride_om, stride_od, SEQ_Q, HEAD_DIM,
+              BLOCK_D0, BLOCK_D0 > HEAD_DIM)
+    if BLOCK_D1 > 0:
+        C.store_o(O_base, acc1 * inv_l[:, None], offs_m, BLOCK_D0, stride_om, stride_od, SEQ_Q,
+                  HEAD_DIM, BLOCK_D1, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+    if STORE_LSE:
+        lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453  # log2 domain -> natural log
+        tl.store(LSE + off_bh.to(tl.int64) * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
+
+
+KERNELS = ("_fwd_online",)
+
+
+def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool) -> dict:
+    d0, d1 = C.resolve_pieces(cfg, head_dim)
+    return dict(HEAD_DIM=head_dim, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D0=d0,
+                BLOCK_D1=d1, CAUSAL=bool(causal), PRE_LOAD_V=cfg.PRE_LOAD_V, STORE_LSE=bool(store_lse))
+
+
+def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None):
+    """Run the online kernel on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``.
+
+    ``out`` may be any-strided ``(B, Hq, Sq, D)`` of q's dtype; ``lse`` (optional) a
+    contiguous fp32 ``(B, Hq, Sq)`` tensor, filled with the natural-log LSE.
+    """
+    cfg = C.check_problem_config(cfg, "online")
+    if out is None:
+        out = torch.empty_like(q)
+    g = C.Geometry.from_tensors(q, k, v, out)
+    args = C.attention_args(g, q, k, v, out, lse if lse is not None else C.dummy_lse(q.device), sm_scale)
+    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), g.batch * g.heads_q)
+    C.launch_kernel(_fwd_online, grid, args, _constexprs(cfg, g.head_dim, causal, lse is not None),
+                    cfg, C.torch_backend())
+    return out, lse
+
+
+def compile_for(target, cfg: KernelConfig, problem: Problem):
+    """Cross-compile for ``target`` without tensors; returns ``(main_kernel,)``."""
+    cfg = C.check_problem_config(cfg, "online")
+    g = C.Geometry.from_problem(problem)
+    return (C.compile_kernel(_fwd_online, target, C.compile_args(g, problem.store_lse),
+                             _constexprs(cfg, g.head_dim, problem.causal, problem.store_lse), cfg),)
