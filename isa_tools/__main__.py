@@ -1,0 +1,5 @@
+import sys
+
+from isa_tools.cli import main
+
+sys.exit(main())
