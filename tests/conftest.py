@@ -1,0 +1,58 @@
+"""Shared test fixtures for rocmflash.
+
+Interpreter vs. compiler scheme: rocmflash's kernels are built as real ``JITFunction``s
+with an interpreted twin (``rocmflash.kernels.common.kernel_jit``), and a launch reads
+``TRITON_INTERPRET`` *at call time*. So nothing is set at import time here:
+
+* CPU numerics tests request the ``interpret`` fixture (sets ``TRITON_INTERPRET=1`` for
+  that test only, via monkeypatch) and run CPU tensors through Triton's interpreter.
+* GPU tests are marked ``@pytest.mark.gpu``, skipped without ``torch.cuda.is_available()``,
+  and request ``compiled`` (unsets ``TRITON_INTERPRET``) so the real compiler is used.
+* Compile-only tests need neither: cross-compiling works in any process.
+
+One ``pytest`` run therefore covers all three on a GPU machine, and CI (no GPU) runs the
+first and last kinds.
+"""
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Run kernel launches in this test through Triton's CPU interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Make sure kernel launches in this test use the real compiler on a GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm GPU")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def reference_attention(q, k, v, causal, scale):
+    """fp64 attention (on q's device) with rocmflash's conventions; returns ``(out, lse)``.
+
+    Bottom-right causal alignment (key j allowed for query i iff j <= i + Sk - Sq); rows
+    with no allowed key get output 0 and LSE -inf; GQA by repeating K/V heads.
+    """
+    q, k, v = (x.double() for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    sq, sk = q.shape[2], k.shape[2]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    return p @ v, lse
+
+
+@pytest.fixture
+def attention_reference():
+    return reference_attention
