@@ -86,7 +86,7 @@ def waves_per_simd_static(arch, allocated_vgprs: int, sgprs: int, lds_bytes: int
 
 
 def vgprs_past_cliff(arch, allocated_vgprs: int) -> int:
-    """Allocated VGPRs above the last cliff: how many to shed to gain one wave per SIMD (0 at max waves)."""
+    """Allocated VGPRs above the last cliff: how many to shed to gain at least one wave per SIMD (0 at max waves)."""
     a = _arch(arch)
     waves = waves_from_vgprs(a, allocated_vgprs)
     if waves >= a.max_waves_per_simd:
@@ -171,7 +171,9 @@ def amd_occupancy(arch, allocated_vgprs: int, sgprs: int, static_lds_bytes: int 
         "max_waves": a.max_waves_per_simd,
     }
     waves = per_simd(workgroups)
-    limiter = next(name for name in LIMITER_ORDER if candidates[name] == waves)
+    # At the hardware maximum nothing the kernel does is binding; say so rather than naming a resource.
+    limiter = "max_waves" if waves == a.max_waves_per_simd else next(
+        name for name in LIMITER_ORDER if candidates[name] == waves)
     return AmdOccupancy(
         waves_per_simd_static=static,
         waves_per_simd=waves,

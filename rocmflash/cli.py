@@ -1,0 +1,117 @@
+"""The ``rocmflash`` command line.
+
+Every user error (unknown GPU, unreadable code object, bad flag value) is one line
+on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Optional
+
+from isa_tools.cli import add_isa_arguments
+from isa_tools.cli import run as run_isa
+from rocmflash.gpus import UnknownGPUError, get_gpu, known_gpu_names
+
+#: the demo kernel: the seeds' VGPR case study tile (BLOCK_M=128, BLOCK_N=64, D=128, fp32 accumulator)
+DEMO_CONSTEXPRS = {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_DIM": 128}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rocmflash",
+        description="Tune Triton FlashAttention kernels for AMD wave-64 GPUs from compiler truth.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    isa = sub.add_parser("isa", help="registers, spills, LDS and occupancy of AMD code objects",
+                         description="Read .hsaco code objects and/or Triton cache directories.")
+    add_isa_arguments(isa)
+    isa.add_argument("--demo", metavar="GPU", nargs="?", const="mi250", default=None,
+                     help="cross-compile a built-in FlashAttention-shaped kernel (BLOCK_M=128, BLOCK_N=64, "
+                          "D=128) for GPU's arch (default mi250 = gfx90a) on this CPU and read it")
+
+    gpus = sub.add_parser("gpus", help="list the GPU catalog")
+    gpus.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "isa":
+            return _isa(args)
+        if args.command == "gpus":
+            return _gpus(args)
+    except UnknownGPUError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+def _isa(args: argparse.Namespace) -> int:
+    if args.demo is None:
+        return run_isa(args)
+    gpu = get_gpu(args.demo)
+    if gpu.vendor != "amd":
+        print(f"error: --demo needs an AMD GPU; {gpu.name} is {gpu.vendor}. AMD GPUs: "
+              + ", ".join(n for n in known_gpu_names() if get_gpu(n).vendor == "amd"), file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="rocmflash-demo-") as cache_dir:
+        compile_demo_kernel(gpu, cache_dir)
+        args.paths = [cache_dir, *args.paths]
+        return run_isa(args)
+
+
+def compile_demo_kernel(gpu, cache_dir: str, num_warps: int = 4) -> None:
+    """Cross-compile the demo FA-shaped kernel for ``gpu`` into a Triton cache directory."""
+    os.environ["TRITON_CACHE_DIR"] = cache_dir  # Triton reads it at compile time
+    import triton
+    from triton.compiler import ASTSource
+
+    from rocmflash.demo_kernels import fa_like_kernel
+
+    signature = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "seqlen": "i32",
+                 "stride_s": "i32", "sm_scale": "fp32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                 "HEAD_DIM": "constexpr"}
+    src = ASTSource(fn=fa_like_kernel, signature=signature, constexprs=dict(DEMO_CONSTEXPRS))
+    triton.compile(src, target=gpu.triton_target(), options={"num_warps": num_warps, "num_stages": 1})
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    from rocmflash.gpus import GPUS
+
+    rows = [
+        {"name": g.name, "marketing_name": g.marketing_name, "arch": g.arch, "compute_units": g.compute_units,
+         "peak_fp16_tflops": g.peak_fp16_tflops, "hbm_tbs": g.hbm_tbs, "lds_per_cu_kib": g.lds_per_cu_bytes // 1024,
+         "l2_mib": g.l2_bytes // (1024 * 1024)}
+        for g in GPUS.values()
+    ]
+    if args.json:
+        import json
+
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="GPU catalog (per device one process sees)")
+    for key in rows[0]:
+        table.add_column(key)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
