@@ -35,9 +35,12 @@ SEQS = (1024, 2048, 4096, 8192, 16384)
 
 # hand-picked configs for the non-online variants (Hopper; see reports)
 HAND = {
-    "split_kv": KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, variant="split_kv", num_splits=2),
-    "two_phase": KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, variant="two_phase"),
-    "split_d": KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, variant="split_d", d_chunks=2),
+    "split_kv": KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PRE_LOAD_V=True,
+                             variant="split_kv", num_splits=2),
+    "two_phase": KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PRE_LOAD_V=True,
+                              variant="two_phase"),
+    "split_d": KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PRE_LOAD_V=True,
+                            variant="split_d", d_chunks=2),
 }
 
 

@@ -241,9 +241,9 @@ def default_config(
       over ``num_warps x 64`` lanes, i.e. 64 VGPRs/lane for BM=128, D=128, 4 warps, plus
       the Q tile, scores and P. BM=128/BN=64 at ``waves_per_eu=2`` (<= 256 VGPRs) fits that;
       for D > 128 BM drops to 64 so the accumulator does not force 1 wave/SIMD.
-    * **NVIDIA sm_90 (H100/H200)**: measured best of a 36-config sweep of a portable
-      Triton FA kernel (reports/anchors): BM=128, BN=128 (D=128) or BN=64 (D=64),
-      8 warps, 3 stages; D > 128 drops to BN=64/2 stages for shared memory.
+    * **NVIDIA sm_90 (H100/H200)**: the best of a 36-config sweep (+PRE_LOAD_V) of the
+      ``online`` kernel on an H100 (bf16, S=4096): BM=128, BN=64, 8 warps, PRE_LOAD_V,
+      3 stages (D=128) or 4 (D=64); D > 128 keeps BN=64 with 2 stages for shared memory.
     * **other / unknown** (including the CPU interpreter): BM=64, BN=64, 4 warps, 2 stages.
     """
     if gpu is not None:
@@ -261,10 +261,11 @@ def default_config(
         else:
             cfg = KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2)
     elif arch == "sm_90":
+        # measured on an H100 (reports/attention-2026-11-21-h100.md): best of 37 configs
         if head_dim <= 64:
-            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4, PRE_LOAD_V=True)
         elif head_dim <= 128:
-            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PRE_LOAD_V=True)
         else:
             cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     elif arch.startswith("sm_"):
