@@ -10,6 +10,7 @@ Sections (pick with --parts):
           PRE_LOAD_V off) at D=128 and D=64, bf16, non-causal, S=4096
   nonpow2 online at D = 72/80/96/160/192: two-piece head-dim split vs padding
   table   every variant (online with the sweep's best config) vs SDPA flash / cuDNN
+  gate    bf16 D=128 non-causal S=2k..16k: 8 online candidates vs SDPA, 3 interleaved rounds
   vgpr    (CPU) VGPR/AGPR/spills of each variant's table config for gfx90a and gfx942
 
 Usage: python bench/attention.py --parts sweep,nonpow2,table --out DIR
@@ -240,6 +241,52 @@ def table(out_dir, best, seqs=SEQS):
         json.dump(rows, f, indent=1)
 
 
+GATE_CANDIDATES = [
+    KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PRE_LOAD_V=True),
+    KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4, PRE_LOAD_V=True),
+    KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, PRE_LOAD_V=True),
+    KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, PRE_LOAD_V=True),
+    KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, PRE_LOAD_V=True),
+    KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, PRE_LOAD_V=True),
+]
+
+
+def gate(out_dir, seqs=(2048, 4096, 8192, 16384), rounds=3, D=128):
+    """The gate shape (bf16, D=128, non-causal): candidate online configs and SDPA, interleaved rounds."""
+    import statistics
+
+    import torch
+
+    precompile([(HD // D, 4096, D, torch.bfloat16, False, c) for c in GATE_CANDIDATES])
+    rows = []
+    for S in seqs:
+        H, B = HD // D, TOKENS // S
+        q, k, v = make(B, H, S, D, torch.bfloat16)
+        fns = {"sdpa_flash": run_sdpa(q, k, v, False, "flash"), "sdpa_cudnn": run_sdpa(q, k, v, False, "cudnn")}
+        for c in GATE_CANDIDATES:
+            fns[c.to_json()] = run_rocmflash(q, k, v, False, c)
+        res = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                tf, err = timed(name, fn, q, k, v, False, torch.bfloat16, (B, H, S, D))
+                res[name].append(tf if tf is not None else float("nan"))
+        for name, ts in res.items():
+            rows.append(dict(S=S, name=name, tflops=ts, median=statistics.median(ts)))
+        best_name = max((n for n in res if not n.startswith("sdpa")), key=lambda n: statistics.median(res[n]))
+        fl = statistics.median(res["sdpa_flash"])
+        log(f"gate S={S}: flash {fl:.1f} (rounds {[round(x) for x in res['sdpa_flash']]}), "
+            f"cudnn {statistics.median(res['sdpa_cudnn']):.1f}; best online {statistics.median(res[best_name]):.1f} "
+            f"rounds {[round(x) for x in res[best_name]]} = {statistics.median(res[best_name]) / fl:.3f}x flash; {best_name}")
+        for n in res:
+            if not n.startswith("sdpa"):
+                log(f"   {statistics.median(res[n]):6.1f}  {n}")
+        del q, k, v
+    with open(os.path.join(out_dir, "gate.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def vgpr(out_dir, best):
     """Register cost per variant (table configs, D=128/64, causal False) for gfx90a and gfx942."""
     from rocmflash.kernels import get_variant
@@ -287,6 +334,8 @@ def main(argv=None):
         nonpow2(a.out, best)
     if "table" in parts:
         table(a.out, best, tuple(int(s) for s in a.seqs.split(",")))
+    if "gate" in parts:
+        gate(a.out)
     if "vgpr" in parts:
         vgpr(a.out, best)
 
