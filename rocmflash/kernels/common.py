@@ -34,12 +34,14 @@ interpreted twin; launches pick the twin when ``TRITON_INTERPRET=1`` *at call ti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Optional
 
 import triton
 import triton.language as tl
+from triton.language import core as _tl_core  # noqa: F401  (see _jit_functions_interpreted)
 from triton.runtime.jit import JITFunction
 
 from rocmflash.config import KernelConfig, Problem
@@ -367,11 +369,50 @@ def _patch_interpreter_bf16_dot() -> None:
     _BF16_DOT_PATCHED = True
 
 
+@contextlib.contextmanager
+def _jit_functions_interpreted():
+    """While an interpreted kernel runs, let *any* JITFunction it calls run interpreted.
+
+    Triton's own ``@jit`` helpers (``tl.zeros``, ``tl.cdiv``, ...) are compiled-mode
+    JITFunctions when triton was imported without ``TRITON_INTERPRET=1``; calling one
+    raises "Cannot call @triton.jit'd outside of the scope of a kernel". The compiler
+    never calls ``JITFunction.__call__`` (it inlines), so patching it for the duration
+    of an interpreted launch changes nothing else.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    original = JITFunction.__call__
+
+    def call(self, *args, **kwargs):
+        twin = self.__dict__.get("_rocmflash_twin")
+        if twin is None:
+            twin = self.__dict__["_rocmflash_twin"] = InterpretedFunction(self.fn)
+        return twin(*args, **kwargs)
+
+    # Nested interpreted calls patch triton.language / triton.language.core without
+    # undoing it; a leaked patch breaks later real compiles in this process. Patch both
+    # modules here first and restore everything on the way out.
+    from triton.runtime import interpreter as I
+
+    scope = I._patch_lang(_interpreter_probe)
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+        scope.restore()
+
+
+def _interpreter_probe():
+    """Never called: its ``__globals__`` (this module: ``tl`` and ``_tl_core``) drive the patch scope."""
+
+
 def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
     """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments."""
     if interpreting():
         _patch_interpreter_bf16_dot()
-        fn.interpreted[grid](**args, **constexprs)
+        with _jit_functions_interpreted():
+            fn.interpreted[grid](**args, **constexprs)
     else:
         fn[grid](**args, **constexprs, **cfg.compile_options(backend))
 
