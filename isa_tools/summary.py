@@ -40,3 +40,29 @@ def kernel_summary(kernel: KernelResources, dynamic_lds_bytes: int = 0,
     ordered = {key: record[key] for key in SUMMARY_KEYS}
     ordered.update({k: v for k, v in record.items() if k not in ordered})
     return ordered
+
+
+def cuda_kernel_summary(kernel, dynamic_shared_bytes: int = 0, num_warps: int = 4) -> dict:
+    """The NVIDIA counterpart of :func:`kernel_summary`, with the same keys where they have a meaning.
+
+    Registers are per thread (``vgpr_count`` = ``allocated_vgprs``); spills are the
+    per-thread stack frame in 32-bit words; ``waves_per_simd`` is resident warps per SM
+    scheduler (an SM has 4, as a CU has 4 SIMDs), ``waves_per_simd_static`` the same
+    without shared memory. AMD-only fields are None.
+    """
+    from isa_tools.occupancy import nvidia_occupancy
+
+    shared = kernel.static_shared_bytes + dynamic_shared_bytes
+    occ = nvidia_occupancy(kernel.arch, kernel.registers_per_thread, shared, num_warps)
+    registers_only = nvidia_occupancy(kernel.arch, kernel.registers_per_thread, 0, num_warps)
+    record = {key: None for key in SUMMARY_KEYS}
+    record.update(
+        path=None, name=kernel.name, arch=kernel.arch, wavefront_size=32,
+        vgpr_count=kernel.registers_per_thread, agpr_count=0, sgpr_count=None,
+        vgpr_spill_count=kernel.spill_estimate, sgpr_spill_count=0, scratch_bytes=kernel.local_bytes,
+        lds_bytes=kernel.static_shared_bytes, dynamic_lds_bytes=dynamic_shared_bytes, num_warps=num_warps,
+        allocated_vgprs=kernel.registers_per_thread,
+        waves_per_simd_static=registers_only.warps_per_sm // 4, waves_per_simd=occ.warps_per_sm // 4,
+        limiter={"registers": "vgpr", "shared": "lds", "blocks": "workgroup", "warps": "max_waves"}[occ.limiter],
+    )
+    return record

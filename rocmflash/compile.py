@@ -1,0 +1,265 @@
+"""Static sweep: cross-compile configs in parallel on the CPU and observe each code object.
+
+Pure and cached: a config's observation (what the compiler allocated, spilled and
+what occupancy follows) depends only on the kernel source, Triton's version, the
+target, the compile options and the problem constants. Those form the cache key;
+a warm re-run reads every observation from disk and compiles nothing.
+
+Workers are spawned processes that never touch a GPU (device visibility is cleared
+before anything imports torch), each compile has a timeout after which its worker is
+killed and replaced, and a compile error is a recorded observation, not a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Optional
+
+from rocmflash.config import KernelConfig, Problem
+from rocmflash.gpus import GPU
+
+CACHE_SCHEMA = 1
+CACHE_ENV = "ROCMFLASH_CACHE_DIR"
+DEFAULT_TIMEOUT_S = 180.0
+_SOURCE_HASH: Optional[str] = None
+
+
+def default_cache_dir() -> str:
+    """``$ROCMFLASH_CACHE_DIR``, else the user cache directory (``~/.cache/rocmflash`` on Linux)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return env
+    import platformdirs
+
+    return platformdirs.user_cache_dir("rocmflash")
+
+
+def kernel_source_hash() -> str:
+    """Hash of every file that decides what the kernels compile to (kernels/ and config.py)."""
+    global _SOURCE_HASH
+    if _SOURCE_HASH is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        files = [os.path.join(here, "config.py")]
+        kernel_dir = os.path.join(here, "kernels")
+        files += sorted(os.path.join(kernel_dir, f) for f in os.listdir(kernel_dir) if f.endswith(".py"))
+        digest = hashlib.sha256()
+        for path in files:
+            digest.update(os.path.basename(path).encode())
+            with open(path, "rb") as f:
+                digest.update(f.read())
+        _SOURCE_HASH = digest.hexdigest()
+    return _SOURCE_HASH
+
+
+def fingerprint(cfg: KernelConfig, problem: Problem, gpu: GPU) -> str:
+    """Cache key of one compile: kernel source, Triton version, target, options and problem."""
+    import triton
+
+    target = gpu.triton_target()
+    key = {
+        "schema": CACHE_SCHEMA,
+        "source": kernel_source_hash(),
+        "triton": triton.__version__,
+        "target": [target.backend, str(target.arch), target.warp_size],
+        "options": cfg.compile_options(target.backend),
+        "config": cfg.to_dict(),
+        "problem": problem.to_dict(),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+class ObservationCache:
+    """One JSON file per fingerprint under ``root/static-v<schema>/``; writes are atomic.
+
+    Concurrent sweeps may write the same entry: each writes a private temporary file
+    and renames it into place, so a reader sees either nothing or a whole entry. An
+    unreadable entry counts as a miss (and is overwritten by the recompile).
+    """
+
+    def __init__(self, root: str):
+        self.root = os.path.join(root, f"static-v{CACHE_SCHEMA}")
+        self.corrupt = 0
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key[:2], key + ".json")
+
+    def get(self, key: str) -> Optional[dict]:
+        try:
+            with open(self._path(key), encoding="utf-8") as f:
+                record = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self.corrupt += 1
+            return None
+        if not isinstance(record, dict) or record.get("fingerprint") != key:
+            self.corrupt += 1
+            return None
+        return record
+
+    def put(self, key: str, record: dict) -> None:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+@dataclasses.dataclass
+class SweepStats:
+    """What a sweep did: how many configs, how many compiled vs read from the cache, and how long."""
+
+    configs: int = 0
+    compiled: int = 0
+    cache_hits: int = 0
+    failed: int = 0
+    corrupt_cache_entries: int = 0
+    seconds: float = 0.0
+
+    @property
+    def configs_per_second(self) -> float:
+        return self.configs / self.seconds if self.seconds > 0 else float("inf")
+
+
+# ------------------------------------------------------------------ worker side
+def _worker_init(triton_cache_dir: str) -> None:
+    # Workers only cross-compile: hide every GPU before torch can see one.
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        os.environ[var] = ""
+    os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
+def observe(task: dict) -> dict:
+    """Compile one config for one GPU and read its code objects (runs in a worker).
+
+    Returns the observation: per-kernel resource/occupancy summaries (main kernel
+    first), a hash of the binaries, and the compile time. A compile error becomes
+    ``status="failed"`` with the error's first line.
+    """
+    from rocmflash.gpus import get_gpu
+    from rocmflash.kernels import get_variant
+
+    cfg = KernelConfig.from_dict(task["config"])
+    problem = Problem.from_dict(task["problem"])
+    gpu = get_gpu(task["gpu"])
+    record = {"fingerprint": task["fingerprint"], "config": task["config"], "problem": task["problem"],
+              "gpu": gpu.name, "arch": gpu.arch}
+    start = time.perf_counter()
+    try:
+        compiled = get_variant(cfg.variant).compile_for(gpu.triton_target(), cfg, problem)
+    except Exception as err:  # a failed compile is data: record it and move on
+        text = str(err).strip().splitlines()
+        record.update(status="failed", error=f"{type(err).__name__}: {text[0][:300] if text else ''}",
+                      kernels=[], binary_sha256=None)
+    else:
+        record.update(status="ok", error=None, kernels=[_summarize(k, gpu) for k in compiled],
+                      binary_sha256=_binary_hash(compiled, gpu))
+    record["compile_seconds"] = round(time.perf_counter() - start, 3)
+    return record
+
+
+def _binary_hash(compiled, gpu: GPU) -> str:
+    digest = hashlib.sha256()
+    for kernel in compiled:
+        digest.update(kernel.asm["hsaco" if gpu.vendor == "amd" else "cubin"])
+        digest.update(str(kernel.metadata.shared).encode())
+    return digest.hexdigest()
+
+
+def _summarize(kernel, gpu: GPU) -> dict:
+    from isa_tools import kernel_summary, read_code_object
+    from isa_tools.summary import cuda_kernel_summary
+
+    meta = kernel.metadata
+    if gpu.vendor == "amd":
+        (resources,) = read_code_object(kernel.asm["hsaco"])
+        summary = kernel_summary(resources, meta.shared, meta.num_warps)
+    else:
+        from isa_tools import read_cubin
+
+        (resources,) = read_cubin(kernel.asm["cubin"])
+        summary = cuda_kernel_summary(resources, meta.shared, meta.num_warps)
+    summary.pop("path", None)
+    return summary
+
+
+# ------------------------------------------------------------------ parent side
+def sweep(configs: list[KernelConfig], problem: Problem, gpu: GPU, cache_dir: Optional[str] = None,
+          workers: Optional[int] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+          on_result: Optional[Callable[[dict], None]] = None) -> tuple[list[dict], SweepStats]:
+    """Observe every config: from the cache where possible, else by compiling in a process pool.
+
+    Results come back in the order of ``configs``. ``on_result`` is called once per
+    config as its observation becomes available (cache hits first), e.g. to advance a
+    progress bar.
+    """
+    start = time.perf_counter()
+    cache = ObservationCache(cache_dir or default_cache_dir())
+    stats = SweepStats(configs=len(configs))
+    keys = [fingerprint(cfg, problem, gpu) for cfg in configs]
+    results: list[Optional[dict]] = [cache.get(key) for key in keys]
+    for record in results:
+        if record is not None:
+            stats.cache_hits += 1
+            if on_result:
+                on_result(record)
+    missing = [i for i, record in enumerate(results) if record is None]
+    if missing:
+        tasks = {i: {"fingerprint": keys[i], "config": configs[i].to_dict(), "problem": problem.to_dict(),
+                     "gpu": gpu.name} for i in missing}
+        for i, record in _compile_in_pool(tasks, cache.root, workers, timeout_s):
+            if not record.get("transient"):  # a timeout or a dead worker may not recur: retry next time
+                cache.put(keys[i], record)
+            results[i] = record
+            stats.compiled += 1
+            if on_result:
+                on_result(record)
+    stats.failed = sum(1 for r in results if r["status"] != "ok")
+    stats.corrupt_cache_entries = cache.corrupt
+    stats.seconds = time.perf_counter() - start
+    return results, stats
+
+
+def _compile_in_pool(tasks: dict, cache_root: str, workers: Optional[int], timeout_s: float):
+    """Yield ``(index, observation)`` as compiles finish; a timed-out compile's worker is killed."""
+    from concurrent.futures import as_completed
+
+    import pebble
+
+    workers = max(1, workers or os.cpu_count() or 1)
+    context = multiprocessing.get_context("spawn")
+    triton_cache = os.path.join(cache_root, "triton")
+    with pebble.ProcessPool(max_workers=min(workers, len(tasks)), context=context,
+                            initializer=_worker_init, initargs=(triton_cache,)) as pool:
+        futures = {pool.schedule(observe, args=(task,), timeout=timeout_s): i for i, task in tasks.items()}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                record = future.result()
+            except FutureTimeout:
+                record = _failure(tasks[i], f"compile timed out after {timeout_s:g} s (worker killed)")
+            except Exception as err:  # the worker died (e.g. the compiler crashed the process)
+                record = _failure(tasks[i], f"compile worker died: {type(err).__name__}: {err}")
+            yield i, record
+
+
+def _failure(task: dict, error: str) -> dict:
+    from rocmflash.gpus import get_gpu
+
+    return {"fingerprint": task["fingerprint"], "config": task["config"], "problem": task["problem"],
+            "gpu": task["gpu"], "arch": get_gpu(task["gpu"]).arch, "status": "failed", "error": error,
+            "kernels": [], "binary_sha256": None, "compile_seconds": None, "transient": True}

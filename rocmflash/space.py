@@ -1,0 +1,124 @@
+"""The config space: which kernel configs a sweep compiles for one GPU and problem.
+
+A space is, per variant, a list of values for each knob, plus restrictions: plain
+Python predicates over ``(config, problem, gpu)`` that say whether a combination is
+worth compiling at all (no string evaluation). The default spaces span what AMD's own
+FlashAttention configs use (BLOCK_M x BLOCK_N = 128 x {32, 64, 128}, num_warps 4,
+num_stages 1, waves_per_eu 1..3) and more: 64/256-row tiles, 8 warps, both MFMA
+shapes, PRE_LOAD_V, and the three accumulator-lifetime variants beside ``online``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable, Iterable, Optional
+
+from rocmflash.config import VARIANTS, KernelConfig, Problem
+from rocmflash.gpus import GPU
+
+#: knob names a space can list values for (KernelConfig fields)
+KNOBS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "PRE_LOAD_V", "waves_per_eu",
+         "matrix_instr_nonkdim", "kpack", "schedule_hint", "num_splits", "d_chunks")
+AMD_ONLY_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+
+Restriction = Callable[[KernelConfig, Problem, GPU], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSpace:
+    """Knob lists per variant and the restrictions every config must pass."""
+
+    knobs: dict  #: ``{variant: {knob: [values]}}``
+    restrictions: tuple = ()  #: named predicates; a config is kept when all return True
+
+    def configs(self, problem: Problem, gpu: GPU) -> list[KernelConfig]:
+        """Every allowed config, in a stable order (variant, then knob order), without duplicates."""
+        seen, out = set(), []
+        for variant, lists in self.knobs.items():
+            names = [k for k in KNOBS if k in lists]
+            for values in itertools.product(*(lists[k] for k in names)):
+                cfg = KernelConfig(variant=variant, **dict(zip(names, values))).validate()
+                if cfg in seen or not all(rule(cfg, problem, gpu) for rule in self.restrictions):
+                    continue
+                seen.add(cfg)
+                out.append(cfg)
+        return out
+
+    def restrict(self, variants: Optional[Iterable[str]] = None) -> "ConfigSpace":
+        """The same space limited to some variants (order kept)."""
+        if variants is None:
+            return self
+        wanted = list(variants)
+        unknown = [v for v in wanted if v not in self.knobs]
+        if unknown:
+            raise ValueError(f"variant(s) {unknown} not in this space; expected some of {list(self.knobs)}")
+        return dataclasses.replace(self, knobs={v: self.knobs[v] for v in wanted})
+
+
+# ------------------------------------------------------------------ restrictions
+def tile_fits_warps(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """On AMD each wave should own at least 16 query rows (the MFMA M dimension); NVIDIA splits warps along N too."""
+    return gpu.vendor != "amd" or cfg.BLOCK_M // cfg.num_warps >= 16
+
+
+def big_tiles_need_eight_warps(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """A 256-row tile on 4 waves holds a 256 x D fp32 accumulator in 4 x 64 lanes: always spills on wave-64."""
+    return cfg.BLOCK_M < 256 or cfg.num_warps >= 8
+
+
+def waves_hint_reachable(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """``waves_per_eu`` below what the workgroup size already forces is ignored by LLVM: skip the duplicate."""
+    return cfg.waves_per_eu == 0 or cfg.waves_per_eu * 4 >= cfg.num_warps
+
+
+def kpack_supported(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """gfx950 forces kpack=1 (with a warning); kpack=2 there is a duplicate."""
+    return cfg.kpack == 1 or gpu.arch != "gfx950"
+
+
+def split_d_chunk_is_real(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """Each head-dim chunk must be at least 16 wide (the smallest dot)."""
+    return cfg.variant != "split_d" or problem.head_dim // cfg.d_chunks >= 16
+
+
+DEFAULT_RESTRICTIONS = (tile_fits_warps, big_tiles_need_eight_warps, waves_hint_reachable,
+                        kpack_supported, split_d_chunk_is_real)
+
+
+# ------------------------------------------------------------------ default spaces
+def _amd_knobs() -> dict:
+    online = {
+        "BLOCK_M": [64, 128, 256], "BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1],
+        "PRE_LOAD_V": [False, True], "waves_per_eu": [0, 1, 2, 3], "matrix_instr_nonkdim": [16, 32],
+        "kpack": [1, 2],
+    }
+    lifetime = {
+        "BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8], "num_stages": [1],
+        "waves_per_eu": [0, 2], "matrix_instr_nonkdim": [16, 32],
+    }
+    return {
+        "online": online,
+        "split_kv": dict(lifetime, num_splits=[0]),
+        "two_phase": dict(lifetime),
+        "split_d": dict(lifetime, d_chunks=[2]),
+    }
+
+
+def _nvidia_knobs() -> dict:
+    online = {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4],
+              "PRE_LOAD_V": [False]}
+    lifetime = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "num_warps": [4, 8], "num_stages": [2, 3]}
+    return {
+        "online": online,
+        "split_kv": dict(lifetime, num_splits=[0]),
+        "two_phase": dict(lifetime),
+        "split_d": dict(lifetime, d_chunks=[2]),
+    }
+
+
+def default_space(gpu: GPU, variants: Optional[Iterable[str]] = None) -> ConfigSpace:
+    """The default space for a GPU (AMD and NVIDIA differ), optionally limited to some variants."""
+    knobs = _amd_knobs() if gpu.vendor == "amd" else _nvidia_knobs()
+    assert set(knobs) == set(VARIANTS)
+    return ConfigSpace(knobs, DEFAULT_RESTRICTIONS).restrict(variants)
