@@ -35,6 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cross-compile a built-in FlashAttention-shaped kernel (BLOCK_M=128, BLOCK_N=64, "
                           "D=128) for GPU's arch (default mi250 = gfx90a) on this CPU and read it")
 
+    report = sub.add_parser(
+        "vgpr-report", help="cross-compile a GPU's config space on this CPU, prune it, and explain why",
+        description="Compile every candidate attention config for the GPU's arch (no GPU needed), read the "
+                    "code objects, compute occupancy and prune spills, LDS overflows, low occupancy, cliff "
+                    "victims and duplicate binaries. Writes report.md, configs.csv and vgprs.png.")
+    report.add_argument("--gpu", required=True, help="catalog name, e.g. mi250, mi300x, mi355x (see `rocmflash gpus`)")
+    report.add_argument("--head-dim", type=int, default=128, metavar="D", help="head dimension (16..256, default 128)")
+    report.add_argument("--dtype", default="fp16", help="fp16 or bf16 (default fp16)")
+    report.add_argument("--causal", action="store_true", help="causal attention")
+    report.add_argument("--variant", nargs="+", metavar="NAME", default=None,
+                        help="limit to these variants: online split_kv two_phase split_d (default: all)")
+    report.add_argument("--json", action="store_true", help="print one JSON object per config to stdout")
+    report.add_argument("--out", metavar="DIR", default=None,
+                        help="where report.md/configs.csv/vgprs.png go (default reports/vgpr-<gpu>-d<D>-<dtype>)")
+    report.add_argument("--cache-dir", metavar="DIR", default=None,
+                        help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
+    report.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
+    report.add_argument("--occupancy-floor", type=int, default=None, metavar="W",
+                        help="prune configs below W waves/SIMD (default 2 on AMD, 1 warp/scheduler on NVIDIA)")
+    report.add_argument("--cliff-margin", type=int, default=16, metavar="V",
+                        help="a config at most V VGPRs past a cliff that costs it waves is a cliff victim (default 16)")
+
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
     return parser
@@ -48,12 +70,20 @@ def main(argv: Optional[list[str]] = None) -> int:
             return _isa(args)
         if args.command == "gpus":
             return _gpus(args)
-    except UnknownGPUError as err:
+        if args.command == "vgpr-report":
+            from rocmflash import vgpr_report
+
+            return vgpr_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
+    except (UnknownGPUError, ValueError) as err:
+        # unknown GPU, unsupported head dim / dtype / variant: one line, exit 2
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        sys.stdout = open(os.devnull, "w")
+        return 0
     parser.error(f"unknown command {args.command!r}")
     return 2
 
