@@ -84,6 +84,7 @@ class ObservationCache:
     """
 
     def __init__(self, root: str):
+        self.base = root
         self.root = os.path.join(root, f"static-v{CACHE_SCHEMA}")
         self.corrupt = 0
 
@@ -221,7 +222,7 @@ def sweep(configs: list[KernelConfig], problem: Problem, gpu: GPU, cache_dir: Op
     if missing:
         tasks = {i: {"fingerprint": keys[i], "config": configs[i].to_dict(), "problem": problem.to_dict(),
                      "gpu": gpu.name} for i in missing}
-        for i, record in _compile_in_pool(tasks, cache.root, workers, timeout_s):
+        for i, record in _compile_in_pool(tasks, cache.base, workers, timeout_s):
             if not record.get("transient"):  # a timeout or a dead worker may not recur: retry next time
                 cache.put(keys[i], record)
             results[i] = record
@@ -235,7 +236,11 @@ def sweep(configs: list[KernelConfig], problem: Problem, gpu: GPU, cache_dir: Op
 
 
 def _compile_in_pool(tasks: dict, cache_root: str, workers: Optional[int], timeout_s: float):
-    """Yield ``(index, observation)`` as compiles finish; a timed-out compile's worker is killed."""
+    """Yield ``(index, observation)`` as compiles finish; a timed-out compile's worker is killed.
+
+    Triton's own cache goes to ``<cache_root>/triton``, so ``rocmflash isa`` can read
+    every code object a sweep produced.
+    """
     from concurrent.futures import as_completed
 
     import pebble

@@ -1,0 +1,139 @@
+"""Every pruning rule on real compiles (gfx942/gfx950 code objects), and the triton.autotune hook."""
+
+import pytest
+
+from rocmflash.autotune import early_config_prune, kernel_config_from_triton
+from rocmflash.compile import sweep
+from rocmflash.config import KernelConfig, Problem
+from rocmflash.gpus import get_gpu
+from rocmflash.prune import KEPT_ANYWAY, PruneSettings, judge, prune
+
+D128 = Problem(head_dim=128)
+D256 = Problem(head_dim=256)
+
+# Each case: (label, config, problem) chosen so that the compiler's output triggers one rule.
+CASES = {
+    "fits": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8), D128),
+    "fits_again_wpe1": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, waves_per_eu=1), D128),
+    "fits_again_pad": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, pad_head_dim=True), D128),
+    "spills": (KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, waves_per_eu=4), D128),
+    "one_wave": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4), D128),
+    "big_lds": (KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3), D256),
+}
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("static-cache"))
+    out = {}
+    for arch_gpu in ("mi300x", "mi355x"):
+        gpu = get_gpu(arch_gpu)
+        for label, (cfg, problem) in CASES.items():
+            (obs,), _ = sweep([cfg], problem, gpu, cache_dir=cache, workers=1)
+            assert obs["status"] == "ok", obs["error"]
+            out[(arch_gpu, label)] = obs
+    return out
+
+
+def test_kept_config_is_kept(observed):
+    verdict = judge(observed[("mi300x", "fits")])
+    assert verdict.kept and verdict.reason is None
+
+
+def test_spills_rule(observed):
+    obs = observed[("mi300x", "spills")]
+    assert obs["kernels"][0]["vgpr_spill_count"] > 0  # the compiler really spilled
+    verdict = judge(obs)
+    assert (verdict.kept, verdict.reason) == (False, "spills")
+    assert judge(obs, PruneSettings(allow_spills=True)).reason != "spills"
+
+
+def test_below_occupancy_floor_rule(observed):
+    obs = observed[("mi300x", "one_wave")]
+    assert obs["kernels"][0]["waves_per_simd"] == 1
+    assert judge(obs).reason == "below_occupancy_floor"
+    assert judge(obs, PruneSettings(occupancy_floor=1)).kept
+
+
+@pytest.fixture(scope="module")
+def online_sweep(tmp_path_factory):
+    """A slice of the real gfx942 online space: wherever the cliffs fall today, some config lands near one."""
+    from rocmflash.space import default_space
+
+    gpu = get_gpu("mi300x")
+    configs = [c for c in default_space(gpu, ["online"]).configs(D128, gpu)
+               if c.num_warps == 4 and c.kpack == 1 and not c.PRE_LOAD_V]
+    observations, _ = sweep(configs, D128, gpu, cache_dir=str(tmp_path_factory.mktemp("cliff-cache")))
+    return observations
+
+
+def test_cliff_victim_rule(online_sweep):
+    victims = [o for o in online_sweep if judge(o).reason == "cliff_victim"]
+    assert victims, "no config of the slice is a cliff victim"
+    obs = victims[0]
+    main = obs["kernels"][0]
+    assert 0 < main["vgprs_past_cliff"] <= 16, main
+    verdict = judge(obs)
+    assert verdict.reason == "cliff_victim" and "past the" in verdict.detail
+    assert judge(obs, PruneSettings(cliff_margin=main["vgprs_past_cliff"] - 1)).kept
+
+
+def test_cliff_rule_ignores_cliffs_that_cost_nothing(observed):
+    # With 8-wave workgroups the register cliff is hidden behind workgroup quantisation.
+    for (gpu, label), obs in observed.items():
+        main = obs["kernels"][0]
+        if main["num_warps"] == 8 and main["vgprs_past_cliff"] and judge(obs).kept:
+            return
+    pytest.skip("no 8-warp config past a cliff in this matrix")
+
+
+def test_lds_over_budget_depends_on_the_arch(observed):
+    gfx942 = observed[("mi300x", "big_lds")]
+    gfx950 = observed[("mi355x", "big_lds")]
+    lds = gfx942["kernels"][0]["dynamic_lds_bytes"]
+    assert 64 * 1024 < lds <= 160 * 1024
+    assert judge(gfx942).reason == "lds_over_budget"
+    assert judge(gfx950).reason != "lds_over_budget"  # gfx950 has 160 KiB of LDS
+    assert judge(observed[("mi300x", "fits")], PruneSettings(lds_budget=1024)).reason == "lds_over_budget"
+
+
+def test_duplicate_binary_rule(observed):
+    group = [observed[("mi300x", k)] for k in ("fits", "fits_again_wpe1", "fits_again_pad")]
+    assert len({o["binary_sha256"] for o in group}) == 1  # the compiler made one binary of three configs
+    verdicts = prune(group)
+    assert [v.reason for v in verdicts] == [None, "duplicate_binary", "duplicate_binary"]
+
+
+def test_compile_failed_rule_from_a_real_timeout(tmp_path):
+    (obs,), stats = sweep([KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4)], D128, get_gpu("mi250"),
+                          cache_dir=str(tmp_path), workers=1, timeout_s=0.01)
+    assert obs["status"] == "failed" and "timed out" in obs["error"]
+    assert judge(obs).reason == "compile_failed"
+    # a timeout is transient: it is not cached, the next sweep compiles again
+    (again,), stats = sweep([KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4)], D128, get_gpu("mi250"),
+                            cache_dir=str(tmp_path), workers=1)
+    assert again["status"] == "ok" and stats.compiled == 1
+
+
+def test_never_returns_empty(observed):
+    doomed = [observed[("mi300x", k)] for k in ("spills", "one_wave", "big_lds")]
+    verdicts = prune(doomed)
+    kept = [v for v in verdicts if v.kept]
+    assert len(kept) == 1 and kept[0].reason == KEPT_ANYWAY
+    best = max(o["kernels"][0]["waves_per_simd"] for o in doomed)
+    assert doomed[verdicts.index(kept[0])]["kernels"][0]["waves_per_simd"] == best
+    assert "every config was pruned" in kept[0].detail
+
+
+def test_early_config_prune_hook_for_triton_autotune(tmp_path):
+    import torch
+    import triton
+
+    configs = [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=1),
+               triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "waves_per_eu": 4}, num_warps=4, num_stages=1),
+               triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "waves_per_eu": 1}, num_warps=8, num_stages=1)]
+    assert kernel_config_from_triton(configs[1]).waves_per_eu == 4
+    hook = early_config_prune(gpu="mi300x", cache_dir=str(tmp_path), workers=1)
+    q = torch.empty(1, 16, 2048, 128, dtype=torch.float16)
+    kept = hook(configs, {"Q": q, "K": q, "V": q})
+    assert kept == [configs[0]]  # spills and duplicate binary pruned
