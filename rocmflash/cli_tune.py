@@ -1,0 +1,205 @@
+"""``rocmflash tune`` and ``rocmflash export``: argument parsers and entry points.
+
+Wire into the main CLI with ``add_tune_parsers(subparsers)`` and dispatch
+``tune`` to :func:`run_tune`, ``export`` to :func:`run_export` (each returns the exit
+code). User errors (unknown GPU, bad head dim/dtype/flag, no live GPU for a tune that
+must measure, a database of another schema or GPU, a tune already running on the same
+database) are one line on stderr and exit code 2; Ctrl-C is exit code 130 with the
+journal and database left consistent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rocmflash.gpus import UnknownGPUError
+
+TUNE_DESCRIPTION = (
+    "Static phase (cross-compile the config space on the CPU and prune it on compiler truth), then, only when "
+    "the live GPU is the one named, gate every chosen config against an fp32 reference and time it in an "
+    "isolated worker (L2 flushed, rotating inputs, median). Every result is appended to "
+    "<db>.journal.jsonl as it arrives; a re-run or --resume skips what is already there. Winners go to the "
+    "config database (default configs/<gpu>.json) keyed by head dim, dtype, causal, GQA ratio and "
+    "sequence-length bucket (next power of two). Without a matching live GPU the static ranking is written "
+    "with \"measured\": false and nothing is benchmarked.")
+
+
+def add_tune_parsers(subparsers) -> None:
+    """Add the ``tune`` and ``export`` subcommands to an argparse subparsers object."""
+    tune = subparsers.add_parser("tune", help="tune attention configs (static phase + live timing) into the DB",
+                                 description=TUNE_DESCRIPTION)
+    tune.add_argument("--gpu", required=True, metavar="GPU|auto",
+                      help="catalog name (see `rocmflash gpus`) or auto (the live device)")
+    tune.add_argument("--head-dim", type=int, required=True, metavar="D", help="head dimension (16..256)")
+    tune.add_argument("--dtype", required=True, metavar="fp16|bf16", help="fp16 or bf16")
+    tune.add_argument("--causal", action="store_true", help="causal attention")
+    tune.add_argument("--seqlen", type=int, action="append", required=True, metavar="S",
+                      help="sequence length to tune (repeat for several); stored under the next power of two")
+    tune.add_argument("--batch", type=int, default=None, metavar="B", help="batch (default 16384 // S)")
+    tune.add_argument("--heads", type=int, default=None, metavar="H", help="query heads (default 2048 // D)")
+    tune.add_argument("--kv-heads", type=int, default=None, metavar="H", help="key/value heads (default: --heads)")
+    tune.add_argument("--strategy", choices=("pruned", "exhaustive"), default="pruned",
+                      help="pruned: time the top-K static survivors (default); exhaustive: time every config")
+    tune.add_argument("--db", default=None, metavar="PATH", help="config database (default configs/<gpu>.json)")
+    tune.add_argument("--resume", action="store_true",
+                      help="continue an interrupted tune from its journal (a plain re-run also skips "
+                           "what is recorded)")
+    tune.add_argument("--top-k", type=int, default=None, metavar="K",
+                      help="configs the pruned strategy times (default 15%% of the space, at least 4)")
+    tune.add_argument("--variant", nargs="+", default=None, metavar="NAME",
+                      help="limit the space to these variants: online split_kv two_phase split_d")
+    tune.add_argument("--timeout", type=float, default=120.0, metavar="SEC",
+                      help="per-candidate limit in the live worker (default 120)")
+    tune.add_argument("--cache-dir", default=None, metavar="DIR",
+                      help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
+    tune.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
+    tune.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # test mode: a recorded journal as the GPU
+
+    export = subparsers.add_parser("export", help="print a GPU's tuned configs as triton.Config list or JSON",
+                                   description="Print the winners of a config database for other Triton "
+                                               "attention code: a list of triton.Config (the best online "
+                                               "config per problem) or a JSON override.")
+    export.add_argument("--gpu", required=True, help="catalog name (see `rocmflash gpus`)")
+    export.add_argument("--format", choices=("triton", "json"), default="triton", help="triton (default) or json")
+    export.add_argument("--db", default=None, metavar="PATH", help="config database (default configs/<gpu>.json)")
+
+
+def _error(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from rocmflash.db import DBError
+    from rocmflash.live import LiveSettings
+    from rocmflash.report import make_console
+    from rocmflash.tune import INJECT_ENV, ReplayRunner, TuneInterrupted, TuneSpec, parse_inject, print_summary, tune
+
+    console = make_console()
+    try:
+        if args.timeout is not None and not args.timeout > 0:
+            raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
+        spec = TuneSpec(gpu=args.gpu, head_dim=args.head_dim, dtype=args.dtype, seqlens=list(args.seqlen),
+                        causal=args.causal, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+                        strategy=args.strategy, top_k=args.top_k, db_path=args.db, resume=args.resume,
+                        cache_dir=args.cache_dir, workers=args.workers, variants=args.variant,
+                        live_settings=LiveSettings(timeout_s=args.timeout),
+                        inject=parse_inject(os.environ.get(INJECT_ENV)))
+        runner = None
+        if args.replay:
+            if not os.path.exists(args.replay):
+                raise ValueError(f"--replay {args.replay}: no such file")
+            runner = ReplayRunner.from_journal(args.replay)
+        result = tune(spec, runner=runner, console=console, progress=True)
+    except TuneInterrupted as stop:
+        r = stop.result
+        kept = sum(o.timed_now for o in r.outcomes)
+        print(f"interrupted: {kept} result(s) of this run are in {r.journal_path or r.db_path}; "
+              f"{r.db_path} is consistent. Re-run with --resume to continue.", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (UnknownGPUError, DBError, ValueError) as err:
+        return _error(str(err))
+    print_summary(result, console)
+    return 0
+
+
+# ---------------------------------------------------------------------- export
+def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
+    kwargs = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "PRE_LOAD_V": cfg["PRE_LOAD_V"]}
+    if vendor == "amd":
+        kwargs.update(waves_per_eu=cfg["waves_per_eu"], matrix_instr_nonkdim=cfg["matrix_instr_nonkdim"],
+                      kpack=cfg["kpack"])
+    return kwargs, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+
+
+def export_json(data: dict, vendor: str) -> dict:
+    entries = {}
+    for key, e in data["entries"].items():
+        if not e.get("best"):
+            continue
+        online = e["best"] if e["best"]["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
+        item = {"measured": e["measured"], "tflops": e.get("tflops"), "best": e["best"], "when": e.get("when")}
+        if online:
+            kw, opts = _triton_kwargs(online, vendor)
+            item["triton_config"] = {"kwargs": kw, **opts}
+        entries[key] = item
+    return {"format": "rocmflash-export", "schema_version": data["schema_version"], "gpu": data["gpu"],
+            "arch": data.get("arch"), "fingerprint": data.get("fingerprint"),
+            "measured": any(e["measured"] for e in entries.values()), "entries": entries}
+
+
+def export_triton(data: dict, vendor: str) -> str:
+    fp = data.get("fingerprint") or {}
+    lines = [f"# rocmflash export: {data['gpu']} ({data.get('arch')}); device {fp.get('device')}, "
+             f"triton {fp.get('triton')}, torch {fp.get('torch')}",
+             "# the best online (FA2-style) config per problem; key = d<head_dim>-<dtype>-<causal|full>-gqa<ratio>-s<seqlen bucket>",
+             "import triton", "", "CONFIGS = {"]
+    unique = []
+    for key, e in data["entries"].items():
+        best = e.get("best")
+        if not best:
+            continue
+        cfg = best if best["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
+        if not cfg:
+            continue
+        kw, opts = _triton_kwargs(cfg, vendor)
+        if e["measured"]:
+            tf = next((v["tflops"] for v in [{"config": e["best"], "tflops": e.get("tflops")},
+                                              *e.get("best_per_variant", {}).values()] if v["config"] == cfg), None)
+            note = f"measured, {tf:.1f} TFLOP/s" if tf else "measured"
+        else:
+            note = "UNMEASURED: static ranking"
+        text = (f"triton.Config({json.dumps(kw).replace('true', 'True').replace('false', 'False')}, "
+                f"num_warps={opts['num_warps']}, num_stages={opts['num_stages']})")
+        lines.append(f"    {key!r}: {text},  # {note}")
+        if text not in unique:
+            unique.append(text)
+    lines += ["}", "", "# the distinct configs, e.g. for @triton.autotune(configs=AUTOTUNE_CONFIGS, ...)",
+              "AUTOTUNE_CONFIGS = ["] + [f"    {t}," for t in unique] + ["]"]
+    return "\n".join(lines) + "\n"
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from rocmflash.db import ConfigDB, DBError, default_db_path
+    from rocmflash.gpus import get_gpu
+
+    try:
+        gpu = get_gpu(args.gpu)
+        path = args.db or default_db_path(gpu.name)
+        if not os.path.exists(path):
+            raise ValueError(f"no config database for {gpu.name} at {path}; run `rocmflash tune --gpu {gpu.name} ...` "
+                             "first or pass --db")
+        data = ConfigDB.read(path)
+        if data.get("gpu") != gpu.name:
+            raise ValueError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu.name!r}")
+    except (UnknownGPUError, DBError, ValueError) as err:
+        return _error(str(err))
+    if args.format == "json":
+        print(json.dumps(export_json(data, gpu.vendor), indent=1))
+    else:
+        sys.stdout.write(export_triton(data, gpu.vendor))
+    return 0
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (``python -m rocmflash.cli_tune tune ...``) until cli.py wires the subcommands."""
+    parser = argparse.ArgumentParser(prog="rocmflash")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_tune_parsers(sub)
+    args = parser.parse_args(argv)
+    try:
+        return run_tune(args) if args.command == "tune" else run_export(args)
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

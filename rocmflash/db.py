@@ -1,0 +1,397 @@
+"""The config database (``configs/<gpu>.json``), its tuning journal, and run-time lookup.
+
+Files
+-----
+``<dir>/<gpu>.json`` -- the database a model reads at run time::
+
+    {"format": "rocmflash-config-db", "schema_version": 1, "gpu": "h100", "arch": "sm_90",
+     "fingerprint": {"rocmflash": ..., "triton": ..., "torch": ..., "runtime": ..., "device": ...},
+     "updated": "<UTC ISO time>",
+     "entries": {"d128-bf16-causal-gqa1-s2048": {<entry>}, ...}}
+
+  An entry (one per problem key) holds ``problem``, the ``shape`` that was tuned,
+  ``measured`` (true: timed on a live GPU; false: static ranking only, nothing was
+  benchmarked), ``best`` (a :class:`~rocmflash.config.KernelConfig` dict), ``tflops``
+  and ``time_ms`` of the best (None when unmeasured), ``near_best`` (the configs within
+  ``near_best_pct`` percent of the best time), ``best_per_variant``, ``roofline`` and
+  ``efficiency``, ``strategy``, ``counts``, ``complete`` (false after an interrupted
+  tune), ``when`` and the ``fingerprint`` of the environment that produced it.
+
+``<dir>/<gpu>.journal.jsonl`` -- the journal: a header line, then one JSON line per
+  measured config, appended (and fsynced) as each result arrives. It is the source of
+  truth of a tune: the database entries are rebuilt from it, a killed tune loses at
+  most the config that was running, and a re-run (or ``--resume``) skips every config
+  already in it for the same problem, shape and environment -- failed, incorrect,
+  timed-out and crashed configs included, so they are never retried. A torn last line
+  (a kill mid-write) is ignored on load.
+
+Both headers must match on reload (format and ``schema_version``; the journal's GPU);
+otherwise :class:`DBError` names the file and the mismatch. Database writes are atomic
+(temporary file + ``os.replace``) and a tune holds ``<gpu>.json.lock``
+(:mod:`filelock`) for its whole run, so a second concurrent tune of the same database
+fails at once with :class:`DBLockedError` instead of interleaving.
+
+Problem keys and sequence-length buckets
+----------------------------------------
+``d{D}-{dtype}-{causal|full}-gqa{ratio}-s{bucket}``, where ``bucket`` is the next power
+of two >= the sequence length (:func:`seqlen_bucket`). A tune at S=3000 lands in the
+4096 bucket; at run time :func:`lookup` returns the entry of the nearest bucket (in
+powers of two; ties go to the larger bucket), so a new sequence length never needs a
+new tune.
+
+Where the database lives
+------------------------
+``$ROCMFLASH_CONFIG_DIR`` if set; else the ``configs/`` directory of a source checkout
+(the shipped databases; an editable install uses it); else the user data directory
+(``platformdirs.user_data_dir("rocmflash")/configs``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from typing import Any, Optional
+
+from rocmflash.config import KernelConfig, normalize_dtype
+
+DB_FORMAT = "rocmflash-config-db"
+JOURNAL_FORMAT = "rocmflash-tune-journal"
+SCHEMA_VERSION = 1
+CONFIG_DIR_ENV = "ROCMFLASH_CONFIG_DIR"
+
+
+class DBError(ValueError):
+    """A database or journal that cannot be used as it is (wrong schema, other GPU, corrupt)."""
+
+
+class DBLockedError(DBError):
+    """Another process holds the database's tune lock."""
+
+
+# ---------------------------------------------------------------------- keys and paths
+def seqlen_bucket(seqlen: int) -> int:
+    """The next power of two >= ``seqlen`` (1 -> 1, 1000 -> 1024, 2048 -> 2048, 3000 -> 4096)."""
+    s = int(seqlen)
+    if s < 1:
+        raise ValueError(f"sequence length must be >= 1, got {seqlen}")
+    return 1 << (s - 1).bit_length()
+
+
+def problem_key(head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, bucket: int) -> str:
+    """``d128-bf16-causal-gqa1-s2048`` (``full`` for non-causal)."""
+    return f"d{int(head_dim)}-{normalize_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(gqa_ratio)}-s{int(bucket)}"
+
+
+def parse_key(key: str) -> dict:
+    """Inverse of :func:`problem_key`."""
+    d, dtype, causal, gqa, s = key.split("-")
+    return {"head_dim": int(d[1:]), "dtype": dtype, "causal": causal == "causal", "gqa_ratio": int(gqa[3:]),
+            "seqlen_bucket": int(s[1:])}
+
+
+def default_config_dir() -> str:
+    env = os.environ.get(CONFIG_DIR_ENV)
+    if env:
+        return env
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = os.path.join(here, "configs")
+    if os.path.isdir(checkout) and os.path.exists(os.path.join(here, "pyproject.toml")):
+        return checkout
+    import platformdirs
+
+    return os.path.join(platformdirs.user_data_dir("rocmflash"), "configs")
+
+
+def default_db_path(gpu_name: str) -> str:
+    return os.path.join(default_config_dir(), f"{gpu_name}.json")
+
+
+def journal_path(db_path: str) -> str:
+    """``configs/h100.json`` -> ``configs/h100.journal.jsonl``."""
+    base = db_path[:-5] if db_path.endswith(".json") else db_path
+    return base + ".journal.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+# ---------------------------------------------------------------------- fingerprint
+def environment(device_name: Optional[str] = None) -> dict:
+    """rocmflash, Triton, torch and GPU-runtime versions, and the device name (None: no live device)."""
+    import rocmflash
+
+    env = {"rocmflash": rocmflash.__version__, "triton": None, "torch": None, "runtime": None,
+           "device": device_name}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        pass
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if getattr(torch.version, "hip", None):
+            env["runtime"] = f"hip {torch.version.hip}"
+        elif torch.version.cuda:
+            env["runtime"] = f"cuda {torch.version.cuda}"
+        else:
+            env["runtime"] = "cpu"
+    except ImportError:  # pragma: no cover
+        pass
+    return env
+
+
+def env_id(env: dict) -> str:
+    """Short hash of an environment: journal results are reused only under the same one."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- atomic writes
+def atomic_write_json(path: str, data: Any) -> None:
+    """Write JSON to a private temporary file beside ``path``, fsync it, rename it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------- the database
+class ConfigDB:
+    """An in-memory database bound to its path; :meth:`save` writes it atomically."""
+
+    def __init__(self, path: str, data: dict):
+        self.path = path
+        self.data = data
+
+    @staticmethod
+    def new_data(gpu_name: str, arch: str, fingerprint: dict) -> dict:
+        return {"format": DB_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name, "arch": arch,
+                "fingerprint": fingerprint, "updated": now_iso(), "entries": {}}
+
+    @classmethod
+    def read(cls, path: str) -> dict:
+        """Parse and validate a database file; :class:`DBError` on any mismatch."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise DBError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}); move it away or pass --db") from None
+        except UnicodeDecodeError:
+            raise DBError(f"{path}: not a text file; move it away or pass --db") from None
+        if not isinstance(data, dict) or data.get("format") != DB_FORMAT:
+            raise DBError(f"{path}: not a rocmflash config database (format {data.get('format') if isinstance(data, dict) else None!r}, "
+                          f"expected {DB_FORMAT!r})")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise DBError(f"{path}: schema version {data.get('schema_version')!r}, this rocmflash reads "
+                          f"{SCHEMA_VERSION}; move it away or pass --db")
+        if not isinstance(data.get("entries"), dict):
+            raise DBError(f"{path}: 'entries' is missing or not an object")
+        return data
+
+    @classmethod
+    def open(cls, path: str, gpu_name: str, arch: str, fingerprint: dict) -> "ConfigDB":
+        """Load ``path`` (or start an empty database); the header must name the same GPU."""
+        if os.path.exists(path):
+            data = cls.read(path)
+            if data.get("gpu") != gpu_name:
+                raise DBError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu_name!r}; pass --db for another file")
+            return cls(path, data)
+        return cls(path, cls.new_data(gpu_name, arch, fingerprint))
+
+    @property
+    def entries(self) -> dict:
+        return self.data["entries"]
+
+    def put(self, key: str, entry: dict) -> None:
+        self.entries[key] = entry
+
+    def save(self, fingerprint: Optional[dict] = None) -> None:
+        if fingerprint is not None:
+            self.data["fingerprint"] = fingerprint
+        self.data["updated"] = now_iso()
+        self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
+        atomic_write_json(self.path, self.data)
+        clear_cache()
+
+
+def _key_order(key: str):
+    try:
+        p = parse_key(key)
+        return (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"], p["seqlen_bucket"])
+    except (ValueError, IndexError):
+        return (10**9, key, False, 0, 0)
+
+
+# ---------------------------------------------------------------------- the journal
+class Journal:
+    """Append-only JSON-lines results, one line per config, fsynced as each arrives."""
+
+    def __init__(self, path: str, gpu_name: str):
+        self.path = path
+        self.gpu_name = gpu_name
+        self.records: list[dict] = []
+        self.torn_lines = 0
+        if os.path.exists(path):
+            self._load()
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._write_line({"format": JOURNAL_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name,
+                              "created": now_iso()})
+
+    def _load(self) -> None:
+        with open(self.path, "rb") as f:
+            raw = f.read()
+        lines = raw.split(b"\n")
+        try:
+            header = json.loads(lines[0]) if lines and lines[0].strip() else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT:
+            raise DBError(f"{self.path}: not a rocmflash tune journal; move it away or pass --db")
+        if header.get("schema_version") != SCHEMA_VERSION:
+            raise DBError(f"{self.path}: journal schema version {header.get('schema_version')!r}, this rocmflash "
+                          f"reads {SCHEMA_VERSION}; move it away or pass --db")
+        if header.get("gpu") != self.gpu_name:
+            raise DBError(f"{self.path} is a journal for {header.get('gpu')!r}, not {self.gpu_name!r}")
+        for line in lines[1:]:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                self.torn_lines += 1  # a kill mid-write: that config simply runs again
+                continue
+            if isinstance(record, dict) and "key" in record and "config" in record:
+                self.records.append(record)
+        if raw and not raw.endswith(b"\n"):
+            self._write_raw(b"\n")  # the next record must start on its own line
+
+    def _write_raw(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)  # one write call: a Ctrl-C cannot land in the middle of a line
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_line(self, obj: dict) -> None:
+        self._write_raw((json.dumps(obj, sort_keys=True) + "\n").encode())
+
+    def append(self, record: dict) -> None:
+        self._write_line(record)
+        self.records.append(record)
+
+    def results(self, key: str, shape: dict, env: str) -> dict:
+        """``{config json: record}`` for one problem key, shape and environment (the latest wins)."""
+        out = {}
+        for r in self.records:
+            if r["key"] == key and r.get("shape") == shape and r.get("env") == env:
+                out[KernelConfig.from_dict(r["config"]).to_json()] = r
+        return out
+
+    def stale(self, key: str, shape: dict, env: str) -> int:
+        """Records of this problem and shape made under another environment (ignored)."""
+        return sum(1 for r in self.records if r["key"] == key and r.get("shape") == shape and r.get("env") != env)
+
+
+# ---------------------------------------------------------------------- the lock
+def tune_lock(db_path: str):
+    """Acquire ``<db>.lock`` without waiting; :class:`DBLockedError` when another tune holds it."""
+    import filelock
+
+    os.makedirs(os.path.dirname(os.path.abspath(db_path)), exist_ok=True)
+    lock = filelock.FileLock(db_path + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise DBLockedError(f"another rocmflash tune is writing {db_path} (lock {db_path}.lock is held); "
+                            "wait for it or pass another --db") from None
+    return lock
+
+
+# ---------------------------------------------------------------------- run-time lookup
+_INDEX: dict = {}
+
+
+def clear_cache() -> None:
+    """Forget every loaded database and cached lookup (called after every save in this process)."""
+    _INDEX.clear()
+    _lookup_cached.cache_clear()
+
+
+def _index(path: str) -> dict:
+    """``{(D, dtype, causal, gqa): [(bucket, entry), ...]}`` of one database (empty when missing/unreadable)."""
+    index = _INDEX.get(path)
+    if index is None:
+        index = {}
+        if os.path.exists(path):
+            try:
+                data = ConfigDB.read(path)
+            except (DBError, OSError) as err:
+                warnings.warn(f"rocmflash: ignoring config database: {err}", RuntimeWarning, stacklevel=3)
+                data = {"entries": {}}
+            for key, entry in data["entries"].items():
+                try:
+                    p = parse_key(key)
+                except (ValueError, IndexError):
+                    continue
+                group = (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"])
+                index.setdefault(group, []).append((p["seqlen_bucket"], entry))
+        _INDEX[path] = index
+    return index
+
+
+def _pick(entry: dict, variant: Optional[str]) -> Optional[dict]:
+    if variant is None or entry.get("best", {}).get("variant", "online") == variant:
+        return entry.get("best")
+    per = entry.get("best_per_variant", {}).get(variant)
+    return per["config"] if per else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path):
+    path = db_path or default_db_path(gpu_name)
+    group = _index(path).get((int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio)))
+    if not group:
+        return None
+    target = seqlen_bucket(seqlen).bit_length()
+    for bucket, entry in sorted(group, key=lambda be: (abs(be[0].bit_length() - target), -be[0])):
+        if measured_only and not entry.get("measured"):
+            continue
+        cfg = _pick(entry, variant)
+        if cfg is not None:
+            return KernelConfig.from_dict(cfg)
+    return None
+
+
+def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,
+           variant: Optional[str] = None, measured_only: bool = False,
+           db_path: Optional[str] = None) -> Optional[KernelConfig]:
+    """The best :class:`KernelConfig` of the nearest sequence-length bucket, or None.
+
+    Head dim, dtype, causal and GQA ratio must match an entry exactly; among those, the
+    bucket nearest to ``seqlen_bucket(seqlen)`` in powers of two wins (ties: the larger).
+    ``variant`` asks for the best config of that variant (None: the overall best);
+    ``measured_only`` skips static-ranked (unmeasured) entries. Results are cached per
+    argument tuple (a repeat call costs well under a microsecond); saving a database in
+    this process clears the cache, :func:`clear_cache` does it by hand.
+    """
+    return _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path)

@@ -1,0 +1,373 @@
+"""Live runner: gate and time one config at a time in an isolated worker process that owns the GPU.
+
+Isolation. Every candidate runs in a worker subprocess (``spawn``, via :mod:`pebble`)
+with a timeout. A segfault or abort kills only that worker (``crashed``), a hang is
+killed at the timeout (``timeout``), a Triton compile error or out-of-resources is a
+``failed`` result, and a sticky device error (an illegal memory access leaves the
+CUDA/HIP context unusable) is reported as ``crashed`` and the worker is replaced before
+the next candidate. One config is lost, never the tune.
+
+Numeric gate (before any timing). Fresh random inputs (a new seed per config) of the
+tuned shape's sequence lengths and head dim, one batch and at most two KV heads (times
+the GQA ratio); the output is poisoned with NaN first; every element must be finite and
+the relative error ``||out - ref|| / ||ref||`` against an fp32 reference (TF32 off) must be
+<= 1e-2 (fp16) or 2e-2 (bf16). A config that fails is ``incorrect`` and is never timed.
+
+Timing. Rotating input sets (``n_inputs`` of them, each a full ``q, k, v, out``) so no
+run finds its inputs in cache; the L2 is flushed before every timed run by zeroing a
+256 MB buffer; warm-up first (which also absorbs Triton's JIT); then ``n`` runs timed
+with device events (``n`` from ``rep_ms`` over a first estimate, clamped to
+``[min_reps, max_reps]``), median reported, raw times kept. This is what
+``triton.testing.do_bench(..., return_mode="median")`` does, plus the input rotation.
+TFLOP/s = 4·B·H·S²·D / t (half for causal). Vendor-neutral: ``torch.cuda`` is HIP on ROCm.
+
+Pre-warm. Triton compiles a kernel at its first launch (seconds each) and caches it on
+disk. :meth:`LiveRunner.prewarm` launches every candidate once, at a tiny shape with the
+same argument specialisation, in parallel processes sharing the timing worker's Triton
+cache directory, so the serial timing loop finds every kernel compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import os
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Optional
+
+from rocmflash.config import KernelConfig
+from rocmflash.roofline import Shape, tflops
+
+TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
+#: worker results with these statuses are final for a config (journaled, never retried)
+STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
+#: test mode: ``task["inject"]`` makes the worker fail on purpose
+INJECT_MODES = ("crash", "hang", "illegal")
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveSettings:
+    """How candidates are timed and isolated."""
+
+    timeout_s: float = 120.0  #: per candidate (gate + warm-up + timing, and a JIT compile if not pre-warmed)
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    min_reps: int = 10
+    max_reps: int = 200
+    n_inputs: int = 3  #: rotating input sets
+    flush_bytes: int = 256 * 1024 * 1024
+    gate_heads_kv: int = 2
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ====================================================================== worker side
+_STATE: dict = {}
+
+
+def worker_init(triton_cache_dir: Optional[str]) -> None:
+    """Runs once per worker, before any task's timeout starts: import torch, create the context."""
+    if triton_cache_dir:
+        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.init()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def _torch_dtype(torch, name: str):
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _reference(q, k, v, causal: bool, scale: float):
+    """fp32 attention per (batch, head), bottom-right causal, GQA by head grouping."""
+    import torch
+
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    mask = None
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        mask = j > i + (Sk - Sq)
+    for b in range(B):
+        for h in range(Hq):
+            s = (q[b, h].float() @ k[b, h // group].float().T) * scale
+            if mask is not None:
+                s.masked_fill_(mask, float("-inf"))
+            p = torch.softmax(s, dim=-1).nan_to_num_(0.0)
+            out[b, h] = p @ v[b, h // group].float()
+    return out
+
+
+def _gate(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> tuple[bool, float, str]:
+    import torch
+
+    dev = torch.device("cuda")
+    dtype = _torch_dtype(torch, shape.dtype)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(int.from_bytes(os.urandom(7), "little"))  # fresh inputs for every config
+    hkv = min(shape.heads_kv, settings.gate_heads_kv)
+    hq = hkv * (shape.heads_q // shape.heads_kv)
+    q = torch.randn(1, hq, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype, generator=gen)
+    k = torch.randn(1, hkv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype, generator=gen)
+    v = torch.randn(1, hkv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype, generator=gen)
+    out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the gate
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    mod.launch(q, k, v, cfg, shape.causal, scale, out=out)
+    torch.cuda.synchronize()
+    finite = bool(torch.isfinite(out).all())
+    ref = _reference(q, k, v, shape.causal, scale)
+    err = ((out.float() - ref).norm() / ref.norm()).item() if finite else float("nan")
+    tol = TOLERANCE[shape.dtype]
+    if not finite:
+        bad = int((~torch.isfinite(out)).sum())
+        return False, err, f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
+    if not err <= tol:
+        return False, err, f"relative error {err:.3e} > {tol:g} against the fp32 reference"
+    return True, err, ""
+
+
+def _inputs(shape: Shape, settings: LiveSettings):
+    """Rotating input sets and the L2 flush buffer for a shape (kept across configs in this worker)."""
+    import torch
+
+    key = (shape, settings.n_inputs, settings.flush_bytes)
+    if _STATE.get("key") != key:
+        _STATE.clear()
+        torch.cuda.empty_cache()
+        dev = torch.device("cuda")
+        dtype = _torch_dtype(torch, shape.dtype)
+        sets = []
+        for _ in range(settings.n_inputs):
+            q = torch.randn(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype)
+            k = torch.randn(shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype)
+            v = torch.randn_like(k)
+            sets.append((q, k, v, torch.empty_like(q)))
+        flush = torch.empty(settings.flush_bytes // 4, device=dev, dtype=torch.int32)
+        _STATE.update(key=key, sets=sets, flush=flush)
+    return _STATE["sets"], _STATE["flush"]
+
+
+def _time(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> list[float]:
+    import torch
+
+    sets, flush = _inputs(shape, settings)
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    fns = [(lambda s=s: mod.launch(s[0], s[1], s[2], cfg, shape.causal, scale, out=s[3])) for s in sets]
+    n_sets = len(fns)
+    fns[0]()
+    torch.cuda.synchronize()
+    # estimate one run (flush included in the gaps, not in the events)
+    est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    est_start.record()
+    for i in range(5):
+        fns[i % n_sets]()
+    est_end.record()
+    torch.cuda.synchronize()
+    est = max(est_start.elapsed_time(est_end) / 5, 1e-3)
+    for i in range(max(1, min(100, int(settings.warmup_ms / est)))):
+        fns[i % n_sets]()
+    n = max(settings.min_reps, min(settings.max_reps, int(settings.rep_ms / est)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        flush.zero_()
+        starts[i].record()
+        fns[i % n_sets]()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _device_broken() -> bool:
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+        return False
+    except Exception:
+        return True
+
+
+def _inject(mode: str, shape: Shape) -> None:
+    if mode == "crash":  # a segfault, as a driver or compiler crash would give
+        import ctypes
+
+        ctypes.string_at(0)
+    if mode == "hang":
+        while True:
+            time.sleep(1)
+    if mode == "illegal":  # a kernel writing far outside its output: an illegal memory access
+        import torch
+
+        from rocmflash.kernels import get_variant
+
+        q = torch.randn(1, 2, 256, shape.head_dim, device="cuda", dtype=_torch_dtype(torch, shape.dtype))
+        out = torch.empty(16, device="cuda", dtype=q.dtype).as_strided(q.shape, (1 << 40, 1 << 38, 1 << 30, 1))
+        get_variant("online").launch(q, q, q, KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+                                     False, 0.1, out=out)
+        torch.cuda.synchronize()
+
+
+def measure(task: dict) -> dict:
+    """Worker entry: gate, then time, one config on one shape. Never raises for a bad config."""
+    import torch
+
+    from rocmflash.kernels import get_variant
+
+    start = time.perf_counter()
+    cfg = KernelConfig.from_dict(task["config"])
+    shape = Shape.from_dict(task["shape"])
+    settings = LiveSettings(**task["settings"])
+    result = {"status": None, "median_ms": None, "times_ms": None, "tflops": None, "rel_err": None, "error": None}
+    try:
+        if task.get("inject"):
+            _inject(task["inject"], shape)
+        mod = get_variant(cfg.variant)
+        t0 = time.perf_counter()
+        ok, err, why = _gate(mod, cfg, shape, settings)
+        result["gate_s"] = round(time.perf_counter() - t0, 3)
+        result["rel_err"] = None if math.isnan(err) else err
+        if not ok:
+            result.update(status="incorrect", error=why)
+        else:
+            times = _time(mod, cfg, shape, settings)
+            times_sorted = sorted(times)
+            med = times_sorted[len(times) // 2] if len(times) % 2 else 0.5 * (
+                times_sorted[len(times) // 2 - 1] + times_sorted[len(times) // 2])
+            result.update(status="ok", median_ms=med, times_ms=[round(t, 5) for t in times],
+                          tflops=tflops(shape, med))
+    except Exception as err:  # compile error, out of resources, launch failure, device fault
+        lines = str(err).strip().splitlines()
+        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+        if _device_broken():
+            result.update(status="crashed", fatal=True,
+                          error=result["error"] + " (device context unusable: worker replaced)")
+        else:
+            result["status"] = "failed"
+    result["worker_s"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+# ---------------------------------------------------------------------- pre-warm worker
+def prewarm_init(triton_cache_dir: Optional[str]) -> None:
+    worker_init(triton_cache_dir)
+
+
+def prewarm_one(task: dict) -> Optional[str]:
+    """Launch one config once at a tiny shape with the tuned shape's specialisation (fills Triton's cache)."""
+    import torch
+
+    from rocmflash.kernels import get_variant
+
+    cfg = KernelConfig.from_dict(task["config"])
+    s = Shape.from_dict(task["shape"])
+    # Triton specialises integers on ``== 1`` and ``% 16 == 0``: keep both properties of S.
+    small = lambda n: n if (n % 16 or n <= 256) else 256  # noqa: E731
+    dtype = _torch_dtype(torch, s.dtype)
+    q = torch.randn(1, s.heads_q, small(s.seqlen_q), s.head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(1, s.heads_kv, small(s.seqlen_k), s.head_dim, device="cuda", dtype=dtype)
+    try:
+        get_variant(cfg.variant).launch(q, k, k, cfg, s.causal, 0.125, out=torch.empty_like(q))
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:
+        lines = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+# ====================================================================== parent side
+class LiveRunner:
+    """Times configs on the live GPU, one at a time, each in an isolated worker process."""
+
+    live = True
+
+    def __init__(self, settings: LiveSettings = LiveSettings(), triton_cache_dir: Optional[str] = None,
+                 prewarm_workers: Optional[int] = None):
+        self.settings = settings
+        self.triton_cache_dir = triton_cache_dir
+        self.prewarm_workers = prewarm_workers
+        self._pool = None
+        self.restarts = 0
+
+    # -------------------------------------------------------------- pool management
+    def _get_pool(self):
+        if self._pool is None:
+            import pebble
+
+            self._pool = pebble.ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
+                                            initializer=worker_init, initargs=(self.triton_cache_dir,))
+        return self._pool
+
+    def _restart(self) -> None:
+        self.restarts += 1
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.stop()
+            pool.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -------------------------------------------------------------- work
+    def prewarm(self, configs: list[KernelConfig], shape: Shape) -> dict:
+        """Compile every config in parallel (one GPU launch each at a tiny shape); ``{config json: error}``."""
+        import pebble
+
+        if not configs:
+            return {}
+        workers = max(1, min(len(configs), self.prewarm_workers or max(1, (os.cpu_count() or 2) - 1)))
+        errors = {}
+        with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
+                                initializer=prewarm_init, initargs=(self.triton_cache_dir,)) as pool:
+            futures = {cfg.to_json(): pool.schedule(prewarm_one, args=({"config": cfg.to_dict(),
+                                                                         "shape": shape.to_dict()},),
+                                                    timeout=self.settings.timeout_s) for cfg in configs}
+            for key, future in futures.items():
+                try:
+                    errors[key] = future.result()
+                except FutureTimeout:
+                    errors[key] = f"pre-warm timed out after {self.settings.timeout_s:g} s"
+                except Exception as err:  # a crashed pre-warm worker: the timing worker will meet it too
+                    errors[key] = f"pre-warm worker died: {type(err).__name__}"
+        return errors
+
+    def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None) -> dict:
+        """Gate and time one config in the worker; always returns a result dict with a status."""
+        from pebble import ProcessExpired
+
+        task = {"config": cfg.to_dict(), "shape": shape.to_dict(), "settings": self.settings.to_dict(),
+                "inject": inject}
+        start = time.perf_counter()
+        future = self._get_pool().schedule(measure, args=(task,), timeout=self.settings.timeout_s)
+        try:
+            result = future.result()
+        except FutureTimeout:
+            result = {"status": "timeout",
+                      "error": f"no result after {self.settings.timeout_s:g} s: worker killed and replaced"}
+        except ProcessExpired as err:
+            result = {"status": "crashed",
+                      "error": f"worker died (exit code {err.exitcode}): replaced, tune goes on"}
+        except Exception as err:  # a broken pool: start a fresh one
+            result = {"status": "crashed", "error": f"worker pool failed: {type(err).__name__}: {err}", "fatal": True}
+        result["wall_s"] = round(time.perf_counter() - start, 3)
+        if result.pop("fatal", False):
+            self._restart()
+        return result
