@@ -1,0 +1,432 @@
+"""FlashAttention-2 backward: dQ, dK, dV from the forward's output and LSE (no atomics).
+
+Three kernels, all fp32-accumulating:
+
+1. ``_bwd_preprocess`` -- per query row ``delta = rowsum(dO * O)`` (minus the incoming
+   gradient of the LSE, when the caller differentiates through it), and ``lse2 = LSE *
+   log2(e)`` with rows that attend nothing (LSE ``-inf``) turned into ``+inf`` so that
+   every probability recomputed for them is exactly 0.
+2. ``_bwd_dkdv`` -- one program owns ``BLOCK_N`` keys of one (batch, **key/value** head)
+   and keeps ``dK``/``dV`` tiles in registers while it loops over every query block of
+   *every query head of its GQA group*: ``dV += Pᵀ dO``, ``dK += dSᵀ Q`` with ``dS = P ∘
+   (dP - delta)``, ``dP = dO Vᵀ``. The group's contributions are summed in registers, so
+   GQA/MQA needs neither atomics nor a ``(B, Hq, Sk, D)`` scratch buffer plus a reduction.
+3. ``_bwd_dq`` -- one program owns ``BLOCK_M`` query rows of one (batch, query head) and
+   loops over key blocks: ``dQ += dS K``.
+
+Why two kernels and not one with atomics: the single-kernel variant (dK/dV loop that also
+``atomic_add``\\s dQ) saves recomputing ``QKᵀ`` and ``dO Vᵀ`` once more, but needs an fp32
+dQ buffer, a conversion pass, fp32 atomics (slow on CDNA: gfx90a has no packed fp32
+atomic add to global memory and MI300's are still contended), and its result depends on
+the order in which programs finish. The two-kernel form is deterministic, bit-for-bit
+reproducible, keeps GQA a register-level sum, and runs unchanged under Triton's
+interpreter.
+
+Causal masking is bottom-right aligned as in the forward (query ``i`` sees key ``j``
+iff ``j <= i + Sk - Sq``). Key loops skip fully masked blocks and run unmasked for
+blocks that are fully visible; only diagonal and tail blocks pay for masks.
+
+Head dims: every head dim the forward accepts (16..256). The head dim is padded to the
+next power of two (>= 16) with masked loads -- correct for every D; non-power-of-two
+head dims pay for the padding (the forward's two-piece split is not used here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from rocmflash.config import KernelConfig, Problem
+from rocmflash.kernels import common as C
+from rocmflash.kernels.common import kernel_jit
+
+LOG2E = C.LOG2E
+
+#: head dims the backward accepts (the same as the forward)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+# ----------------------------------------------------------------------------- kernels
+@kernel_jit
+def _bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
+                    stride_oz, stride_oh, stride_om, stride_od,
+                    stride_doz, stride_doh, stride_dom, stride_dod,
+                    H_Q, SEQ_Q,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HAS_DLSE: tl.constexpr):
+    off_bh = tl.program_id(1)
+    off_z = off_bh // H_Q
+    off_h = off_bh % H_Q
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_m < SEQ_Q
+    mask = rmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    DO_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
+    o = tl.load(O_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row = off_bh.to(tl.int64) * SEQ_Q + offs_m
+    if HAS_DLSE:  # d lse_i / d s_ij = p_ij: an LSE gradient shifts delta
+        delta -= tl.load(DLSE + row, mask=rmask, other=0.0)
+    tl.store(Delta + row, delta, mask=rmask)
+    lse = tl.load(LSE + row, mask=rmask, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(LSE2 + row, lse2, mask=rmask)
+
+
+@kernel_jit
+def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n, qk_scale,
+               stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+               CAUSAL: tl.constexpr, MASK: tl.constexpr):
+    """One query block's contribution to a key block's dK/dV (transposed tiles: [BLOCK_N, BLOCK_M])."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = C.load_2d(Q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  offs_m < SEQ_Q, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    do = C.load_2d(DO_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                   offs_m < SEQ_Q, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    if MASK:
+        lse2 = tl.load(LSE2_base + offs_m, mask=offs_m < SEQ_Q, other=float("inf"))
+        delta = tl.load(Delta_base + offs_m, mask=offs_m < SEQ_Q, other=0.0)
+    else:
+        lse2 = tl.load(LSE2_base + offs_m)
+        delta = tl.load(Delta_base + offs_m)
+    s_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_M] raw scores
+    p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+    if MASK:
+        if CAUSAL:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + SHIFT, p_t, 0.0)
+    dv = tl.dot(p_t.to(do.dtype), do, dv)
+    dp_t = tl.dot(v, tl.trans(do))
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@kernel_jit
+def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, sm_scale, qk_scale,
+              stride_qz, stride_qh, stride_qm, stride_qd,
+              stride_kz, stride_kh, stride_kn, stride_kd,
+              stride_vz, stride_vh, stride_vn, stride_vd,
+              stride_doz, stride_doh, stride_dom, stride_dod,
+              stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+              stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+              H_Q, H_KV, GROUP, SEQ_Q, SEQ_K,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bhk = tl.program_id(1)
+    off_z = off_bhk // H_KV
+    off_hk = off_bhk % H_KV
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    nmask = offs_n < SEQ_K
+    dmask = offs_d < HEAD_DIM
+    K_base = K + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+    V_base = V + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+    # key rows past SEQ_K load as 0; their dK/dV rows are never stored, and they do not
+    # touch other rows (dK_j, dV_j depend on key j only)
+    k = C.load_2d(K_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                  nmask, dmask, True, BLOCK_D > HEAD_DIM)
+    v = C.load_2d(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                  nmask, dmask, True, BLOCK_D > HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    SHIFT = SEQ_K - SEQ_Q
+    q_full = (SEQ_Q // BLOCK_M) * BLOCK_M  # query blocks below this need no row mask
+    if CAUSAL:
+        # the first query that sees any key of this block, rounded down to a block
+        lo = (tl.maximum(0, start_n - SHIFT) // BLOCK_M) * BLOCK_M
+        # query blocks starting at or after this see every key of the block
+        last = tl.maximum(0, start_n + BLOCK_N - 1 - SHIFT)
+        diag_end = tl.maximum(lo, tl.minimum(((last + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, q_full))
+    else:
+        lo = 0
+        diag_end = 0
+    tail_start = tl.maximum(diag_end, q_full)
+
+    for g in range(0, GROUP):  # the query heads sharing this K/V head, summed in registers
+        off_h = off_hk * GROUP + g
+        off_bh = off_z * H_Q + off_h
+        Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+        DO_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
+        LSE2_base = LSE2 + off_bh.to(tl.int64) * SEQ_Q
+        Delta_base = Delta + off_bh.to(tl.int64) * SEQ_Q
+        for start_m in range(lo, diag_end, BLOCK_M):  # causal diagonal blocks
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n,
+                                qk_scale, stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
+                                HEAD_DIM, BLOCK_M, BLOCK_D, CAUSAL, True)
+        for start_m in range(diag_end, q_full, BLOCK_M):  # fully visible, full blocks
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n,
+                                qk_scale, stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
+                                HEAD_DIM, BLOCK_M, BLOCK_D, CAUSAL, False)
+        for start_m in range(tail_start, SEQ_Q, BLOCK_M):  # the query tail block
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n,
+                                qk_scale, stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
+                                HEAD_DIM, BLOCK_M, BLOCK_D, CAUSAL, True)
+
+    DK_base = DK + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh
+    DV_base = DV + off_z.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh
+    smask = nmask[:, None] & dmask[None, :]
+    tl.store(DK_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=smask)
+    tl.store(DV_base + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=smask)
+
+
+@kernel_jit
+def _dq_step(dq, q, do, lse2, delta, K_base, V_base, start_n, offs_m, qk_scale,
+             stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             CAUSAL: tl.constexpr, MASK: tl.constexpr):
+    """One key block's contribution to a query block's dQ."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = C.load_2d(K_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                  offs_n < SEQ_K, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    v = C.load_2d(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                  offs_n < SEQ_K, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N]
+    p = tl.math.exp2(s * qk_scale - lse2[:, None])
+    if MASK:
+        keep = offs_n[None, :] < SEQ_K
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (SEQ_K - SEQ_Q))
+        p = tl.where(keep, p, 0.0)
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq)
+
+
+@kernel_jit
+def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, sm_scale, qk_scale,
+            stride_qz, stride_qh, stride_qm, stride_qd,
+            stride_kz, stride_kh, stride_kn, stride_kd,
+            stride_vz, stride_vh, stride_vn, stride_vd,
+            stride_doz, stride_doh, stride_dom, stride_dod,
+            stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+            H_Q, GROUP, SEQ_Q, SEQ_K,
+            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
+    start_m = C.query_block(CAUSAL) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_z = off_bh // H_Q
+    off_h = off_bh % H_Q
+    off_hk = off_h // GROUP
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mmask = offs_m < SEQ_Q
+    dmask = offs_d < HEAD_DIM
+    Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    DO_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
+    K_base = K + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+    V_base = V + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+    q = C.load_2d(Q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  mmask, dmask, True, BLOCK_D > HEAD_DIM)
+    do = C.load_2d(DO_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                   mmask, dmask, True, BLOCK_D > HEAD_DIM)
+    row = off_bh.to(tl.int64) * SEQ_Q + offs_m
+    lse2 = tl.load(LSE2 + row, mask=mmask, other=float("inf"))  # rows past the end: p = 0
+    delta = tl.load(Delta + row, mask=mmask, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    full_end, hi = C.kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse2, delta, K_base, V_base, start_n, offs_m, qk_scale,
+                      stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL, False)
+    for start_n in range(full_end, hi, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse2, delta, K_base, V_base, start_n, offs_m, qk_scale,
+                      stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+                      HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL, True)
+
+    DQ_base = DQ + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
+    tl.store(DQ_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+
+
+KERNELS = ("_bwd_preprocess", "_bwd_dkdv", "_bwd_dq")
+
+
+# ----------------------------------------------------------------------------- configs
+@dataclasses.dataclass(frozen=True)
+class BwdConfig:
+    """Tiles and compile options of the two main backward kernels.
+
+    ``dkdv`` and ``dq`` are :class:`KernelConfig` records (only ``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps``, ``num_stages`` and the AMD options are used). For the dK/dV kernel
+    ``BLOCK_N`` is the key block it owns and ``BLOCK_M`` the query block it loops over;
+    for the dQ kernel the other way round.
+    """
+
+    dkdv: KernelConfig
+    dq: KernelConfig
+
+    def validate(self) -> "BwdConfig":
+        for name in ("dkdv", "dq"):
+            cfg = getattr(self, name)
+            if not isinstance(cfg, KernelConfig):
+                raise TypeError(f"BwdConfig.{name} must be a KernelConfig, got {type(cfg).__name__}")
+            cfg.validate()
+        return self
+
+
+def default_bwd_config(arch: Optional[str], head_dim: int) -> BwdConfig:
+    """A per-architecture backward config known to compile and be correct.
+
+    * sm_90 (H100/H200): small query tile in the dK/dV kernel (its ``dK``/``dV``
+      accumulators of ``BLOCK_N x D`` stay live across the whole loop), the mirror image
+      for dQ; 4 warps (8 for D > 64 to hold the accumulators).
+    * AMD CDNA (gfx9xx): ``num_stages=1`` (AMD's guidance for fused GEMM chains) and 4
+      waves; D > 128 halves the key tile so two fp32 ``BLOCK_N x D`` accumulators fit the
+      512 VGPR/AGPR budget of a wave-64 lane. Reasoned from register counts, not timed.
+    * anything else (including the CPU interpreter): 32/64 tiles, 4 warps, 2 stages.
+    """
+    arch = arch or "generic"
+    K = KernelConfig
+    if arch == "sm_90":
+        if head_dim <= 64:
+            return BwdConfig(K(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3),
+                             K(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3))
+        if head_dim <= 128:
+            return BwdConfig(K(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+                             K(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2))
+        return BwdConfig(K(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
+                         K(BLOCK_M=64, BLOCK_N=16, num_warps=8, num_stages=1))
+    if arch.startswith("gfx9"):
+        if head_dim <= 128:
+            return BwdConfig(K(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1),
+                             K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1))
+        return BwdConfig(K(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+                         K(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1))
+    if arch.startswith("sm_"):
+        if head_dim <= 128:
+            return BwdConfig(K(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+                             K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2))
+        return BwdConfig(K(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
+                         K(BLOCK_M=64, BLOCK_N=16, num_warps=8, num_stages=1))
+    return BwdConfig(K(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+                     K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2))
+
+
+def check_head_dim(head_dim: int) -> None:
+    if not MIN_HEAD_DIM <= int(head_dim) <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"backward: head dim {head_dim} is unsupported; supported head dims are "
+            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+        )
+
+
+def block_d(head_dim: int) -> int:
+    return max(16, C.next_pow2(head_dim))
+
+
+# ----------------------------------------------------------------------------- host side
+def empty_like_layout(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    """A new ``(B, H, S, D)`` tensor shaped like ``t``: ``(B, S, H, D)`` in memory when ``t`` is
+    a transposed view of a contiguous ``(B, S, H, D)`` tensor (HF / flash-attn layout), else
+    contiguous. Deterministic from shape and strides, so fake tensors get the same layout."""
+    dtype = dtype or t.dtype
+    if t.dim() == 4 and not t.is_contiguous() and t.transpose(1, 2).is_contiguous():
+        return torch.empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), dtype=dtype,
+                           device=t.device).transpose(1, 2)
+    return torch.empty(t.shape, dtype=dtype, device=t.device)
+
+
+def _strides(t):
+    return tuple(t.stride())
+
+
+def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
+             config: Optional[BwdConfig] = None, dq=None, dk=None, dv=None):
+    """dQ, dK, dV of ``out = attention(q, k, v)`` given ``dO`` (and optionally dLSE).
+
+    ``q (B, Hq, Sq, D)``, ``k/v (B, Hkv, Sk, D)``, ``out``/``do`` like q (any strides),
+    ``lse`` the forward's fp32 ``(B, Hq, Sq)`` natural-log LSE. Returns ``(dq, dk, dv)`` in
+    the input dtype.
+    """
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    check_head_dim(D)
+    if config is None:
+        config = default_bwd_config(None, D)
+    config.validate()
+    dq = empty_like_layout(q) if dq is None else dq
+    dk = empty_like_layout(k) if dk is None else dk
+    dv = empty_like_layout(v) if dv is None else dv
+    if q.numel() == 0 or k.numel() == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return dq, dk, dv
+    lse = lse.contiguous()
+    delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    lse2 = torch.empty_like(delta)
+    has_dlse = dlse is not None
+    dlse_t = dlse.to(torch.float32).contiguous() if has_dlse else delta
+    backend = C.torch_backend()
+    BD = block_d(D)
+    pre_cfg = KernelConfig(BLOCK_M=64 if BD <= 128 else 32, BLOCK_N=16, num_warps=4, num_stages=1)
+    C.launch_kernel(
+        _bwd_preprocess, (triton.cdiv(Sq, pre_cfg.BLOCK_M), B * Hq),
+        dict(O=out, DO=do, LSE=lse, DLSE=dlse_t, Delta=delta, LSE2=lse2,
+             stride_oz=out.stride(0), stride_oh=out.stride(1), stride_om=out.stride(2), stride_od=out.stride(3),
+             stride_doz=do.stride(0), stride_doh=do.stride(1), stride_dom=do.stride(2), stride_dod=do.stride(3),
+             H_Q=Hq, SEQ_Q=Sq),
+        dict(HEAD_DIM=D, BLOCK_M=pre_cfg.BLOCK_M, BLOCK_D=BD, HAS_DLSE=has_dlse), pre_cfg, backend)
+
+    qk_scale = float(sm_scale) * LOG2E
+    common = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, Delta=delta, sm_scale=float(sm_scale), qk_scale=qk_scale)
+    sq, sk, sv, sdo = _strides(q), _strides(k), _strides(v), _strides(do)
+
+    def named(prefix, s):
+        return {f"stride_{prefix}{c}": s[i] for i, c in enumerate(("z", "h", "m" if prefix in ("q", "do", "dq") else "n", "d"))}
+
+    a = dict(common, DK=dk, DV=dv, **named("q", sq), **named("k", sk), **named("v", sv), **named("do", sdo),
+             **named("dk", _strides(dk)), **named("dv", _strides(dv)),
+             H_Q=Hq, H_KV=Hkv, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
+    c1 = config.dkdv
+    C.launch_kernel(_bwd_dkdv, (triton.cdiv(Sk, c1.BLOCK_N), B * Hkv), a,
+                    dict(HEAD_DIM=D, BLOCK_M=c1.BLOCK_M, BLOCK_N=c1.BLOCK_N, BLOCK_D=BD, CAUSAL=bool(causal)),
+                    c1, backend)
+    a = dict(common, DQ=dq, **named("q", sq), **named("k", sk), **named("v", sv), **named("do", sdo),
+             **named("dq", _strides(dq)), H_Q=Hq, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
+    c2 = config.dq
+    C.launch_kernel(_bwd_dq, (triton.cdiv(Sq, c2.BLOCK_M), B * Hq), a,
+                    dict(HEAD_DIM=D, BLOCK_M=c2.BLOCK_M, BLOCK_N=c2.BLOCK_N, BLOCK_D=BD, CAUSAL=bool(causal)),
+                    c2, backend)
+    return dq, dk, dv
+
+
+def compile_for(target, config: BwdConfig, problem: Problem):
+    """Cross-compile the dK/dV and dQ kernels for ``target`` without tensors (register studies)."""
+    config.validate()
+    check_head_dim(problem.head_dim)
+    g = C.Geometry.from_problem(problem)
+    t = "*" + g.dtype
+    P = C.Ptr
+    BD = block_d(g.head_dim)
+
+    def named(prefix, s):
+        return {f"stride_{prefix}{c}": s[i] for i, c in enumerate(("z", "h", "m" if prefix in ("q", "do", "dq") else "n", "d"))}
+
+    common = dict(Q=P(t), K=P(t), V=P(t), DO=P(t), LSE2=P("*fp32"), Delta=P("*fp32"), sm_scale=1.0, qk_scale=1.0)
+    a1 = dict(common, DK=P(t), DV=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
+              **named("v", g.v_strides), **named("do", g.q_strides), **named("dk", g.k_strides),
+              **named("dv", g.v_strides), H_Q=g.heads_q, H_KV=g.heads_kv, GROUP=g.group,
+              SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
+    a2 = dict(common, DQ=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
+              **named("v", g.v_strides), **named("do", g.q_strides), **named("dq", g.q_strides),
+              H_Q=g.heads_q, GROUP=g.group, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
+    k1 = C.compile_kernel(_bwd_dkdv, target, a1, dict(HEAD_DIM=g.head_dim, BLOCK_M=config.dkdv.BLOCK_M,
+                                                      BLOCK_N=config.dkdv.BLOCK_N, BLOCK_D=BD,
+                                                      CAUSAL=problem.causal), config.dkdv)
+    k2 = C.compile_kernel(_bwd_dq, target, a2, dict(HEAD_DIM=g.head_dim, BLOCK_M=config.dq.BLOCK_M,
+                                                    BLOCK_N=config.dq.BLOCK_N, BLOCK_D=BD,
+                                                    CAUSAL=problem.causal), config.dq)
+    return k1, k2
