@@ -106,24 +106,29 @@ def _resolve_config(config, variant: str, head_dim: int, device) -> KernelConfig
 
 
 def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None):
-    _check_shapes(q, k, v)
-    B, Hq, Sq, D = q.shape
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    cfg = _resolve_config(config, variant, D, q.device)
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32) if return_lse else None
-    Sk = k.shape[2]
-    if out.numel() == 0 or Sk == 0:  # nothing to launch: no rows, or no keys to attend
-        out.zero_()
-        if lse is not None:
-            lse.fill_(float("-inf"))
-        return out, lse
-    from rocmflash.kernels import get_variant
+    """Validate shapes, resolve an explicit config, run the ``rocmflash::attn_fwd`` torch op.
 
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
-        get_variant(variant).launch(q, k, v, cfg, bool(causal), scale, out=out, lse=lse)
-    return out, lse
+    The op is differentiable (Triton backward) and has a fake implementation, so this
+    path works under autograd and ``torch.compile``. Without a config the op selects one
+    at run time (:func:`rocmflash.selection.select_config`: the live GPU's database
+    entry, else the per-arch default; cached).
+    """
+    _check_shapes(q, k, v)
+    D = q.shape[3]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    if config is None:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant={variant!r} is unknown; expected one of {VARIANTS}")
+        cfg_json = ""
+    else:
+        cfg_json = _resolve_config(config, variant, D, q.device).to_json()
+    from rocmflash import ops  # noqa: F401  (registers torch.ops.rocmflash)
+
+    o, lse = torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), scale, variant, cfg_json)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, (lse if return_lse else None)
 
 
 class _nullcontext:
@@ -156,6 +161,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     out, lse = _run(q, k, v, causal, softmax_scale, variant, config, return_lse)
+    out = out.contiguous()  # (B, Hq, Sq, D) contiguous, as before (a no-op unless q was a transposed view)
     return (out, lse) if return_lse else out
 
 
@@ -174,10 +180,11 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, S, H, D)
-    # the kernels take any strides: work on (B, H, S, D) views, no copies
-    _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
-         "online", None, False, out=out.transpose(1, 2))
-    return out
+    # the kernels take any strides: work on (B, H, S, D) views, no copies; for contiguous
+    # (B, S, H, D) inputs the op's output is (B, S, H, D) in memory, so this is contiguous
+    out, _ = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
+                  "online", None, False)
+    return out.transpose(1, 2).contiguous()
 
 
 __all__ = ["attention", "flash_attn_func"]

@@ -1,0 +1,132 @@
+"""rocmflash attention as ``torch.library`` custom ops: fake impls, autograd, torch.compile.
+
+Two ops, both functional (no input is mutated, outputs never alias inputs):
+
+``torch.ops.rocmflash.attn_fwd(q, k, v, causal, scale, variant, config) -> (out, lse)``
+    ``q (B, Hq, Sq, D)``, ``k/v (B, Hkv, Sk, D)`` (any strides), ``config`` a
+    :class:`~rocmflash.config.KernelConfig` as JSON, or ``""`` to select one at run time
+    (:func:`rocmflash.selection.select_config`: the live GPU's database entry, else the
+    per-arch default). ``out`` is ``(B, Hq, Sq, D)``; its memory is ``(B, S, H, D)`` when q
+    is a transposed view of a contiguous ``(B, S, H, D)`` tensor (HF and flash-attn
+    layouts: transposing back is free), else contiguous. ``lse`` is fp32 ``(B, Hq, Sq)``.
+
+``torch.ops.rocmflash.attn_bwd(dout, q, k, v, out, lse, dlse, causal, scale) -> (dq, dk, dv)``
+    The Triton backward (:mod:`rocmflash.kernels.backward`); ``dlse`` is optional.
+
+The forward op has an autograd formula (``register_autograd``) that calls the backward op,
+so both eager autograd and ``torch.compile`` (AOTAutograd) see a differentiable op. Fake
+implementations allocate outputs with the same layout rule, so ``torch.compile(...,
+fullgraph=True)`` traces through without graph breaks; Inductor treats the ops as opaque
+calls and runs the real kernels (which pick their config at run time).
+
+Input validation lives in :mod:`rocmflash.api` (the public functions); :func:`attention_op`
+here is the thin differentiable entry used by the API, :mod:`rocmflash.sdpa` and
+:mod:`rocmflash.integrations.hf`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from rocmflash.config import KernelConfig
+from rocmflash.kernels.backward import empty_like_layout
+
+
+def _fresh_out(q: torch.Tensor) -> torch.Tensor:
+    return empty_like_layout(q)
+
+
+def _lse_empty(q: torch.Tensor) -> torch.Tensor:
+    B, H, S, _ = q.shape
+    return torch.empty((B, H, S), dtype=torch.float32, device=q.device)
+
+
+def _device_ctx(t):
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------- forward op
+@torch.library.custom_op("rocmflash::attn_fwd", mutates_args=())
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+             variant: str, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from rocmflash.kernels import get_variant
+
+    out = _fresh_out(q)
+    lse = _lse_empty(q)
+    if out.numel() == 0 or k.shape[2] == 0:  # nothing to launch: no rows, or no keys to attend
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    if config:
+        cfg = KernelConfig.from_json(config)
+    else:
+        from rocmflash.selection import select_config
+
+        cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1],
+                            q.shape[2], k.shape[2], variant)
+    with _device_ctx(q):
+        get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse)
+    return out, lse
+
+
+@attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, causal, scale, variant, config):
+    return _fresh_out(q), _lse_empty(q)
+
+
+# ----------------------------------------------------------------------------- backward op
+@torch.library.custom_op("rocmflash::attn_bwd", mutates_args=())
+def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from rocmflash.kernels.backward import backward
+    from rocmflash.selection import select_bwd_config
+
+    cfg = select_bwd_config(q.device, q.shape[3])
+    with _device_ctx(q):
+        return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
+
+
+@attn_bwd.register_fake
+def _attn_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale):
+    return empty_like_layout(q), empty_like_layout(k), empty_like_layout(v)
+
+
+# ----------------------------------------------------------------------------- autograd
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, variant, config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal = causal
+    ctx.scale = scale  # lse stays differentiable: its gradient enters the backward as dlse
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- entry point
+def attention_op(q, k, v, causal: bool = False, scale: Optional[float] = None, variant: str = "online",
+                 config: Optional[KernelConfig] = None):
+    """``(out, lse)`` through the custom op (differentiable; no input validation here)."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    cfg = config.to_json() if config is not None else ""
+    return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant, cfg)
+
+
+__all__ = ["attn_fwd", "attn_bwd", "attention_op"]

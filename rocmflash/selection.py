@@ -1,0 +1,164 @@
+"""Run-time config selection: the tuned database entry for the live GPU, else a safe default.
+
+``select_config`` is what :func:`rocmflash.attention` / :func:`rocmflash.flash_attn_func`
+(and the torch ops behind them) use when the caller passes no config:
+
+1. the live GPU of the tensor's device (catalog name via :func:`rocmflash.gpus.detect_live_gpu`,
+   its arch from the device itself when it is not in the catalog) -- detected once per
+   device and cached;
+2. :func:`rocmflash.db.lookup` for that GPU: same head dim, dtype, causal flag, GQA ratio
+   and variant, nearest sequence-length bucket (the key length: it sets the work per
+   query block); only entries measured on a live GPU (``measured_only=True``), as
+   :func:`rocmflash.api._resolve_config` does;
+3. if there is no entry (or no database, or ``rocmflash.db`` is unavailable, or its
+   config is unusable), :func:`rocmflash.config.default_config` for the arch -- the
+   per-arch default the kernel tests run with.
+
+Nothing is ever tuned here. Every answer is cached per (device, problem key), so a
+repeat call is one dict lookup (well under a microsecond; see
+``tests/test_selection_interp.py``). ``ROCMFLASH_NO_DB=1`` skips step 2 (defaults only).
+:func:`clear_cache` forgets everything (call it after writing a database in-process;
+:func:`rocmflash.db.clear_cache` is called with it).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional
+
+from rocmflash.config import KernelConfig, default_config
+
+NO_DB_ENV = "ROCMFLASH_NO_DB"
+
+_DEVICE: dict = {}  # device key -> (gpu catalog name or None, arch or None)
+_FWD: dict = {}  # problem key -> KernelConfig
+_BWD: dict = {}
+_LAST_SOURCE: dict = {}  # problem key -> "db" | "default" (introspection / tests)
+
+
+def clear_cache() -> None:
+    """Forget the detected devices and every selected config (also the database's caches)."""
+    _DEVICE.clear()
+    _FWD.clear()
+    _BWD.clear()
+    _LAST_SOURCE.clear()
+    try:
+        from rocmflash import db
+    except ImportError:
+        return
+    clear = getattr(db, "clear_cache", None)
+    if clear is not None:
+        clear()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def device_identity(device) -> tuple:
+    """``(gpu_name, arch)`` of a torch device: catalog name (None if not in the catalog) and
+    arch (``gfx942``, ``sm_90``; None for CPU tensors / the interpreter). Cached per device."""
+    dev_type = getattr(device, "type", str(device))
+    index = getattr(device, "index", None)
+    interp = _interpreting()
+    key = (dev_type, index, interp)
+    hit = _DEVICE.get(key)
+    if hit is not None:
+        return hit
+    gpu_name = arch = None
+    if dev_type == "cuda" and not interp:
+        import torch
+
+        idx = index if index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        if getattr(torch.version, "hip", None):
+            arch = str(getattr(props, "gcnArchName", "")).split(":")[0] or None
+        else:
+            arch = f"sm_{props.major}{props.minor}"
+        try:
+            from rocmflash import gpus as _gpus
+
+            if getattr(torch.version, "hip", None):
+                gpu = _gpus._match_amd(arch or "", props.multi_processor_count, props.name)
+            else:
+                gpu = _gpus._match_nvidia(props.name, (props.major, props.minor))
+        except Exception:  # pragma: no cover - catalog problems must never break attention
+            gpu = None
+        if gpu is not None:
+            gpu_name, arch = gpu.name, gpu.arch
+    _DEVICE[key] = (gpu_name, arch)
+    return _DEVICE[key]
+
+
+def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant) -> Optional[KernelConfig]:
+    if gpu_name is None or os.environ.get(NO_DB_ENV, "0") not in ("", "0"):
+        return None
+    try:
+        from rocmflash import db
+    except ImportError:
+        return None
+    try:
+        cfg = db.lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant=variant,
+                        measured_only=True)
+    except TypeError:  # an older lookup without these keywords
+        cfg = db.lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen)
+    except Exception as err:  # a broken database must not break attention: warn, use the default
+        warnings.warn(f"rocmflash: config database lookup failed ({err}); using the default config",
+                      RuntimeWarning, stacklevel=4)
+        return None
+    if cfg is None:
+        return None
+    if isinstance(cfg, dict):
+        cfg = KernelConfig.from_dict(cfg)
+    try:
+        cfg.validate()
+    except (ValueError, TypeError):
+        return None
+    if cfg.variant != variant:
+        return None
+    return cfg
+
+
+def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_q: int,
+                  seqlen_k: int, variant: str = "online") -> KernelConfig:
+    """The forward config for this problem on ``device`` (database entry, else per-arch default)."""
+    key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+           int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), variant)
+    cfg = _FWD.get(key)
+    if cfg is not None:
+        return cfg
+    gpu_name, arch = device_identity(device)
+    cfg = _db_lookup(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1), variant)
+    _LAST_SOURCE[key] = "db" if cfg is not None else "default"
+    if cfg is None:
+        cfg = default_config(arch, int(head_dim), variant)
+    _FWD[key] = cfg
+    return cfg
+
+
+def selection_source(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant="online") -> Optional[str]:
+    """``"db"`` or ``"default"`` for a problem already selected, else None (introspection)."""
+    key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+           int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), variant)
+    return _LAST_SOURCE.get(key)
+
+
+def select_bwd_config(device, head_dim: int):
+    """The backward config (:class:`rocmflash.kernels.backward.BwdConfig`) for ``device``."""
+    key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(), int(head_dim))
+    cfg = _BWD.get(key)
+    if cfg is None:
+        from rocmflash.kernels.backward import default_bwd_config
+
+        _, arch = device_identity(device)
+        cfg = _BWD[key] = default_bwd_config(arch, int(head_dim))
+    return cfg
+
+
+def _bucket(seqlen: int) -> int:
+    s = max(int(seqlen), 1)
+    return 1 << (s - 1).bit_length()
+
+
+__all__ = ["select_config", "select_bwd_config", "clear_cache", "device_identity", "selection_source"]
