@@ -378,7 +378,10 @@ def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant
             continue
         cfg = _pick(entry, variant)
         if cfg is not None:
-            return KernelConfig.from_dict(cfg)
+            try:
+                return KernelConfig.from_dict(cfg)
+            except (TypeError, ValueError):  # an entry this rocmflash cannot read: skip it
+                continue
     return None
 
 

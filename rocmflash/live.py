@@ -70,6 +70,9 @@ _STATE: dict = {}
 
 def worker_init(triton_cache_dir: Optional[str]) -> None:
     """Runs once per worker, before any task's timeout starts: import torch, create the context."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which stops the pool
     if triton_cache_dir:
         os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
     os.environ.pop("TRITON_INTERPRET", None)
@@ -287,6 +290,15 @@ def prewarm_one(task: dict) -> Optional[str]:
 
 
 # ====================================================================== parent side
+def _device_name() -> Optional[str]:
+    try:
+        import torch
+
+        return torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
+    except Exception:  # pragma: no cover
+        return None
+
+
 class LiveRunner:
     """Times configs on the live GPU, one at a time, each in an isolated worker process."""
 
@@ -298,7 +310,9 @@ class LiveRunner:
         self.triton_cache_dir = triton_cache_dir
         self.prewarm_workers = prewarm_workers
         self._pool = None
+        self._prewarm_pool = None
         self.restarts = 0
+        self.device = _device_name()
 
     # -------------------------------------------------------------- pool management
     def _get_pool(self):
@@ -311,9 +325,16 @@ class LiveRunner:
 
     def _restart(self) -> None:
         self.restarts += 1
-        self.close()
+        self._close_timing_pool()
 
     def close(self) -> None:
+        self._close_timing_pool()
+        if self._prewarm_pool is not None:
+            pool, self._prewarm_pool = self._prewarm_pool, None
+            pool.stop()
+            pool.join(timeout=30)
+
+    def _close_timing_pool(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.stop()
@@ -333,20 +354,22 @@ class LiveRunner:
 
         if not configs:
             return {}
-        workers = max(1, min(len(configs), self.prewarm_workers or max(1, (os.cpu_count() or 2) - 1)))
+        if self._prewarm_pool is None:  # kept for the runner's life: workers start (import torch) once
+            workers = max(1, self.prewarm_workers or max(1, (os.cpu_count() or 2) - 1))
+            self._prewarm_pool = pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
+                                                    initializer=prewarm_init, initargs=(self.triton_cache_dir,))
+        pool = self._prewarm_pool
         errors = {}
-        with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
-                                initializer=prewarm_init, initargs=(self.triton_cache_dir,)) as pool:
-            futures = {cfg.to_json(): pool.schedule(prewarm_one, args=({"config": cfg.to_dict(),
-                                                                         "shape": shape.to_dict()},),
-                                                    timeout=self.settings.timeout_s) for cfg in configs}
-            for key, future in futures.items():
-                try:
-                    errors[key] = future.result()
-                except FutureTimeout:
-                    errors[key] = f"pre-warm timed out after {self.settings.timeout_s:g} s"
-                except Exception as err:  # a crashed pre-warm worker: the timing worker will meet it too
-                    errors[key] = f"pre-warm worker died: {type(err).__name__}"
+        futures = {cfg.to_json(): pool.schedule(prewarm_one, args=({"config": cfg.to_dict(),
+                                                                     "shape": shape.to_dict()},),
+                                                timeout=self.settings.timeout_s) for cfg in configs}
+        for key, future in futures.items():
+            try:
+                errors[key] = future.result()
+            except FutureTimeout:
+                errors[key] = f"pre-warm timed out after {self.settings.timeout_s:g} s"
+            except Exception as err:  # a crashed pre-warm worker: the timing worker will meet it too
+                errors[key] = f"pre-warm worker died: {type(err).__name__}"
         return errors
 
     def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None) -> dict:

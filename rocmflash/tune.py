@@ -403,7 +403,7 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
 
     spec.validate()
     start = time.perf_counter()
-    if runner is not None:
+    if runner is not None and str(spec.gpu).strip().lower() != "auto":
         gpu, live = get_gpu(spec.gpu), None
     else:
         gpu, live = resolve_gpu(spec.gpu)
