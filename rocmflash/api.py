@@ -1,10 +1,9 @@
 """Public attention API: ``attention`` (``(B, H, S, D)`` layout) and ``flash_attn_func``.
 
 Both validate their inputs (bad input raises ``ValueError``/``TypeError`` naming the
-argument and what was expected), pick a kernel config (the caller's; else the measured
-entry of the config database for the live GPU, :func:`rocmflash.db.lookup`, nearest
-sequence-length bucket; else :func:`rocmflash.config.default_config`) and launch one of
-the four kernel variants.
+argument and what was expected), pick a kernel config (the caller's, or
+:func:`rocmflash.config.default_config` for the live GPU until the tuner database
+exists) and launch one of the four kernel variants.
 
 Tensors must be on a GPU (CUDA or ROCm). With ``TRITON_INTERPRET=1`` set in the
 environment the same calls run CPU tensors through Triton's interpreter (that is how CI
@@ -76,24 +75,7 @@ def _check_shapes(q, k, v):
         raise ValueError(f"number of query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
 
 
-def _db_config(gpu_name: str, variant: str, head_dim: int, dtype, causal: bool, gqa_ratio: int,
-               seqlen: int) -> Optional[KernelConfig]:
-    """The measured config database's pick for this problem (``rocmflash.db.lookup``), or None.
-
-    Only entries timed on a live GPU are used (``measured_only``); static-ranked entries are
-    not. ``ROCMFLASH_NO_DB=1`` turns the database off.
-    """
-    import os
-
-    if os.environ.get("ROCMFLASH_NO_DB", "0") not in ("", "0"):
-        return None
-    from rocmflash.db import lookup
-
-    return lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant=variant, measured_only=True)
-
-
-def _resolve_config(config, variant: str, head_dim: int, device, dtype=None, causal: bool = False,
-                    gqa_ratio: int = 1, seqlen: Optional[int] = None) -> KernelConfig:
+def _resolve_config(config, variant: str, head_dim: int, device) -> KernelConfig:
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is unknown; expected one of {VARIANTS}")
     if config is None:
@@ -102,10 +84,6 @@ def _resolve_config(config, variant: str, head_dim: int, device, dtype=None, cau
             from rocmflash.gpus import detect_live_gpu
 
             gpu = detect_live_gpu()
-            if gpu is not None and dtype is not None and seqlen:
-                tuned = _db_config(gpu.name, variant, head_dim, dtype, causal, gqa_ratio, seqlen)
-                if tuned is not None:
-                    return tuned
             if gpu is not None:
                 arch = gpu.arch
             elif getattr(torch.version, "hip", None):
