@@ -108,12 +108,9 @@ def compile_demo_kernel(gpu, cache_dir: str, num_warps: int = 4) -> None:
     import triton
     from triton.compiler import ASTSource
 
-    from rocmflash.demo_kernels import fa_like_kernel
+    from rocmflash.demo_kernels import FA_LIKE_SIGNATURE, fa_like_kernel
 
-    signature = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "seqlen": "i32",
-                 "stride_s": "i32", "sm_scale": "fp32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                 "HEAD_DIM": "constexpr"}
-    src = ASTSource(fn=fa_like_kernel, signature=signature, constexprs=dict(DEMO_CONSTEXPRS))
+    src = ASTSource(fn=fa_like_kernel, signature=FA_LIKE_SIGNATURE, constexprs=dict(DEMO_CONSTEXPRS))
     triton.compile(src, target=gpu.triton_target(), options={"num_warps": num_warps, "num_stages": 1})
 
 

@@ -8,6 +8,11 @@ code whose register pressure spans the whole range (from a few VGPRs to spills).
 import triton
 import triton.language as tl
 
+#: Triton signature of :func:`fa_like_kernel` for ``ASTSource`` (fp16 tensors)
+FA_LIKE_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "seqlen": "i32",
+                     "stride_s": "i32", "sm_scale": "fp32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                     "HEAD_DIM": "constexpr"}
+
 
 @triton.jit
 def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,

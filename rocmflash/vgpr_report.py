@@ -85,7 +85,8 @@ def seed_case_study(cache_dir=None, workers=None) -> list[dict]:
                        seed_waves_per_cu=65536 // (k["vgpr_count"] * 64),
                        waves_per_simd=waves_from_vgprs(arch, v),
                        waves_per_cu=waves_from_vgprs(arch, v) * arch.simds_per_cu,
-                       waves_per_simd_full=k["waves_per_simd"], limiter=k["limiter"])
+                       waves_per_simd_full=k["waves_per_simd"], limiter=k["limiter"],
+                       acc_share_of_allocation=f"{row['acc_vgprs_per_lane'] / v:.0%}")
         else:
             row["error"] = obs["error"]
         out.append(row)
@@ -165,11 +166,14 @@ def seed_markdown(seed: list[dict]) -> str:
         "wavefront holding it all) and ~300-330 VGPRs in total, then divided a 65,536-register file 'per CU' "
         "by VGPRs x 64. Two corrections: the accumulator is spread over every wave of the workgroup "
         "(128*128 / (64 x num_warps) per lane), and the register file that sets occupancy is per SIMD "
-        "(512 VGPRs per lane on gfx90a, allocated in blocks of 8; 4 SIMDs per CU).\n",
+        "(512 VGPRs per lane on gfx90a, allocated in blocks of 8; 4 SIMDs per CU). "
+        "`acc_share_of_allocation` tests the seed's claim that the accumulator dominates: it is the "
+        "accumulator's registers over what the compiler allocated; the rest is the Q tile, the score and "
+        "probability tiles, K/V fragments and addressing, which the variant table above shrinks in other ways.\n",
         _md_table(seed, [k for k in ("num_warps", "seed_acc_vgprs_per_lane", "seed_total_estimate",
                                      "acc_vgprs_per_lane", "vgpr_count", "agpr_count", "allocated_vgprs",
-                                     "spills", "seed_waves_per_cu", "waves_per_simd", "waves_per_cu",
-                                     "waves_per_simd_full", "limiter", "error") if any(k in r for r in seed)]),
+                                     "acc_share_of_allocation", "spills", "seed_waves_per_cu", "waves_per_simd",
+                                     "waves_per_cu", "waves_per_simd_full", "limiter", "error") if any(k in r for r in seed)]),
     ]
     return "\n".join(lines)
 

@@ -12,9 +12,8 @@ import multiprocessing
 import os
 import re
 
-FA_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "seqlen": "i32",
-                "stride_s": "i32", "sm_scale": "fp32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                "HEAD_DIM": "constexpr"}
+from rocmflash.demo_kernels import FA_LIKE_SIGNATURE as FA_SIGNATURE
+
 GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
                   "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32", "BLOCK_M": "constexpr",
                   "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
