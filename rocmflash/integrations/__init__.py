@@ -1,0 +1,1 @@
+"""Framework integrations (imported on demand): :mod:`rocmflash.integrations.hf` for transformers."""
