@@ -101,3 +101,21 @@ def test_generate_with_kv_cache_matches_sdpa():
     assert rf_hf.stats()["rocmflash"] - before == 4
     assert _rel(step[:, -1].float(), ref[:, -1].float()) < 1e-2
     assert past is not None
+
+
+def test_tiny_llama_compiles_fullgraph():
+    """torch.compile(model, fullgraph=True) traces the model with rocmflash attention, forward and backward
+    (backend aot_eager on CPU; Inductor on the GPU tests)."""
+    rf_hf.register()
+    model = _tiny_llama(torch.bfloat16, seed=3)
+    model.set_attn_implementation("rocmflash")
+    ids = torch.randint(0, 96, (2, 17))
+    torch._dynamo.reset()
+    try:
+        eager = model(input_ids=ids, labels=ids)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, labels=ids)
+        compiled.loss.backward()
+        assert torch.allclose(compiled.logits, eager.logits)
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    finally:
+        torch._dynamo.reset()

@@ -103,3 +103,33 @@ def test_runtime_selection_in_op_matches_explicit(attention_reference):
     out, lse = torch.ops.rocmflash.attn_fwd(q, k, v, True, 1 / math.sqrt(32), "online", "")
     ref, _ = attention_reference(q, k, v, True, 1 / math.sqrt(32))
     assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_dynamo_fullgraph_traces_api_and_patched_sdpa():
+    """torch.compile(fullgraph=True) traces attention, flash_attn_func and patched SDPA with no graph break.
+
+    backend="aot_eager" runs the captured forward/backward graphs eagerly (the ops run through the
+    interpreter); the GPU tests run the same with Inductor.
+    """
+    import torch.nn.functional as F
+
+    from rocmflash.sdpa import patch_sdpa
+
+    torch._dynamo.reset()
+    try:
+        q, k, v = (torch.randn(1, 2, 17, 32, dtype=torch.float16, requires_grad=True) for _ in range(3))
+        fns = [lambda q, k, v: rocmflash.attention(q, k, v, causal=True),
+               lambda q, k, v: rocmflash.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                         causal=True).transpose(1, 2)]
+        eager = fns[0](q, k, v)
+        (gq,) = torch.autograd.grad(eager.float().sum(), (q,))
+        for fn in fns:
+            out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+            (cq,) = torch.autograd.grad(out.float().sum(), (q,))
+            assert torch.allclose(out, eager) and torch.allclose(cq, gq)
+        with patch_sdpa():
+            sd = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               fullgraph=True, backend="aot_eager")
+            assert torch.allclose(sd(q, k, v), eager)
+    finally:
+        torch._dynamo.reset()
