@@ -48,46 +48,55 @@ def _summ(entry: dict, wall: float) -> dict:
             "best_static_rank": entry.get("best_static_rank"), "best_verdict": entry.get("best_verdict")}
 
 
+def _plan(text: str) -> list:
+    """``"fp16/128/0/pe,bf16/64/1/p"`` -> [(dtype, D, causal, strategies)] (p = pruned, e = exhaustive)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        dtype, d, c, strat = item.split("/")
+        out.append((dtype, int(d), c == "1", [{"p": "pruned", "e": "exhaustive"}[x] for x in strat]))
+    return out
+
+
 def run(args) -> int:
     import torch
 
     from rocmflash.compile import ObservationCache
+    from rocmflash.gpus import get_gpu
     from rocmflash.live import LiveRunner, LiveSettings
-    from rocmflash.tune import TuneSpec, shape_key, tune
+    from rocmflash.space import default_space
+    from rocmflash.tune import TuneSpec, shape_key, static_phase, static_problem, tune
 
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=10, max_reps=100)
     cache = args.cache_dir
     triton_cache = os.path.join(ObservationCache(cache).root, "live-triton")
     results_path = os.path.join(args.out, "results.json")
-    done = {}
-    for prev in args.previous or []:
-        if os.path.exists(prev):
-            for r in json.load(open(prev)):
-                done[r["key"]] = r
-    results = list(done.values())
+    results = []
     start = time.time()
     runner = LiveRunner(settings, triton_cache_dir=triton_cache, prewarm_workers=args.prewarm_workers)
     log(f"device {torch.cuda.get_device_name(0)}; torch {torch.__version__}; settings {settings}")
-    dtypes = args.dtypes.split(",")
-    groups = []
-    for dtype, D, causal, S in PROBLEMS:
-        if dtype in dtypes and (dtype, D, causal) not in groups:
-            groups.append((dtype, D, causal))
+    if args.plan:
+        groups = _plan(args.plan)
+    else:
+        dtypes = args.dtypes.split(",")
+        groups = []
+        for dtype, D, causal, S in PROBLEMS:
+            if dtype in dtypes and (dtype, D, causal, ["pruned", "exhaustive"]) not in groups:
+                groups.append((dtype, D, causal, ["pruned", "exhaustive"]))
+    gpu = get_gpu("h100")
     try:
-        for dtype, D, causal in groups:
+        for dtype, D, causal, strategies in groups:
             if time.time() - start > args.budget_s:
                 log(f"budget reached after {time.time() - start:.0f} s: stopping before {dtype} D={D} causal={causal}")
                 break
             group = {}
-            for strategy in ("pruned", "exhaustive"):
+            static_rows = None
+            for strategy in strategies:
                 for S in (2048, 8192):
                     spec = TuneSpec(gpu="auto", head_dim=D, dtype=dtype, seqlens=[S], causal=causal, strategy=strategy,
                                     db_path=os.path.join(args.work, strategy, "h100.json"), cache_dir=cache,
                                     workers=args.workers, live_settings=settings)
                     key = shape_key(spec.validate().shape(S))
-                    if key in done:
-                        continue
                     t0 = time.time()
                     res = tune(spec, runner=runner, console=None, progress=False)
                     wall = time.time() - t0
@@ -96,7 +105,17 @@ def run(args) -> int:
                                            "shape": entry["shape"]})[strategy] = _summ(entry, wall)
                     log(f"{key} {strategy}: best {entry.get('tflops')} TFLOP/s, timed {entry['counts']['timed']}"
                         f"/{entry['counts']['space']}, {wall:.1f} s")
+                    if static_rows is None:  # the static features, for re-ranking offline
+                        st = static_phase(gpu, static_problem(spec.shape(S)), default_space(gpu), cache, args.workers)
+                        static_rows = [{"config": c.config.to_dict(), "kept": c.kept, "reason": c.reason,
+                                        "static_rank": c.static_rank,
+                                        **{k: (c.observation["kernels"][0].get(k) if c.observation.get("kernels")
+                                               else None)
+                                           for k in ("waves_per_simd", "allocated_vgprs", "lds_bytes",
+                                                     "dynamic_lds_bytes", "vgpr_spill_count")}}
+                                       for c in st.candidates]
             for key, r in group.items():
+                r["static"] = static_rows
                 if "pruned" in r and "exhaustive" in r and r["exhaustive"]["best_tflops"]:
                     r["ratio"] = round((r["pruned"]["best_tflops"] or 0) / r["exhaustive"]["best_tflops"], 4)
                     r["fraction_timed"] = round(r["pruned"]["timed"] / r["pruned"]["space"], 4)
@@ -235,7 +254,7 @@ def main():
     r.add_argument("--prewarm-workers", type=int, default=None)
     r.add_argument("--warmup-ms", type=float, default=10)
     r.add_argument("--rep-ms", type=float, default=40)
-    r.add_argument("--previous", nargs="*", default=None, help="results.json of earlier calls: skip their problems")
+    r.add_argument("--plan", default=None, help="dtype/D/causal/strategies items, e.g. fp16/128/0/pe,bf16/64/1/p")
     c = sub.add_parser("cold")
     c.add_argument("--out", required=True)
     c.add_argument("--work", required=True)

@@ -8,8 +8,8 @@ CUDA/HIP context unusable) is reported as ``crashed`` and the worker is replaced
 the next candidate. One config is lost, never the tune.
 
 Numeric gate (before any timing). Fresh random inputs (a new seed per config) of the
-tuned shape's sequence lengths and head dim, one batch and at most two KV heads (times
-the GQA ratio); the output is poisoned with NaN first; every element must be finite and
+tuned shape with batch 1 (every head, so the gate runs the very kernel that is timed);
+the output is poisoned with NaN first; every element must be finite and
 the relative error ``||out - ref|| / ||ref||`` against an fp32 reference (TF32 off) must be
 <= 1e-2 (fp16) or 2e-2 (bf16). A config that fails is ``incorrect`` and is never timed.
 
@@ -58,7 +58,6 @@ class LiveSettings:
     max_reps: int = 200
     n_inputs: int = 3  #: rotating input sets
     flush_bytes: int = 256 * 1024 * 1024
-    gate_heads_kv: int = 2
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -118,8 +117,9 @@ def _gate(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> tuple
     dtype = _torch_dtype(torch, shape.dtype)
     gen = torch.Generator(device=dev)
     gen.manual_seed(int.from_bytes(os.urandom(7), "little"))  # fresh inputs for every config
-    hkv = min(shape.heads_kv, settings.gate_heads_kv)
-    hq = hkv * (shape.heads_q // shape.heads_kv)
+    # one batch, all heads: the gate must launch the very kernel that is timed (Triton
+    # specialises the head count on % 16 and == 1, so fewer heads could compile another one)
+    hkv, hq = shape.heads_kv, shape.heads_q
     q = torch.randn(1, hq, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype, generator=gen)
     k = torch.randn(1, hkv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype, generator=gen)
     v = torch.randn(1, hkv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype, generator=gen)
@@ -210,16 +210,23 @@ def _inject(mode: str, shape: Shape) -> None:
     if mode == "hang":
         while True:
             time.sleep(1)
-    if mode == "illegal":  # a kernel writing far outside its output: an illegal memory access
+    if mode == "illegal":  # a kernel storing 4 TiB past its buffer: an illegal memory access
         import torch
 
-        from rocmflash.kernels import get_variant
-
-        q = torch.randn(1, 2, 256, shape.head_dim, device="cuda", dtype=_torch_dtype(torch, shape.dtype))
-        out = torch.empty(16, device="cuda", dtype=q.dtype).as_strided(q.shape, (1 << 40, 1 << 38, 1 << 30, 1))
-        get_variant("online").launch(q, q, q, KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-                                     False, 0.1, out=out)
+        x = torch.zeros(16, device="cuda", dtype=torch.float32)
+        _oob_kernel()[(1,)](x, 1 << 40)
         torch.cuda.synchronize()
+
+
+def _oob_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def oob_store(ptr, offset):
+        tl.store(ptr + offset + tl.arange(0, 16), tl.full((16,), 1.0, tl.float32))
+
+    return oob_store
 
 
 def measure(task: dict) -> dict:
