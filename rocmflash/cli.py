@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--cliff-margin", type=int, default=16, metavar="V",
                         help="a config at most V VGPRs past a cliff that costs it waves is a cliff victim (default 16)")
 
+    from rocmflash.cli_tune import add_tune_parsers
+
+    add_tune_parsers(sub)  # `tune` and `export`
+
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
     return parser
@@ -70,6 +74,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return _isa(args)
         if args.command == "gpus":
             return _gpus(args)
+        if args.command in ("tune", "export"):
+            from rocmflash.cli_tune import run_export, run_tune
+
+            return run_tune(args) if args.command == "tune" else run_export(args)
         if args.command == "vgpr-report":
             from rocmflash import vgpr_report
 
