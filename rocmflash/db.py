@@ -166,6 +166,9 @@ def atomic_write_json(path: str, data: Any) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a database is an ordinary shared file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

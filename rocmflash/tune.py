@@ -26,15 +26,19 @@ Survivors are sorted by this key, smallest first:
 1. the variant's **work factor**: matrix FLOPs relative to ``online`` (``online`` 1,
    ``split_kv`` 1.05 for its partial writes and combine launch, ``split_d`` (c+1)/2
    for c head-dim chunks recomputing QKᵀ, ``two_phase`` 1.5 for its second QKᵀ pass);
-2. **tile arithmetic intensity**: ``min(BLOCK_M, 128)``, larger first -- every K/V
-   byte a program loads is reused by BLOCK_M query rows, so K/V traffic scales with
-   S/BLOCK_M; past 128 rows the grid (B·H·S/BLOCK_M programs) shrinks instead;
+2. **rows per warp** ``BLOCK_M / num_warps`` of at least 16 first: the warps of a
+   program split its query rows, and fewer than 16 rows per warp leaves the matrix
+   instruction's M dimension (16) part empty (on AMD the default space already
+   excludes such configs);
 3. **occupancy**: waves per SIMD (AMD) or warps per scheduler (NVIDIA), more first;
 4. fewer **allocated VGPRs** (registers per thread on NVIDIA): headroom before the
    next cliff;
 5. larger ``BLOCK_N`` (fewer loop trips), then more ``num_stages``, then space order.
 
 It uses compiler truth only (the code object's registers and LDS), never a timing.
+History: the first version ranked ``min(BLOCK_M, 128)`` (K/V reuse) before occupancy;
+on the H100 it missed the ``64x64, 4 warps`` winner of 9 of 16 benchmark problems
+(reports/tune-2026-11-21-h100.md), which this key ranks in its top 13.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ TOKENS_PER_BATCH = 16384  # default batch: 16k tokens (B = 16384 // S), as in re
 HEADS_TIMES_D = 2048  # default heads: H x D = 2048
 
 STATIC_SCORE_DOC = ("static score (no timing): variant work factor (online 1, split_kv 1.05, split_d (c+1)/2, "
-                    "two_phase 1.5), then min(BLOCK_M, 128) larger first (K/V reuse), then occupancy "
+                    "two_phase 1.5), then BLOCK_M/num_warps >= 16 rows per warp first, then occupancy "
                     "(waves/SIMD or warps/scheduler) higher first, then fewer allocated VGPRs/registers, then "
                     "larger BLOCK_N, more num_stages")
 
@@ -164,7 +168,7 @@ def work_factor(cfg: KernelConfig) -> float:
 def static_key(cfg: KernelConfig, obs: dict, index: int = 0) -> tuple:
     """Sort key of the static score (smaller is better); see the module docstring."""
     k = obs["kernels"][0] if obs.get("kernels") else {}
-    return (work_factor(cfg), -min(cfg.BLOCK_M, 128), -(k.get("waves_per_simd") or 0),
+    return (work_factor(cfg), cfg.BLOCK_M // cfg.num_warps < 16, -(k.get("waves_per_simd") or 0),
             k.get("allocated_vgprs") or k.get("vgpr_count") or 10**6, -cfg.BLOCK_N, -cfg.num_stages, index)
 
 

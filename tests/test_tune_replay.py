@@ -43,20 +43,22 @@ def journal(tmp_path, gpu="h100"):
     return D.Journal(str(tmp_path / f"{gpu}.journal.jsonl"), gpu).records
 
 
-def test_static_key_orders_by_work_tile_occupancy_registers():
+def test_static_key_orders_by_work_rows_per_warp_occupancy_registers():
     def obs(waves, vgprs):
         return {"kernels": [{"waves_per_simd": waves, "allocated_vgprs": vgprs}]}
 
-    online = KernelConfig(BLOCK_M=128, BLOCK_N=64)
+    online = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8)
     ranked = sorted([
         (KernelConfig(BLOCK_M=128, BLOCK_N=64, variant="two_phase"), obs(4, 64)),  # 1.5x the work
-        (KernelConfig(BLOCK_M=64, BLOCK_N=64), obs(4, 64)),  # half the K/V reuse
-        (online, obs(2, 128)),
-        (online.replace(num_warps=8), obs(2, 96)),  # same occupancy, fewer registers
+        (KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8), obs(4, 64)),  # 8 rows per warp
+        (online, obs(2, 184)),
+        (KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4), obs(2, 168)),  # same occupancy, fewer registers
         (online.replace(BLOCK_N=32), obs(3, 128)),  # better occupancy
+        (online.replace(num_stages=3), obs(2, 184)),  # tie: more stages first
     ], key=lambda co: static_key(*co))
-    assert [c for c, _ in ranked] == [online.replace(BLOCK_N=32), online.replace(num_warps=8), online,
-                                      KernelConfig(BLOCK_M=64, BLOCK_N=64),
+    assert [c for c, _ in ranked] == [online.replace(BLOCK_N=32), KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4),
+                                      online.replace(num_stages=3), online,
+                                      KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=8),
                                       KernelConfig(BLOCK_M=128, BLOCK_N=64, variant="two_phase")]
 
 
