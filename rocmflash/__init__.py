@@ -1,20 +1,22 @@
 """rocmflash: tune Triton FlashAttention kernels for AMD wave-64 GPUs from compiler truth.
 
 ``import rocmflash`` is cheap: the attention API (which imports torch and triton)
-is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func``.
+is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`` /
+``rocmflash.patch_sdpa``.
 """
 
 __version__ = "0.1.0"
 
-_LAZY_API = {"attention", "flash_attn_func"}
+_LAZY = {"attention": "rocmflash.api", "flash_attn_func": "rocmflash.api",
+         "patch_sdpa": "rocmflash.sdpa", "unpatch_sdpa": "rocmflash.sdpa"}
 
 
 def __getattr__(name):
-    if name in _LAZY_API:
-        from rocmflash import api
+    if name in _LAZY:
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'rocmflash' has no attribute {name!r}")
 
 
-__all__ = ["attention", "flash_attn_func", "__version__"]
+__all__ = ["attention", "flash_attn_func", "patch_sdpa", "unpatch_sdpa", "__version__"]

@@ -176,7 +176,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash implements inference attention only; use 0.0")
+        raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash does not implement attention dropout; use dropout_p=0.0")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     # the kernels take any strides: work on (B, H, S, D) views, no copies; for contiguous
