@@ -93,3 +93,20 @@ def test_concurrent_writers_never_leave_a_partial_entry(tmp_path):
     assert reader.corrupt == 0 and reader.get(key) is not None
     leftovers = [f for f in os.listdir(os.path.dirname(reader._path(key))) if f.startswith(".tmp-")]
     assert leftovers == []
+
+
+def test_cache_key_covers_every_forward_kernel_source():
+    """Every rocmflash module a forward variant imports must be part of the cache key."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom rocmflash.kernels import registry\nregistry()\n"
+            "print('\\n'.join(m.__file__ for n, m in sys.modules.items() "
+            "if n.startswith('rocmflash.') and getattr(m, '__file__', None)))")
+    files = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import rocmflash
+    from rocmflash.compile import FORWARD_SOURCES
+
+    root = os.path.dirname(rocmflash.__file__)
+    imported = {os.path.relpath(f, root) for f in files} - {"__init__.py", "gpus.py"}
+    assert imported <= set(FORWARD_SOURCES), imported - set(FORWARD_SOURCES)
