@@ -153,6 +153,28 @@ def load_v(V_base, offs_n, d_start, stride_vn, stride_vd, SEQ_K, D_END,
 
 
 @kernel_jit
+def load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
+                  BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr, MASK_N: tl.constexpr):
+    """The V tile as the same one or two head-dim pieces as Q (``v1`` is a dummy when BLOCK_D1 == 0)."""
+    v0 = load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, MASK_N, BLOCK_D0 > HEAD_DIM)
+    v1 = v0
+    if BLOCK_D1 > 0:
+        v1 = load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
+                    BLOCK_D1, MASK_N, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+    return v0, v1
+
+
+@kernel_jit
+def zero_accumulators(BLOCK_M: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr):
+    """fp32 output accumulators for the head-dim pieces (``acc1`` is a dummy, never updated, when BLOCK_D1 == 0)."""
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D0], tl.float32)
+    acc1 = acc0
+    if BLOCK_D1 > 0:
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D1], tl.float32)
+    return acc0, acc1
+
+
+@kernel_jit
 def store_o(O_base, acc, offs_m, d_start, stride_om, stride_od, SEQ_Q, D_END,
             BLOCK_D: tl.constexpr, MASK_D: tl.constexpr):
     """Store an output tile (cast to O's dtype); rows past SEQ_Q and columns past D_END skipped."""
@@ -442,6 +464,33 @@ def num_compute_units(device) -> int:
 
 def resolve_pieces(cfg: KernelConfig, head_dim: int) -> tuple[int, int]:
     return head_dim_pieces(head_dim, cfg.pad_head_dim)
+
+
+def launch_forward(fn, variant: str, constexprs_for, q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float,
+                   out=None, lse=None, extra_grid: tuple = ()):
+    """Launch a one-kernel forward variant on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``.
+
+    ``constexprs_for(cfg, head_dim, causal, store_lse)`` gives the kernel's constexprs;
+    the grid is (query blocks, batch x query heads, *extra_grid).
+    """
+    cfg = check_problem_config(cfg, variant)
+    if out is None:
+        import torch
+
+        out = torch.empty_like(q)
+    g = Geometry.from_tensors(q, k, v, out)
+    args = attention_args(g, q, k, v, out, lse if lse is not None else dummy_lse(q.device), sm_scale)
+    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), g.batch * g.heads_q, *extra_grid)
+    launch_kernel(fn, grid, args, constexprs_for(cfg, g.head_dim, causal, lse is not None), cfg, torch_backend())
+    return out, lse
+
+
+def compile_forward(fn, variant: str, constexprs_for, target, cfg: KernelConfig, problem: Problem):
+    """Cross-compile a one-kernel forward variant for ``target`` without tensors; returns ``(kernel,)``."""
+    cfg = check_problem_config(cfg, variant)
+    g = Geometry.from_problem(problem)
+    return (compile_kernel(fn, target, compile_args(g, problem.store_lse),
+                           constexprs_for(cfg, g.head_dim, problem.causal, problem.store_lse), cfg),)
 
 
 def check_problem_config(cfg: KernelConfig, variant: str, problem: Optional[Problem] = None) -> KernelConfig:

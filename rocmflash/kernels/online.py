@@ -19,8 +19,6 @@ tiles ``acc0[BLOCK_M, D0]``, ``acc1[BLOCK_M, D1]``.
 
 from __future__ import annotations
 
-import torch
-import triton
 import triton.language as tl
 
 from rocmflash.config import KernelConfig, Problem
@@ -39,11 +37,7 @@ def online_block(acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, 
     s = C.qk_scores(q0, q1, K_base, offs_n, stride_kn, stride_kd, SEQ_K,
                     HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     if PRE_LOAD_V:
-        v0 = C.load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                      BLOCK_D0, MASK, BLOCK_D0 > HEAD_DIM)
-        if BLOCK_D1 > 0:
-            v1 = C.load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                          BLOCK_D1, MASK, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     if MASK:
         s = C.mask_scores(s, offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL)
     # new running max, in the log2 domain (qk_scale already holds log2(e))
@@ -58,11 +52,7 @@ def online_block(acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, 
     alpha = tl.math.exp2(m_i - m_use)  # rescale of everything accumulated so far
     l_i = l_i * alpha + tl.sum(p, 1)
     if not PRE_LOAD_V:
-        v0 = C.load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                      BLOCK_D0, MASK, BLOCK_D0 > HEAD_DIM)
-        if BLOCK_D1 > 0:
-            v1 = C.load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                          BLOCK_D1, MASK, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     p = p.to(v0.dtype)
     acc0 = tl.dot(p, v0, acc0 * alpha[:, None])
     if BLOCK_D1 > 0:
@@ -96,10 +86,7 @@ def _fwd_online(Q, K, V, O, LSE, qk_scale,
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D0], tl.float32)
-    acc1 = acc0  # placeholder, never updated, when there is no second head-dim piece
-    if BLOCK_D1 > 0:
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D1], tl.float32)
+    acc0, acc1 = C.zero_accumulators(BLOCK_M, BLOCK_D0, BLOCK_D1)
 
     full_end, hi = C.kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):  # unmasked blocks
@@ -139,22 +126,10 @@ def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, 
     """Run the online kernel on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``.
 
     ``out`` may be any-strided ``(B, Hq, Sq, D)`` of q's dtype; ``lse`` (optional) a
-    contiguous fp32 ``(B, Hq, Sq)`` tensor, filled with the natural-log LSE.
-    """
-    cfg = C.check_problem_config(cfg, "online")
-    if out is None:
-        out = torch.empty_like(q)
-    g = C.Geometry.from_tensors(q, k, v, out)
-    args = C.attention_args(g, q, k, v, out, lse if lse is not None else C.dummy_lse(q.device), sm_scale)
-    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), g.batch * g.heads_q)
-    C.launch_kernel(_fwd_online, grid, args, _constexprs(cfg, g.head_dim, causal, lse is not None),
-                    cfg, C.torch_backend())
-    return out, lse
+    contiguous fp32 ``(B, Hq, Sq)`` tensor, filled with the natural-log LSE."""
+    return C.launch_forward(_fwd_online, "online", _constexprs, q, k, v, cfg, causal, sm_scale, out, lse)
 
 
 def compile_for(target, cfg: KernelConfig, problem: Problem):
     """Cross-compile for ``target`` without tensors; returns ``(main_kernel,)``."""
-    cfg = C.check_problem_config(cfg, "online")
-    g = C.Geometry.from_problem(problem)
-    return (C.compile_kernel(_fwd_online, target, C.compile_args(g, problem.store_lse),
-                             _constexprs(cfg, g.head_dim, problem.causal, problem.store_lse), cfg),)
+    return C.compile_forward(_fwd_online, "online", _constexprs, target, cfg, problem)

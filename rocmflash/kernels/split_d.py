@@ -12,7 +12,6 @@ D=80, d_chunks=2: chunks of 64 and 16). Chunk 0 writes the LSE.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -119,20 +118,12 @@ def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool)
 def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None):
     """Run the head-dim-split kernel on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``."""
     cfg = C.check_problem_config(cfg, "split_d")
-    if out is None:
-        out = torch.empty_like(q)
-    g = C.Geometry.from_tensors(q, k, v, out)
-    args = C.attention_args(g, q, k, v, out, lse if lse is not None else C.dummy_lse(q.device), sm_scale)
-    chunks = triton.cdiv(g.head_dim, chunk_width(cfg, g.head_dim))
-    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), g.batch * g.heads_q, chunks)
-    C.launch_kernel(_fwd_split_d, grid, args, _constexprs(cfg, g.head_dim, causal, lse is not None),
-                    cfg, C.torch_backend())
-    return out, lse
+    head_dim = q.shape[3]
+    chunks = triton.cdiv(head_dim, chunk_width(cfg, head_dim))  # grid axis 2: one program per output chunk
+    return C.launch_forward(_fwd_split_d, "split_d", _constexprs, q, k, v, cfg, causal, sm_scale, out, lse,
+                            extra_grid=(chunks,))
 
 
 def compile_for(target, cfg: KernelConfig, problem: Problem):
     """Cross-compile for ``target`` without tensors; returns ``(main_kernel,)``."""
-    cfg = C.check_problem_config(cfg, "split_d")
-    g = C.Geometry.from_problem(problem)
-    return (C.compile_kernel(_fwd_split_d, target, C.compile_args(g, problem.store_lse),
-                             _constexprs(cfg, g.head_dim, problem.causal, problem.store_lse), cfg),)
+    return C.compile_forward(_fwd_split_d, "split_d", _constexprs, target, cfg, problem)

@@ -56,10 +56,7 @@ def _fwd_split_kv(Q, K, V, O, LSE, qk_scale,
     q0, q1 = C.load_q(Q_base, offs_m, stride_qm, stride_qd, SEQ_Q, HEAD_DIM, BLOCK_D0, BLOCK_D1)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D0], tl.float32)
-    acc1 = acc0
-    if BLOCK_D1 > 0:
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D1], tl.float32)
+    acc0, acc1 = C.zero_accumulators(BLOCK_M, BLOCK_D0, BLOCK_D1)
 
     # This split's share of the allowed key blocks: chunks of whole blocks, balanced
     # over the causal range of this query block (not over all of SEQ_K).

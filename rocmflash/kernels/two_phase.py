@@ -12,8 +12,6 @@ kernel launch, so ``compile_for`` returns a single kernel.
 
 from __future__ import annotations
 
-import torch
-import triton
 import triton.language as tl
 
 from rocmflash.config import KernelConfig, Problem
@@ -52,20 +50,12 @@ def accumulate_block(acc0, acc1, m_use, inv_l, q0, q1, K_base, V_base, start_n, 
     s = C.qk_scores(q0, q1, K_base, offs_n, stride_kn, stride_kd, SEQ_K,
                     HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     if PRE_LOAD_V:
-        v0 = C.load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                      BLOCK_D0, MASK, BLOCK_D0 > HEAD_DIM)
-        if BLOCK_D1 > 0:
-            v1 = C.load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                          BLOCK_D1, MASK, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     if MASK:
         s = C.mask_scores(s, offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL)
     p = tl.math.exp2(s * qk_scale - m_use[:, None]) * inv_l[:, None]
     if not PRE_LOAD_V:
-        v0 = C.load_v(V_base, offs_n, 0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                      BLOCK_D0, MASK, BLOCK_D0 > HEAD_DIM)
-        if BLOCK_D1 > 0:
-            v1 = C.load_v(V_base, offs_n, BLOCK_D0, stride_vn, stride_vd, SEQ_K, HEAD_DIM,
-                          BLOCK_D1, MASK, BLOCK_D0 + BLOCK_D1 > HEAD_DIM)
+        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     p = p.to(v0.dtype)
     acc0 = tl.dot(p, v0, acc0)
     if BLOCK_D1 > 0:
@@ -113,10 +103,7 @@ def _fwd_two_phase(Q, K, V, O, LSE, qk_scale,
     inv_l = 1.0 / l_safe
 
     # ---- pass 2: accumulate normalised P @ V
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D0], tl.float32)
-    acc1 = acc0
-    if BLOCK_D1 > 0:
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D1], tl.float32)
+    acc0, acc1 = C.zero_accumulators(BLOCK_M, BLOCK_D0, BLOCK_D1)
     for start_n in range(0, full_end, BLOCK_N):
         acc0, acc1 = accumulate_block(
             acc0, acc1, m_use, inv_l, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
@@ -149,20 +136,9 @@ def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool)
 
 def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None):
     """Run the two-phase kernel on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``."""
-    cfg = C.check_problem_config(cfg, "two_phase")
-    if out is None:
-        out = torch.empty_like(q)
-    g = C.Geometry.from_tensors(q, k, v, out)
-    args = C.attention_args(g, q, k, v, out, lse if lse is not None else C.dummy_lse(q.device), sm_scale)
-    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), g.batch * g.heads_q)
-    C.launch_kernel(_fwd_two_phase, grid, args, _constexprs(cfg, g.head_dim, causal, lse is not None),
-                    cfg, C.torch_backend())
-    return out, lse
+    return C.launch_forward(_fwd_two_phase, "two_phase", _constexprs, q, k, v, cfg, causal, sm_scale, out, lse)
 
 
 def compile_for(target, cfg: KernelConfig, problem: Problem):
     """Cross-compile for ``target`` without tensors; returns ``(main_kernel,)``."""
-    cfg = C.check_problem_config(cfg, "two_phase")
-    g = C.Geometry.from_problem(problem)
-    return (C.compile_kernel(_fwd_two_phase, target, C.compile_args(g, problem.store_lse),
-                             _constexprs(cfg, g.head_dim, problem.causal, problem.store_lse), cfg),)
+    return C.compile_forward(_fwd_two_phase, "two_phase", _constexprs, target, cfg, problem)
