@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import struct
 from typing import Optional, Union
 
@@ -158,11 +159,10 @@ def _metadata(elf: ELFFile) -> dict:
 
 
 def _arch_from_target(target: str) -> Optional[str]:
-    # "amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-" → "gfx942"
-    _, sep, tail = target.partition("--")
-    if not sep or not tail:
-        return None
-    return tail.split(":")[0] or None
+    # "amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-" (LLVM <= 21) or
+    # "amdgpu9.42-amd-amdhsa-unknown-gfx942" (newer LLVM, e.g. Triton 3.9) -> "gfx942"
+    match = re.search(r"(?:^|-)(gfx[0-9a-f]+)(?::|$)", target.strip())
+    return match.group(1) if match else None
 
 
 def _symbols(elf: ELFFile) -> dict:

@@ -21,7 +21,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
+from rocmflash.compat import require_supported_versions
+
+require_supported_versions()
+
+import torch  # noqa: E402
 
 from rocmflash.config import VARIANTS, KernelConfig, default_config
 
@@ -79,19 +83,9 @@ def _resolve_config(config, variant: str, head_dim: int, device) -> KernelConfig
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is unknown; expected one of {VARIANTS}")
     if config is None:
-        arch = None
-        if device.type == "cuda" and not _interpreting():
-            from rocmflash.gpus import detect_live_gpu
+        from rocmflash.selection import device_identity
 
-            gpu = detect_live_gpu()
-            if gpu is not None:
-                arch = gpu.arch
-            elif getattr(torch.version, "hip", None):
-                arch = str(torch.cuda.get_device_properties(device).gcnArchName).split(":")[0]
-            else:
-                major, minor = torch.cuda.get_device_capability(device)
-                arch = f"sm_{major}{minor}"
-        return default_config(arch, head_dim, variant)
+        return default_config(device_identity(device)[1], head_dim, variant)
     if isinstance(config, dict):
         config = KernelConfig.from_dict(config)
     if not isinstance(config, KernelConfig):

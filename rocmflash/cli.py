@@ -14,6 +14,7 @@ from typing import Optional
 
 from isa_tools.cli import add_isa_arguments
 from isa_tools.cli import run as run_isa
+from rocmflash.compat import UnsupportedVersionError
 from rocmflash.gpus import UnknownGPUError, get_gpu, known_gpu_names
 
 #: the demo kernel: the seeds' VGPR case study tile (BLOCK_M=128, BLOCK_N=64, D=128, fp32 accumulator)
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
+
+    doctor = sub.add_parser("doctor", help="versions, visible GPUs, their targets and databases, and a verdict",
+                            description="Run this first and paste its output into bug reports. Works on a "
+                                        "CPU-only box; exit code 1 when rocmflash cannot run here.")
+    doctor.add_argument("--json", action="store_true", help="the same report as JSON")
     return parser
 
 
@@ -74,6 +80,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return _isa(args)
         if args.command == "gpus":
             return _gpus(args)
+        if args.command == "doctor":
+            from rocmflash import doctor
+
+            return doctor.main(as_json=args.json)
         if args.command in ("tune", "export"):
             from rocmflash.cli_tune import run_export, run_tune
 
@@ -82,8 +92,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             from rocmflash import vgpr_report
 
             return vgpr_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
-    except (UnknownGPUError, ValueError) as err:
-        # unknown GPU, unsupported head dim / dtype / variant: one line, exit 2
+    except (UnknownGPUError, ValueError, UnsupportedVersionError) as err:
+        # unknown GPU, unsupported head dim / dtype / variant, unsupported torch/Triton: one line, exit 2
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -128,7 +138,8 @@ def _gpus(args: argparse.Namespace) -> int:
     rows = [
         {"name": g.name, "marketing_name": g.marketing_name, "arch": g.arch, "compute_units": g.compute_units,
          "peak_fp16_tflops": g.peak_fp16_tflops, "hbm_tbs": g.hbm_tbs, "lds_per_cu_kib": g.lds_per_cu_bytes // 1024,
-         "l2_mib": g.l2_bytes // (1024 * 1024)}
+         "l2_mib": g.l2_bytes // (1024 * 1024), "memory_gib": g.memory_gib,
+         "partitions": ", ".join(f"{p.name} ({p.compute_units} CUs)" for p in g.partitions()[1:])}
         for g in GPUS.values()
     ]
     if args.json:
@@ -139,11 +150,15 @@ def _gpus(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="GPU catalog (per device one process sees)")
-    for key in rows[0]:
-        table.add_column(key)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
+    table = Table(title="GPU catalog (per device one process sees; partitions: <name>-<mode>)")
+    columns = {"name": "name", "arch": "arch", "compute_units": "CUs", "peak_fp16_tflops": "fp16 TFLOP/s",
+               "hbm_tbs": "HBM TB/s", "lds_per_cu_kib": "LDS KiB", "l2_mib": "L2 MiB", "memory_gib": "GiB",
+               "partitions": "partitions (CUs)"}
+    for title in columns.values():
+        table.add_column(title)
+    for row, gpu in zip(rows, GPUS.values()):
+        row = dict(row, partitions=" ".join(f"{p.partition}:{p.compute_units}" for p in gpu.partitions()[1:]))
+        table.add_row(*(str(row[key]) for key in columns))
     Console().print(table)
     return 0
 

@@ -22,7 +22,7 @@ TUNE_DESCRIPTION = (
     "the live GPU is the one named, gate every chosen config against an fp32 reference and time it in an "
     "isolated worker (L2 flushed, rotating inputs, median). Every result is appended to "
     "<db>.journal.jsonl as it arrives; a re-run or --resume skips what is already there. Winners go to the "
-    "config database (default configs/<gpu>.json) keyed by head dim, dtype, causal, GQA ratio and "
+    "config database (default ~/.config/rocmflash/<gpu>.json, or $ROCMFLASH_CONFIG_DIR) keyed by head dim, dtype, causal, GQA ratio and "
     "sequence-length bucket (next power of two). Without a matching live GPU the static ranking is written "
     "with \"measured\": false and nothing is benchmarked.")
 
@@ -43,7 +43,7 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--kv-heads", type=int, default=None, metavar="H", help="key/value heads (default: --heads)")
     tune.add_argument("--strategy", choices=("pruned", "exhaustive"), default="pruned",
                       help="pruned: time the top-K static survivors (default); exhaustive: time every config")
-    tune.add_argument("--db", default=None, metavar="PATH", help="config database (default configs/<gpu>.json)")
+    tune.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes, ~/.config/rocmflash/<gpu>.json or $ROCMFLASH_CONFIG_DIR)")
     tune.add_argument("--resume", action="store_true",
                       help="continue an interrupted tune from its journal (a plain re-run also skips "
                            "what is recorded)")
@@ -64,7 +64,7 @@ def add_tune_parsers(subparsers) -> None:
                                                "config per problem) or a JSON override.")
     export.add_argument("--gpu", required=True, help="catalog name (see `rocmflash gpus`)")
     export.add_argument("--format", choices=("triton", "json"), default="triton", help="triton (default) or json")
-    export.add_argument("--db", default=None, metavar="PATH", help="config database (default configs/<gpu>.json)")
+    export.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes if any, else the shipped <gpu>.json)")
 
 
 def _error(msg: str) -> int:
@@ -166,15 +166,16 @@ def export_triton(data: dict, vendor: str) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rocmflash.db import ConfigDB, DBError, default_db_path
+    from rocmflash.db import ConfigDB, DBError, database_paths
     from rocmflash.gpus import get_gpu
 
     try:
         gpu = get_gpu(args.gpu)
-        path = args.db or default_db_path(gpu.name)
-        if not os.path.exists(path):
-            raise ValueError(f"no config database for {gpu.name} at {path}; run `rocmflash tune --gpu {gpu.name} ...` "
-                             "first or pass --db")
+        candidates = [args.db] if args.db else database_paths(gpu.name)
+        path = next((p for p in candidates if os.path.isfile(p)), None)
+        if path is None:
+            raise ValueError(f"no config database for {gpu.name} at {' or '.join(candidates)}; run "
+                             f"`rocmflash tune --gpu {gpu.name} ...` first or pass --db")
         data = ConfigDB.read(path)
         if data.get("gpu") != gpu.name:
             raise ValueError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu.name!r}")

@@ -22,8 +22,11 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
+from rocmflash.compat import require_supported_versions
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.gpus import GPU
+
+require_supported_versions()  # the sweep cross-compiles: fail in one line before any worker starts
 
 CACHE_SCHEMA = 1
 CACHE_ENV = "ROCMFLASH_CACHE_DIR"

@@ -124,7 +124,9 @@ class KernelConfig:
         self.validate()
         if backend not in ("hip", "cuda"):
             raise ValueError(f"backend={backend!r} is invalid; expected 'hip' or 'cuda'")
-        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        # FP fusion stated, not defaulted: Triton 3.9 warns that its default flips in 3.10, and the
+        # same config must build the same kernel on every supported Triton
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": True}
         if backend == "hip":
             opts.update(
                 waves_per_eu=self.waves_per_eu,

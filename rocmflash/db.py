@@ -39,11 +39,18 @@ of two >= the sequence length (:func:`seqlen_bucket`). A tune at S=3000 lands in
 powers of two; ties go to the larger bucket), so a new sequence length never needs a
 new tune.
 
-Where the database lives
+Where the databases live
 ------------------------
-``$ROCMFLASH_CONFIG_DIR`` if set; else the ``configs/`` directory of a source checkout
-(the shipped databases; an editable install uses it); else the user data directory
-(``platformdirs.user_data_dir("rocmflash")/configs``).
+Two places, read in this order at run time (:func:`database_paths`):
+
+1. the user's own tunes: ``$ROCMFLASH_CONFIG_DIR`` if set, else the user config
+   directory (``platformdirs.user_config_dir("rocmflash")``, e.g.
+   ``~/.config/rocmflash/<gpu>.json``). ``rocmflash tune`` writes here unless given ``--db``;
+2. the databases shipped with rocmflash (``rocmflash/configs/``, packaged in the wheel;
+   in a source checkout the same files as ``configs/``).
+
+A lookup takes the entry of the nearest sequence-length bucket among both files; at the
+same distance the user's file wins. ``lookup(..., db_path=...)`` reads one file only.
 """
 
 from __future__ import annotations
@@ -94,21 +101,51 @@ def parse_key(key: str) -> dict:
             "seqlen_bucket": int(s[1:])}
 
 
-def default_config_dir() -> str:
+def user_config_dir() -> str:
+    """Where a user's tunes go: ``$ROCMFLASH_CONFIG_DIR``, else the platform's user config directory."""
     env = os.environ.get(CONFIG_DIR_ENV)
     if env:
         return env
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    checkout = os.path.join(here, "configs")
-    if os.path.isdir(checkout) and os.path.exists(os.path.join(here, "pyproject.toml")):
-        return checkout
     import platformdirs
 
-    return os.path.join(platformdirs.user_data_dir("rocmflash"), "configs")
+    return platformdirs.user_config_dir("rocmflash")
+
+
+def shipped_config_dir() -> str:
+    """The databases shipped with rocmflash (package data; ``configs/`` of a source checkout)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def default_db_path(gpu_name: str) -> str:
-    return os.path.join(default_config_dir(), f"{gpu_name}.json")
+    """The database ``rocmflash tune`` writes by default: the user's, never the shipped one."""
+    return os.path.join(user_config_dir(), f"{gpu_name}.json")
+
+
+def shipped_db_path(gpu_name: str) -> str:
+    return os.path.join(shipped_config_dir(), f"{gpu_name}.json")
+
+
+def database_paths(gpu_name: str) -> list[str]:
+    """The files a run-time lookup reads for ``gpu_name``, in precedence order (user's, then shipped)."""
+    paths = [default_db_path(gpu_name)]
+    shipped = shipped_db_path(gpu_name)
+    if os.path.realpath(shipped) != os.path.realpath(paths[0]):
+        paths.append(shipped)
+    return paths
+
+
+def database_summary(path: str) -> dict:
+    """``{"path", "exists", "entries", "measured", "error"}`` of one database file (for ``rocmflash doctor``)."""
+    info = {"path": path, "exists": os.path.exists(path), "entries": 0, "measured": 0, "error": None}
+    if info["exists"]:
+        try:
+            entries = ConfigDB.read(path)["entries"]
+        except (DBError, OSError) as err:
+            info["error"] = str(err)
+        else:
+            info["entries"] = len(entries)
+            info["measured"] = sum(1 for e in entries.values() if isinstance(e, dict) and e.get("measured"))
+    return info
 
 
 def journal_path(db_path: str) -> str:
@@ -185,9 +222,9 @@ class ConfigDB:
         self.data = data
 
     @staticmethod
-    def new_data(gpu_name: str, arch: str, fingerprint: dict) -> dict:
+    def new_data(gpu_name: str, arch: str, fingerprint: dict, compute_units: Optional[int] = None) -> dict:
         return {"format": DB_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name, "arch": arch,
-                "fingerprint": fingerprint, "updated": now_iso(), "entries": {}}
+                "compute_units": compute_units, "fingerprint": fingerprint, "updated": now_iso(), "entries": {}}
 
     @classmethod
     def read(cls, path: str) -> dict:
@@ -210,14 +247,27 @@ class ConfigDB:
         return data
 
     @classmethod
-    def open(cls, path: str, gpu_name: str, arch: str, fingerprint: dict) -> "ConfigDB":
-        """Load ``path`` (or start an empty database); the header must name the same GPU."""
+    def open(cls, path: str, gpu_name: str, arch: str, fingerprint: dict,
+             compute_units: Optional[int] = None) -> "ConfigDB":
+        """Load ``path`` (or start an empty database); the header must name the same GPU and CU count.
+
+        The CU count tells a compute partition (``mi300x-cpx``, 38 CUs) from the whole GPU;
+        a database written before it was recorded gets it on its next save.
+        """
+        if os.path.isdir(path):
+            raise DBError(f"{path} is a directory; --db takes a database file such as {gpu_name}.json")
         if os.path.exists(path):
             data = cls.read(path)
             if data.get("gpu") != gpu_name:
                 raise DBError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu_name!r}; pass --db for another file")
+            recorded = data.get("compute_units")
+            if recorded is not None and compute_units is not None and recorded != compute_units:
+                raise DBError(f"{path} was tuned on {recorded} CUs, this {gpu_name} has {compute_units}; "
+                              "pass --db for another file")
+            if compute_units is not None:
+                data["compute_units"] = compute_units
             return cls(path, data)
-        return cls(path, cls.new_data(gpu_name, arch, fingerprint))
+        return cls(path, cls.new_data(gpu_name, arch, fingerprint, compute_units))
 
     @property
     def entries(self) -> dict:
@@ -371,12 +421,13 @@ def _pick(entry: dict, variant: Optional[str]) -> Optional[dict]:
 
 @functools.lru_cache(maxsize=4096)
 def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path):
-    path = db_path or default_db_path(gpu_name)
-    group = _index(path).get((int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio)))
-    if not group:
-        return None
+    paths = [db_path] if db_path else database_paths(gpu_name)
+    group_key = (int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio))
+    candidates = [(bucket, rank, entry) for rank, path in enumerate(paths)
+                  for bucket, entry in _index(path).get(group_key, ())]
     target = seqlen_bucket(seqlen).bit_length()
-    for bucket, entry in sorted(group, key=lambda be: (abs(be[0].bit_length() - target), -be[0])):
+    # nearest bucket first (ties: the larger), then the user's file before the shipped one
+    for bucket, _, entry in sorted(candidates, key=lambda c: (abs(c[0].bit_length() - target), -c[0], c[1])):
         if measured_only and not entry.get("measured"):
             continue
         cfg = _pick(entry, variant)
@@ -394,7 +445,9 @@ def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: in
     """The best :class:`KernelConfig` of the nearest sequence-length bucket, or None.
 
     Head dim, dtype, causal and GQA ratio must match an entry exactly; among those, the
-    bucket nearest to ``seqlen_bucket(seqlen)`` in powers of two wins (ties: the larger).
+    bucket nearest to ``seqlen_bucket(seqlen)`` in powers of two wins (ties: the larger),
+    searched in the user's database and the shipped one (:func:`database_paths`; at the
+    same distance the user's wins), or in ``db_path`` alone when given.
     ``variant`` asks for the best config of that variant (None: the overall best);
     ``measured_only`` skips static-ranked (unmeasured) entries. Results are cached per
     argument tuple (a repeat call costs well under a microsecond); saving a database in

@@ -38,6 +38,40 @@ class GPU:
     l2_bytes: int
     devices_per_module: int = 1
     last_level_cache_bytes: int = 0  #: Infinity Cache (MI300 family), 0 if none
+    #: compute-partition modes and how many devices each splits the GPU into (``{"cpx": 8}``)
+    partition_modes: tuple = ()
+    partition: str = ""  #: ``""`` for the whole GPU (SPX), else the mode (``"cpx"``)
+    base_name: str = ""  #: the whole GPU's catalog name for a partition (``"mi300x"``), else ``name``
+    memory_gib: int = 0  #: device memory of the whole GPU (per GCD on MI250/MI250X), GiB
+
+    def __post_init__(self):
+        if not self.base_name:
+            object.__setattr__(self, "base_name", self.name)
+
+    def partitioned(self, mode: str) -> "GPU":
+        """The device one process sees in compute-partition ``mode`` (``spx``: the whole GPU).
+
+        A partition is its own tuning target (``mi300x-cpx``): its CUs, matrix peak, L2,
+        Infinity Cache and HBM bandwidth are this GPU's divided by the number of
+        partitions (HBM bandwidth is the partition's share when all partitions are busy).
+        """
+        mode = mode.lower()
+        if mode == "spx" and self.partition_modes:
+            return self
+        parts = dict(self.partition_modes).get(mode)
+        if parts is None:
+            modes = ", ".join(["spx"] + [m for m, _ in self.partition_modes]) if self.partition_modes else "none"
+            raise UnknownGPUError(f"{self.name} has no compute-partition mode {mode!r}; its modes: {modes}")
+        return dataclasses.replace(
+            self, name=f"{self.name}-{mode}", marketing_name=f"{self.marketing_name}, {mode.upper()} partition",
+            compute_units=self.compute_units // parts, peak_fp16_tflops=round(self.peak_fp16_tflops / parts, 2),
+            hbm_tbs=round(self.hbm_tbs / parts, 4), l2_bytes=self.l2_bytes // parts,
+            last_level_cache_bytes=self.last_level_cache_bytes // parts, partition_modes=(), partition=mode,
+            base_name=self.name)
+
+    def partitions(self) -> list["GPU"]:
+        """Every partition mode of this GPU, the whole GPU (SPX) first; ``[self]`` if it has none."""
+        return [self] + [self.partitioned(mode) for mode, _ in self.partition_modes]
 
     @property
     def backend(self) -> str:
@@ -63,77 +97,68 @@ class GPU:
         return GPUTarget("cuda", self.cuda_capability, 32)
 
 
+# compute-partition modes (amd-smi set --compute-partition): the XCDs of one GPU shown as several devices
+_MI300X_MODES = (("dpx", 2), ("qpx", 4), ("cpx", 8))  # 8 XCDs x 38 CUs
+_MI300A_MODES = (("tpx", 3), ("cpx", 6))  # 6 XCDs x 38 CUs
+_MI350_MODES = (("dpx", 2), ("qpx", 4), ("cpx", 8))  # 8 XCDs x 32 CUs
+
 _CATALOG = [
-    GPU("mi210", "AMD Instinct MI210", "amd", "gfx90a", 104, 181.0, 1.6, 64 * KIB, 8 * MIB),
-    GPU("mi250", "AMD Instinct MI250 (one GCD)", "amd", "gfx90a", 104, 181.0, 1.6, 64 * KIB, 8 * MIB, 2),
-    GPU("mi250x", "AMD Instinct MI250X (one GCD)", "amd", "gfx90a", 110, 191.5, 1.6, 64 * KIB, 8 * MIB, 2),
-    GPU("mi300a", "AMD Instinct MI300A", "amd", "gfx942", 228, 980.6, 5.3, 64 * KIB, 24 * MIB, 1, 256 * MIB),
-    GPU("mi300x", "AMD Instinct MI300X", "amd", "gfx942", 304, 1307.4, 5.3, 64 * KIB, 32 * MIB, 1, 256 * MIB),
-    GPU("mi325x", "AMD Instinct MI325X", "amd", "gfx942", 304, 1307.4, 6.0, 64 * KIB, 32 * MIB, 1, 256 * MIB),
-    GPU("mi355x", "AMD Instinct MI355X", "amd", "gfx950", 256, 2516.0, 8.0, 160 * KIB, 32 * MIB, 1, 256 * MIB),
-    GPU("a100", "NVIDIA A100 SXM 80GB", "nvidia", "sm_80", 108, 312.0, 2.039, 164 * KIB, 40 * MIB),
-    GPU("h100", "NVIDIA H100 SXM", "nvidia", "sm_90", 132, 989.0, 3.35, 228 * KIB, 50 * MIB),
-    GPU("h200", "NVIDIA H200", "nvidia", "sm_90", 132, 989.0, 4.8, 228 * KIB, 50 * MIB),
+    GPU("mi210", "AMD Instinct MI210", "amd", "gfx90a", 104, 181.0, 1.6, 64 * KIB, 8 * MIB, memory_gib=64),
+    GPU("mi250", "AMD Instinct MI250 (one GCD)", "amd", "gfx90a", 104, 181.0, 1.6, 64 * KIB, 8 * MIB, 2, memory_gib=64),
+    GPU("mi250x", "AMD Instinct MI250X (one GCD)", "amd", "gfx90a", 110, 191.5, 1.6, 64 * KIB, 8 * MIB, 2, memory_gib=64),
+    GPU("mi300a", "AMD Instinct MI300A", "amd", "gfx942", 228, 980.6, 5.3, 64 * KIB, 24 * MIB, 1, 256 * MIB,
+        _MI300A_MODES, memory_gib=128),
+    GPU("mi300x", "AMD Instinct MI300X", "amd", "gfx942", 304, 1307.4, 5.3, 64 * KIB, 32 * MIB, 1, 256 * MIB,
+        _MI300X_MODES, memory_gib=192),
+    GPU("mi325x", "AMD Instinct MI325X", "amd", "gfx942", 304, 1307.4, 6.0, 64 * KIB, 32 * MIB, 1, 256 * MIB,
+        _MI300X_MODES, memory_gib=256),
+    GPU("mi350x", "AMD Instinct MI350X", "amd", "gfx950", 256, 2306.9, 8.0, 160 * KIB, 32 * MIB, 1, 256 * MIB,
+        _MI350_MODES, memory_gib=288),
+    GPU("mi355x", "AMD Instinct MI355X", "amd", "gfx950", 256, 2516.0, 8.0, 160 * KIB, 32 * MIB, 1, 256 * MIB,
+        _MI350_MODES, memory_gib=288),
+    GPU("a100", "NVIDIA A100 SXM 80GB", "nvidia", "sm_80", 108, 312.0, 2.039, 164 * KIB, 40 * MIB, memory_gib=80),
+    GPU("h100", "NVIDIA H100 SXM", "nvidia", "sm_90", 132, 989.0, 3.35, 228 * KIB, 50 * MIB, memory_gib=80),
+    GPU("h200", "NVIDIA H200", "nvidia", "sm_90", 132, 989.0, 4.8, 228 * KIB, 50 * MIB, memory_gib=141),
 ]
 
 GPUS: dict[str, GPU] = {g.name: g for g in _CATALOG}
+#: every tuning target: the catalog's GPUs and each of their compute partitions (``mi300x-cpx``)
+TARGETS: dict[str, GPU] = {p.name: p for g in _CATALOG for p in g.partitions()}
 
 
 def known_gpu_names() -> list[str]:
-    """Catalog keys in catalog order."""
+    """Catalog keys in catalog order (whole GPUs; partitions are ``<name>-<mode>``)."""
     return [g.name for g in _CATALOG]
 
 
-def get_gpu(name: str) -> GPU:
-    """Look a GPU up by catalog name (case-insensitive, ``-``/``_`` ignored).
+def _squash(name: str) -> str:
+    return "".join(ch for ch in str(name).strip().lower() if ch.isalnum())
 
-    Raises :class:`UnknownGPUError` naming the known GPUs when the name is not in the catalog.
+
+_BY_SQUASHED = {_squash(n): g for n, g in TARGETS.items()}
+_BY_SQUASHED.update({_squash(g.name + "spx"): g for g in _CATALOG if g.partition_modes})
+
+
+def get_gpu(name: str) -> GPU:
+    """Look a tuning target up by name: ``mi300x``, ``MI-300X``, ``mi300x-cpx`` (case, ``-``/``_``/spaces ignored).
+
+    Raises :class:`UnknownGPUError` naming the known GPUs (and partition modes) otherwise.
     """
-    key = str(name).strip().lower().replace("-", "").replace("_", "")
-    gpu = GPUS.get(key)
+    gpu = _BY_SQUASHED.get(_squash(name))
     if gpu is None:
-        raise UnknownGPUError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpu_names())}"
-        )
+        partitioned = ", ".join(f"{g.name}-{{{','.join(m for m, _ in g.partition_modes)}}}"
+                                for g in _CATALOG if g.partition_modes)
+        raise UnknownGPUError(f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpu_names())} "
+                              f"(compute partitions: {partitioned})")
     return gpu
 
 
-def detect_live_gpu() -> Optional[GPU]:
-    """The catalog entry of the live device 0, or None if there is none or it is not in the catalog.
+def detect_live_gpu(index: Optional[int] = None) -> Optional[GPU]:
+    """The tuning target of a live device (default: the current one), or None without one or off-catalog.
 
-    On ROCm PyTorch ``torch.cuda`` is HIP and the device reports its gfx arch; the
-    CU count tells an MI300A from an MI300X and an MI250 GCD from an MI250X GCD. On
-    CUDA the device name tells A100/H100/H200 apart.
+    :func:`rocmflash.detect.identify_live_device` says why a device is not in the catalog.
     """
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    if not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(0)
-    if getattr(torch.version, "hip", None):
-        arch = str(getattr(props, "gcnArchName", "")).split(":")[0]
-        return _match_amd(arch, props.multi_processor_count, props.name)
-    return _match_nvidia(props.name, (props.major, props.minor))
+    from rocmflash.detect import identify_live_device
 
-
-def _match_amd(arch: str, compute_units: int, device_name: str) -> Optional[GPU]:
-    candidates = [g for g in _CATALOG if g.arch == arch]
-    if not candidates:
-        return None
-    lowered = device_name.lower()
-    for g in candidates:
-        if g.name in lowered.replace(" ", ""):
-            return g
-    return min(candidates, key=lambda g: abs(g.compute_units - compute_units))
-
-
-def _match_nvidia(device_name: str, capability: tuple[int, int]) -> Optional[GPU]:
-    lowered = device_name.lower()
-    for g in _CATALOG:
-        if g.vendor == "nvidia" and g.name in lowered:
-            return g
-    arch = f"sm_{capability[0]}{capability[1]}"
-    same_arch = [g for g in _CATALOG if g.arch == arch]
-    return same_arch[0] if same_arch else None
+    match = identify_live_device(index)
+    return match.gpu if match is not None else None

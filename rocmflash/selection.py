@@ -57,8 +57,12 @@ def _interpreting() -> bool:
 
 
 def device_identity(device) -> tuple:
-    """``(gpu_name, arch)`` of a torch device: catalog name (None if not in the catalog) and
-    arch (``gfx942``, ``sm_90``; None for CPU tensors / the interpreter). Cached per device."""
+    """``(gpu_name, arch)`` of a torch device: tuning-target name (None if off-catalog) and arch
+    (``gfx942``, ``sm_90``; None without a GPU). Cached per device.
+
+    Under the interpreter (CPU tensors) the current GPU, if there is one, stands in for the
+    device: the same database is read as the compiled run would read.
+    """
     dev_type = getattr(device, "type", str(device))
     index = getattr(device, "index", None)
     interp = _interpreting()
@@ -66,29 +70,26 @@ def device_identity(device) -> tuple:
     hit = _DEVICE.get(key)
     if hit is not None:
         return hit
-    gpu_name = arch = None
-    if dev_type == "cuda" and not interp:
-        import torch
-
-        idx = index if index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(idx)
-        if getattr(torch.version, "hip", None):
-            arch = str(getattr(props, "gcnArchName", "")).split(":")[0] or None
-        else:
-            arch = f"sm_{props.major}{props.minor}"
-        try:
-            from rocmflash import gpus as _gpus
-
-            if getattr(torch.version, "hip", None):
-                gpu = _gpus._match_amd(arch or "", props.multi_processor_count, props.name)
-            else:
-                gpu = _gpus._match_nvidia(props.name, (props.major, props.minor))
-        except Exception:  # pragma: no cover - catalog problems must never break attention
-            gpu = None
-        if gpu is not None:
-            gpu_name, arch = gpu.name, gpu.arch
-    _DEVICE[key] = (gpu_name, arch)
+    _DEVICE[key] = _identify(dev_type, index, interp)
     return _DEVICE[key]
+
+
+def _identify(dev_type: str, index, interp: bool) -> tuple:
+    import torch
+
+    if not ((dev_type == "cuda" and not interp) or (interp and torch.cuda.is_available())):
+        return (None, None)
+    if dev_type != "cuda" or index is None:
+        index = torch.cuda.current_device()
+    try:
+        from rocmflash.detect import identify_torch_device
+
+        match = identify_torch_device(index)
+    except Exception as err:  # pragma: no cover - catalog problems must never break attention
+        warnings.warn(f"rocmflash: could not identify GPU {index} ({err}); using default configs",
+                      RuntimeWarning, stacklevel=4)
+        return (None, None)
+    return (match.gpu.name if match.gpu is not None else None, match.arch or None)
 
 
 def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant) -> Optional[KernelConfig]:

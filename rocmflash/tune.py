@@ -53,7 +53,8 @@ from typing import Callable, Optional
 from rocmflash.config import KernelConfig, Problem, normalize_dtype
 from rocmflash.db import (ConfigDB, Journal, default_db_path, env_id, environment, journal_path, now_iso,
                           problem_key, seqlen_bucket, tune_lock)
-from rocmflash.gpus import GPU, UnknownGPUError, detect_live_gpu, get_gpu
+from rocmflash.detect import identify_live_device
+from rocmflash.gpus import GPU, UnknownGPUError, get_gpu
 from rocmflash.live import LiveSettings
 from rocmflash.prune import PruneSettings, prune
 from rocmflash.roofline import Shape, roofline, tflops
@@ -375,14 +376,22 @@ class TuneResult:
 
 
 def resolve_gpu(name: str) -> tuple[GPU, Optional[GPU]]:
-    """``(gpu to tune, live gpu or None)``; ``auto`` needs a live GPU in the catalog."""
-    live = detect_live_gpu()
+    """``(gpu to tune, live gpu or None)``; ``auto`` needs a live GPU in the catalog.
+
+    The live GPU counts as the one named when the live device resolves to it, or when the
+    device's report fits it equally well (an unnamed 104-CU gfx90a is an MI250 GCD or an MI210).
+    """
+    match = identify_live_device()
+    live = match.gpu if match is not None else None
     if str(name).strip().lower() == "auto":
         if live is None:
             raise NoLiveGPUError(_no_live_reason(None) + "; --gpu auto needs one (or name a GPU: "
                                  "rocmflash gpus lists them)")
         return live, live
-    return get_gpu(name), live
+    gpu = get_gpu(name)
+    if match is not None and gpu.name in match.alternatives:
+        return gpu, gpu
+    return gpu, live
 
 
 def _no_live_reason(gpu: Optional[GPU]) -> str:
@@ -392,13 +401,12 @@ def _no_live_reason(gpu: Optional[GPU]) -> str:
         return "no live GPU (torch is not importable)"
     if not torch.cuda.is_available():
         return "no live GPU on this machine (torch.cuda.is_available() is False)"
-    name = torch.cuda.get_device_properties(0).name
-    live = detect_live_gpu()
-    if live is None:
-        return f"the live GPU ({name}) is not in the catalog"
+    match = identify_live_device()
+    if match.gpu is None:
+        return f"the live GPU is not in the catalog: {match.describe()}"
     if gpu is not None:
-        return f"the live GPU is {live.name} ({name}), not {gpu.name}"
-    return f"the live GPU is {live.name}"
+        return f"the live GPU is {match.gpu.name} ({match.describe()}), not {gpu.name}"
+    return f"the live GPU is {match.gpu.name}"
 
 
 def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> TuneResult:
@@ -441,7 +449,7 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
     outcomes: list[ProblemOutcome] = []
     interrupted = False
     try:
-        db = ConfigDB.open(db_path, gpu.name, gpu.arch, env)
+        db = ConfigDB.open(db_path, gpu.name, gpu.arch, env, gpu.compute_units)
         journal = Journal(jpath, gpu.name) if measuring else None
         if journal is not None and journal.torn_lines:
             out.note(f"journal: ignored {journal.torn_lines} torn line(s) from an interrupted write")

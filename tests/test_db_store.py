@@ -155,4 +155,46 @@ def test_default_config_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     assert D.default_db_path("mi300x") == os.path.join(str(tmp_path), "mi300x.json")
     monkeypatch.delenv(D.CONFIG_DIR_ENV)
-    assert D.default_db_path("mi300x").endswith(os.path.join("configs", "mi300x.json"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    # a user's tunes never go into the shipped databases, editable install or not
+    assert D.default_db_path("mi300x") == os.path.join(str(tmp_path), "xdg", "rocmflash", "mi300x.json")
+    assert D.database_paths("mi300x") == [D.default_db_path("mi300x"), D.shipped_db_path("mi300x")]
+
+
+def test_shipped_databases_are_found_from_the_package():
+    shipped = D.shipped_config_dir()
+    assert os.path.dirname(shipped) == os.path.dirname(os.path.abspath(D.__file__))
+    summary = D.database_summary(D.shipped_db_path("h100"))
+    assert summary["exists"] and summary["error"] is None
+    assert summary["measured"] == summary["entries"] > 0
+    mi250 = D.database_summary(D.shipped_db_path("mi250"))
+    assert mi250["entries"] > 0 and mi250["measured"] == 0  # static rankings only
+
+
+def test_user_database_takes_precedence_over_shipped(monkeypatch, tmp_path):
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    mine = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=2, num_stages=1)
+    theirs = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+    far = KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)
+    _db(shipped, {"d128-bf16-full-gqa1-s4096": _entry(theirs), "d128-bf16-full-gqa1-s16384": _entry(theirs)})
+    _db(user, {"d128-bf16-full-gqa1-s4096": _entry(mine), "d128-bf16-full-gqa1-s1024": _entry(far)})
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(user))
+    monkeypatch.setattr(D, "shipped_config_dir", lambda: str(shipped))
+    D.clear_cache()
+    look = lambda s: D.lookup("h100", 128, "bf16", False, 1, s)  # noqa: E731
+    assert look(4096) == mine  # same bucket in both files: the user's wins
+    assert look(16384) == theirs  # only the shipped file has the nearest bucket
+    assert look(1024) == far
+    assert D.lookup("h100", 128, "bf16", False, 1, 4096, db_path=str(shipped / "h100.json")) == theirs
+    D.clear_cache()
+
+
+def test_partition_database_records_compute_units(tmp_path):
+    path = str(tmp_path / "mi300x-cpx.json")
+    store = D.ConfigDB.open(path, "mi300x-cpx", "gfx942", {}, compute_units=38)
+    store.save()
+    assert json.load(open(path))["compute_units"] == 38
+    with pytest.raises(D.DBError, match="tuned on 38 CUs"):
+        D.ConfigDB.open(path, "mi300x-cpx", "gfx942", {}, compute_units=304)
+    with pytest.raises(D.DBError, match="is a directory"):
+        D.ConfigDB.open(str(tmp_path), "mi300x-cpx", "gfx942", {}, compute_units=38)

@@ -30,6 +30,8 @@ def _fake_gpu(monkeypatch, name="h100", arch="sm_90"):
 def _write_db(tmp_path, monkeypatch, entries):
     db = pytest.importorskip("rocmflash.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
+    # only this test's database: the shipped ones would answer the "no entry" cases
+    monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
     d = db.ConfigDB.open(str(tmp_path / "h100.json"), "h100", "sm_90", {"test": True})
     for (D, dtype, causal, gqa, bucket), (cfg, measured) in entries.items():
         d.put(db.problem_key(D, dtype, causal, gqa, bucket), {"best": cfg.to_dict(), "measured": measured})

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import importlib
 
-from rocmflash.config import VARIANTS
+from rocmflash.compat import require_supported_versions
+
+require_supported_versions()  # before any Triton import: an unsupported Triton fails here, in one line
+
+from rocmflash.config import VARIANTS  # noqa: E402
 
 _MODULES = {name: f"rocmflash.kernels.{name}" for name in VARIANTS}
 

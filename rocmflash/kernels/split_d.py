@@ -96,8 +96,9 @@ def _fwd_split_d(Q, K, V, O, LSE, qk_scale,
     C.store_o(O_base, acc / l_safe[:, None], offs_m, d_start, stride_om, stride_od, SEQ_Q, HEAD_DIM,
               BLOCK_DV, MASK_DV)
     if STORE_LSE:
-        lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
-        tl.store(LSE + off_bh.to(tl.int64) * SEQ_Q + offs_m, lse, mask=(offs_m < SEQ_Q) & (chunk == 0))
+        if chunk == 0:  # every chunk computed the same statistics; one of them writes them
+            lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+            tl.store(LSE + off_bh.to(tl.int64) * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
 
 
 KERNELS = ("_fwd_split_d",)
