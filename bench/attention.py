@@ -1,4 +1,4 @@
-"""Forward-attention benchmark: rocmflash variants vs PyTorch SDPA (flash, cuDNN) in one run.
+"""Forward-attention benchmark: rocmflash variants vs PyTorch SDPA (flash, cuDNN, efficient) in one run.
 
 Shapes follow reports/anchors: 16,384 tokens per batch (B = 16384 / S), H x D = 2048,
 S = 1k..16k, D = 64 and 128, bf16 and fp16, causal both. TFLOP/s = 4 B H S^2 D / t (half
@@ -9,9 +9,13 @@ Sections (pick with --parts):
   sweep   online configs (BLOCK_M 64/128 x BLOCK_N 32/64/128 x warps 4/8 x stages 2/3/4,
           PRE_LOAD_V off) at D=128 and D=64, bf16, non-causal, S=4096
   nonpow2 online at D = 72/80/96/160/192: two-piece head-dim split vs padding
-  table   every variant (online with the sweep's best config) vs SDPA flash / cuDNN
+  table   every variant (online with the sweep's best config) vs SDPA flash / cuDNN / efficient
   gate    bf16 D=128 non-causal S=2k..16k: 8 online candidates vs SDPA, 3 interleaved rounds
   vgpr    (CPU) VGPR/AGPR/spills of each variant's table config for gfx90a and gfx942
+
+SDPA backends: only those that exist on the platform are timed
+(:func:`rocmflash.platform.sdpa_backends`: flash, cuDNN and efficient on CUDA; flash and
+efficient on ROCm, which has no cuDNN); a missing one is a ``skipped: <why>`` cell.
 
 Usage: python bench/attention.py --parts sweep,nonpow2,table --out DIR
        python bench/attention.py --parts vgpr --out DIR        # no GPU needed
@@ -29,6 +33,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from rocmflash.config import KernelConfig, Problem  # noqa: E402
+from rocmflash.platform import SDPA_BACKENDS, missing_sdpa_backend, sdpa_backend_enum  # noqa: E402
 
 TOKENS = 16384
 HD = 2048
@@ -90,9 +95,9 @@ def run_rocmflash(q, k, v, causal, cfg):
 
 def run_sdpa(q, k, v, causal, backend):
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    be = sdpa_backend_enum(backend)
 
     def fn():
         with sdpa_kernel(be):
@@ -101,8 +106,23 @@ def run_sdpa(q, k, v, causal, backend):
     return fn
 
 
+class Skipped(str):
+    """A benchmark column that is not run here; the text says why."""
+
+
+def sdpa_runs(q, k, v, causal, backends=SDPA_BACKENDS):
+    """``{"sdpa_<backend>": fn or Skipped(why)}``: SDPA backends this platform lacks are skipped, never run."""
+    runs = {}
+    for be in backends:
+        why = missing_sdpa_backend(be)
+        runs[f"sdpa_{be}"] = Skipped(f"skipped: {why}") if why else run_sdpa(q, k, v, causal, be)
+    return runs
+
+
 def timed(name, fn, q, k, v, causal, dtype, shape):
     """(tflops, err) or (None, reason)."""
+    if isinstance(fn, Skipped):
+        return None, str(fn)
     try:
         out = fn()
         err, ok = check(out, q, k, v, causal, dtype)
@@ -198,8 +218,9 @@ def nonpow2(out_dir, best, S=4096):
             tf, err = timed("online", run_rocmflash(q, k, v, False, cfg), q, k, v, False, torch.bfloat16, (B, H, S, D))
             rows.append(dict(D=D, H=H, S=S, pad=pad, tflops=tf, note=str(err), config=cfg.to_dict()))
             log(f"nonpow2 D={D} pad={pad}: {tf if tf is None else round(tf, 1)} {err}")
-        for be in ("flash", "cudnn"):
-            tf, err = timed(be, run_sdpa(q, k, v, False, be), q, k, v, False, torch.bfloat16, (B, H, S, D))
+        for name, fn in sdpa_runs(q, k, v, False).items():
+            be = name[len("sdpa_"):]
+            tf, err = timed(be, fn, q, k, v, False, torch.bfloat16, (B, H, S, D))
             rows.append(dict(D=D, H=H, S=S, pad=be, tflops=tf, note=str(err)))
             log(f"nonpow2 D={D} sdpa-{be}: {tf if tf is None else round(tf, 1)} {err}")
         del q, k, v
@@ -225,9 +246,8 @@ def table(out_dir, best, seqs=SEQS):
                     H, B = HD // D, TOKENS // S
                     q, k, v = make(B, H, S, D, dtype)
                     r = dict(dtype=str(dtype).replace("torch.", ""), D=D, S=S, B=B, H=H, causal=causal)
-                    for be in ("flash", "cudnn"):
-                        r[f"sdpa_{be}"] = timed(be, run_sdpa(q, k, v, causal, be), q, k, v, causal, dtype,
-                                                (B, H, S, D))
+                    for name, fn in sdpa_runs(q, k, v, causal).items():
+                        r[name] = timed(name, fn, q, k, v, causal, dtype, (B, H, S, D))
                     cfgs = {"online": best[D]}
                     cfgs.update(HAND)
                     for name, cfg in cfgs.items():
@@ -264,7 +284,7 @@ def gate(out_dir, seqs=(2048, 4096, 8192, 16384), rounds=3, D=128):
     for S in seqs:
         H, B = HD // D, TOKENS // S
         q, k, v = make(B, H, S, D, torch.bfloat16)
-        fns = {"sdpa_flash": run_sdpa(q, k, v, False, "flash"), "sdpa_cudnn": run_sdpa(q, k, v, False, "cudnn")}
+        fns = sdpa_runs(q, k, v, False)
         for c in GATE_CANDIDATES:
             fns[c.to_json()] = run_rocmflash(q, k, v, False, c)
         res = {name: [] for name in fns}
@@ -276,8 +296,11 @@ def gate(out_dir, seqs=(2048, 4096, 8192, 16384), rounds=3, D=128):
             rows.append(dict(S=S, name=name, tflops=ts, median=statistics.median(ts)))
         best_name = max((n for n in res if not n.startswith("sdpa")), key=lambda n: statistics.median(res[n]))
         fl = statistics.median(res["sdpa_flash"])
+        others = ", ".join(f"{n[len('sdpa_'):]} " + (str(fns[n]) if isinstance(fns[n], Skipped)
+                                                      else f"{statistics.median(res[n]):.1f}")
+                           for n in res if n.startswith("sdpa_") and n != "sdpa_flash")
         log(f"gate S={S}: flash {fl:.1f} (rounds {[round(x) for x in res['sdpa_flash']]}), "
-            f"cudnn {statistics.median(res['sdpa_cudnn']):.1f}; best online {statistics.median(res[best_name]):.1f} "
+            f"{others}; best online {statistics.median(res[best_name]):.1f} "
             f"rounds {[round(x) for x in res[best_name]]} = {statistics.median(res[best_name]) / fl:.3f}x flash; {best_name}")
         for n in res:
             if not n.startswith("sdpa"):

@@ -14,7 +14,9 @@ The model is built from a ``LlamaConfig`` (nothing is downloaded): by default hi
 transformers' ``"sdpa"`` (PyTorch picks its fastest backend).
 
 ``--attn-sweep`` first times the attention backward alone for a few backward configs
-(D = 64 and 128, causal, bf16) next to SDPA's backward, to check the per-arch default.
+(D = 64 and 128, causal, bf16) next to SDPA's backward, once per SDPA backend that
+exists on the platform (:func:`rocmflash.platform.sdpa_backends`: flash, cuDNN and
+efficient on CUDA; flash and efficient on ROCm); a missing backend is a ``skipped`` row.
 
 Usage (on a GPU)::
 
@@ -44,9 +46,16 @@ def _versions():
         tv = transformers.__version__
     except ImportError:
         tv = None
+    from rocmflash.platform import sdpa_backends
+
     return {"torch": torch.__version__, "triton": triton.__version__, "transformers": tv,
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-            "device": torch.cuda.get_device_name(0)}
+            "device": torch.cuda.get_device_name(0), "sdpa_backends": sdpa_backends()}
+
+
+def _runtime(versions):
+    """``HIP 6.4.x`` on ROCm, ``CUDA 12.x`` otherwise."""
+    return f"HIP {versions['hip']}" if versions.get("hip") else f"CUDA {versions['cuda']}"
 
 
 def _time_cuda(fn, warmup=2, iters=5):
@@ -78,7 +87,6 @@ SWEEP = [  # (dkdv BM, BN, warps, stages), (dq BM, BN, warps, stages)
 
 def attn_sweep(tokens=16384, hd=2048):
     import torch
-    import torch.nn.functional as F
     from triton.testing import do_bench
 
     from rocmflash.config import KernelConfig
@@ -108,13 +116,9 @@ def attn_sweep(tokens=16384, hd=2048):
                 rows.append(dict(D=D, impl="rocmflash", config=f"{a} / {b}", default=cfg == default, ms=None,
                                  tflops=None, error=f"{type(err).__name__}: {str(err)[:120]}"))
             print(rows[-1], flush=True)
-        qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
-        ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-        ms = do_bench(lambda: torch.autograd.grad(ref, (qs, ks, vs), do, retain_graph=True), warmup=25, rep=100,
-                      return_mode="median")
-        rows.append(dict(D=D, impl="sdpa (autograd backward)", config="-", default=False, ms=ms,
-                         tflops=flops / ms / 1e9))
-        print(rows[-1], flush=True)
+        for row in sdpa_backward_rows(q, k, v, do, flops):
+            rows.append(dict(D=D, **row))
+            print(rows[-1], flush=True)
         qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
         o2, _ = attention_op(qr, kr, vr, causal=True)
         ms = do_bench(lambda: torch.autograd.grad(o2, (qr, kr, vr), do, retain_graph=True), warmup=25, rep=100,
@@ -124,6 +128,34 @@ def attn_sweep(tokens=16384, hd=2048):
         print(rows[-1], flush=True)
         del q, k, v, do, out, lse
         torch.cuda.empty_cache()
+    return rows
+
+
+def sdpa_backward_rows(q, k, v, do, flops):
+    """SDPA's autograd backward (causal), one row per SDPA backend; backends this platform lacks are skipped."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    from triton.testing import do_bench
+
+    from rocmflash.platform import SDPA_BACKENDS, missing_sdpa_backend, sdpa_backend_enum
+
+    rows = []
+    for be in SDPA_BACKENDS:
+        row = dict(impl=f"sdpa {be} (autograd backward)", config="-", default=False, ms=None, tflops=None)
+        why = missing_sdpa_backend(be)
+        if why:
+            rows.append(dict(row, error=f"skipped: {why}"))
+            continue
+        try:
+            qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
+            with sdpa_kernel(sdpa_backend_enum(be)):
+                ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            ms = do_bench(lambda: torch.autograd.grad(ref, (qs, ks, vs), do, retain_graph=True), warmup=25,
+                          rep=100, return_mode="median")
+            rows.append(dict(row, ms=ms, tflops=flops / ms / 1e9))
+        except Exception as err:  # noqa: BLE001 - a backend that rejects the shape is a row, not a crash
+            rows.append(dict(row, error=f"{type(err).__name__}: {str(err)[:120]}"))
     return rows
 
 
@@ -224,14 +256,15 @@ def write_report(out_dir, versions, cmd, model_rows, n_params, sweep_rows, args)
     lines = [f"# End-to-end: Llama-like model, rocmflash vs SDPA ({versions['device']})", "",
              f"- date: {date}", f"- device: {versions['device']}",
              f"- versions: torch {versions['torch']}, triton {versions['triton']}, transformers "
-             f"{versions['transformers']}, CUDA {versions['cuda']}",
+             f"{versions['transformers']}, {_runtime(versions)}",
              f"- command: `{cmd}`",
              f"- model: random-init `LlamaForCausalLM`, {n_params / 1e9:.2f} B parameters, bf16: hidden "
              f"{args.hidden}, {args.layers} layers, {args.heads} query / {args.kv_heads} KV heads (head dim "
              f"{args.hidden // args.heads}), MLP {args.inter}, vocab {args.vocab}; batch {args.batch}",
              "- rocmflash: `attn_implementation=\"rocmflash\"` (forward and backward Triton kernels, run-time "
-             "config selection); sdpa: `attn_implementation=\"sdpa\"` (PyTorch picks the backend)",
-             f"- timing: CUDA events, median of {args.iters} after {args.warmup} warm-up steps; the two "
+             "config selection); sdpa: `attn_implementation=\"sdpa\"` (PyTorch picks the backend; SDPA backends "
+             f"on this platform: {', '.join(versions.get('sdpa_backends') or [])})",
+             f"- timing: CUDA/HIP events, median of {args.iters} after {args.warmup} warm-up steps; the two "
              "implementations alternate per sequence length in one process; peak memory = "
              "`torch.cuda.max_memory_allocated()` over the timed steps (weights, gradients and AdamW state "
              "included for training)", ""]

@@ -25,6 +25,21 @@ Pre-warm. Triton compiles a kernel at its first launch (seconds each) and caches
 disk. :meth:`LiveRunner.prewarm` launches every candidate once, at a tiny shape with the
 same argument specialisation, in parallel processes sharing the timing worker's Triton
 cache directory, so the serial timing loop finds every kernel compiled.
+
+Device. A runner times on one device (``device_index``, default 0, in this process's
+numbering). Its workers are pinned to it through their environment
+(:func:`rocmflash.platform.visible_devices_env`: ``HIP_VISIBLE_DEVICES`` on ROCm,
+``CUDA_VISIBLE_DEVICES`` on CUDA), so inside a worker it is device 0; every result
+reports the worker's visibility variables (``device_env``).
+
+Interpreter mode (CPU CI). When the parent has ``TRITON_INTERPRET=1`` set, the workers
+run the kernels in Triton's interpreter instead of dropping the variable: inputs on the
+CPU, the same numeric gate at the same shape, then timing of a tiny shape
+(:func:`interpreted_shape`) with ``time.perf_counter`` (no events, no L2 flush; the
+times measure the interpreter, never a GPU, and the result says ``"interpreted": true``).
+Pre-warm then cross-compiles every candidate for Triton's active target (the live GPU's
+arch, as a real launch would compile) into the runner's Triton cache, so what the
+runner would build -- arch, AMD options -- can be read with :mod:`isa_tools`.
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
-from rocmflash.config import KernelConfig
+from rocmflash.config import KernelConfig, Problem
 from rocmflash.roofline import Shape, tflops
 
 TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
@@ -45,6 +60,10 @@ TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
 STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
 #: test mode: ``task["inject"]`` makes the worker fail on purpose
 INJECT_MODES = ("crash", "hang", "illegal")
+#: interpreter mode: timed launches per config (the times are the interpreter's, not a GPU's)
+INTERPRET_REPS = 3
+#: interpreter mode: the longest sequence length timed
+INTERPRET_MAX_SEQLEN = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,20 +86,50 @@ class LiveSettings:
 _STATE: dict = {}
 
 
-def worker_init(triton_cache_dir: Optional[str]) -> None:
-    """Runs once per worker, before any task's timeout starts: import torch, create the context."""
+def worker_init(triton_cache_dir: Optional[str], env: Optional[dict] = None, interpret: bool = False) -> None:
+    """Runs once per worker, before any task's timeout starts: pin the device, import torch, create the context.
+
+    ``env`` holds the device-visibility variables from the parent; ``interpret`` says
+    whether the parent runs kernels in Triton's interpreter (then so does the worker).
+    """
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which stops the pool
+    # Before torch touches the device: HIP/CUDA read the visibility variables once, when the
+    # runtime initialises, which torch defers to its first device call (below).
+    os.environ.update(env or {})
     if triton_cache_dir:
         os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
-    os.environ.pop("TRITON_INTERPRET", None)
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:  # a worker times compiled kernels, whatever the environment it inherited
+        os.environ.pop("TRITON_INTERPRET", None)
     import torch
 
-    if torch.cuda.is_available():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if torch.cuda.is_available() and not interpret:
         torch.cuda.init()
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+
+
+def _interpreting() -> bool:
+    from rocmflash.kernels.common import interpreting
+
+    return interpreting()
+
+
+def _device():
+    """Where a worker's tensors live: the GPU, or the CPU under the interpreter."""
+    import torch
+
+    return torch.device("cpu" if _interpreting() else "cuda")
+
+
+def _synchronize() -> None:
+    import torch
+
+    if not _interpreting():  # interpreted launches are synchronous
+        torch.cuda.synchronize()
 
 
 def _torch_dtype(torch, name: str):
@@ -113,7 +162,7 @@ def _reference(q, k, v, causal: bool, scale: float):
 def _gate(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> tuple[bool, float, str]:
     import torch
 
-    dev = torch.device("cuda")
+    dev = _device()
     dtype = _torch_dtype(torch, shape.dtype)
     gen = torch.Generator(device=dev)
     gen.manual_seed(int.from_bytes(os.urandom(7), "little"))  # fresh inputs for every config
@@ -126,7 +175,7 @@ def _gate(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> tuple
     out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the gate
     scale = 1.0 / math.sqrt(shape.head_dim)
     mod.launch(q, k, v, cfg, shape.causal, scale, out=out)
-    torch.cuda.synchronize()
+    _synchronize()
     finite = bool(torch.isfinite(out).all())
     ref = _reference(q, k, v, shape.causal, scale)
     err = ((out.float() - ref).norm() / ref.norm()).item() if finite else float("nan")
@@ -191,9 +240,49 @@ def _time(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> list[
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def interpreted_shape(shape: Shape) -> Shape:
+    """The shape timed under the interpreter: batch 1, one KV head and its query group, short sequences."""
+    return dataclasses.replace(shape, batch=1, heads_q=shape.heads_q // shape.heads_kv, heads_kv=1,
+                               seqlen_q=min(shape.seqlen_q, INTERPRET_MAX_SEQLEN),
+                               seqlen_k=min(shape.seqlen_k, INTERPRET_MAX_SEQLEN))
+
+
+def _time_interpreted(mod, cfg: KernelConfig, shape: Shape) -> tuple[list[float], Shape]:
+    """``(times in ms, the shape timed)``: wall-clock times of interpreted launches on the CPU."""
+    import torch
+
+    tiny = interpreted_shape(shape)
+    dtype = _torch_dtype(torch, tiny.dtype)
+    q = torch.randn(1, tiny.heads_q, tiny.seqlen_q, tiny.head_dim, dtype=dtype)
+    k = torch.randn(1, tiny.heads_kv, tiny.seqlen_k, tiny.head_dim, dtype=dtype)
+    v, out = torch.randn_like(k), torch.empty_like(q)
+    scale = 1.0 / math.sqrt(tiny.head_dim)
+    times = []
+    for _ in range(INTERPRET_REPS):
+        start = time.perf_counter()
+        mod.launch(q, k, v, cfg, tiny.causal, scale, out=out)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times, tiny
+
+
+def _median(times: list[float]) -> float:
+    ordered = sorted(times)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _device_env() -> dict:
+    """The worker's device-visibility variables (reported with every result)."""
+    from rocmflash.platform import VISIBILITY_VARS
+
+    return {var: os.environ[var] for var in VISIBILITY_VARS if var in os.environ}
+
+
 def _device_broken() -> bool:
     import torch
 
+    if _interpreting():  # no device context that a bad kernel could have broken
+        return False
     try:
         torch.cuda.synchronize()
         torch.zeros(1, device="cuda").add_(1).item()
@@ -239,7 +328,10 @@ def measure(task: dict) -> dict:
     cfg = KernelConfig.from_dict(task["config"])
     shape = Shape.from_dict(task["shape"])
     settings = LiveSettings(**task["settings"])
-    result = {"status": None, "median_ms": None, "times_ms": None, "tflops": None, "rel_err": None, "error": None}
+    result = {"status": None, "median_ms": None, "times_ms": None, "tflops": None, "rel_err": None, "error": None,
+              "device_env": _device_env()}
+    if _interpreting():
+        result["interpreted"] = True
     try:
         if task.get("inject"):
             _inject(task["inject"], shape)
@@ -251,12 +343,14 @@ def measure(task: dict) -> dict:
         if not ok:
             result.update(status="incorrect", error=why)
         else:
-            times = _time(mod, cfg, shape, settings)
-            times_sorted = sorted(times)
-            med = times_sorted[len(times) // 2] if len(times) % 2 else 0.5 * (
-                times_sorted[len(times) // 2 - 1] + times_sorted[len(times) // 2])
+            if _interpreting():
+                times, timed = _time_interpreted(mod, cfg, shape)
+                result["timed_shape"] = timed.to_dict()
+            else:
+                times, timed = _time(mod, cfg, shape, settings), shape
+            med = _median(times)
             result.update(status="ok", median_ms=med, times_ms=[round(t, 5) for t in times],
-                          tflops=tflops(shape, med))
+                          tflops=tflops(timed, med))
     except Exception as err:  # compile error, out of resources, launch failure, device fault
         lines = str(err).strip().splitlines()
         result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
@@ -270,56 +364,110 @@ def measure(task: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- pre-warm worker
-def prewarm_init(triton_cache_dir: Optional[str]) -> None:
-    worker_init(triton_cache_dir)
+def prewarm_init(triton_cache_dir: Optional[str], env: Optional[dict] = None) -> None:
+    """:func:`worker_init` of a pre-warm worker, never interpreted: when the runner interprets, a
+    pre-warm worker only cross-compiles, and ``triton.jit`` decides at import time between
+    compiled and interpreted functions (Triton's own helpers included), so Triton must be
+    imported without ``TRITON_INTERPRET`` here."""
+    worker_init(triton_cache_dir, env, interpret=False)
+
+
+def _prewarm_seqlen(n: int) -> int:
+    """A short sequence length with the same Triton specialisation as ``n`` (``== 1``, ``% 16 == 0``)."""
+    return n if (n % 16 or n <= 256) else 256
 
 
 def prewarm_one(task: dict) -> Optional[str]:
-    """Launch one config once at a tiny shape with the tuned shape's specialisation (fills Triton's cache)."""
-    import torch
+    """Build one config at a tiny shape with the tuned shape's specialisation (fills Triton's cache).
 
+    On a GPU: one launch. With ``task["cross_compile"]`` (the runner interprets): a
+    cross-compile for Triton's active target (nothing to do when there is none).
+    Returns None, or the error's first line.
+    """
     from rocmflash.kernels import get_variant
 
     cfg = KernelConfig.from_dict(task["config"])
     s = Shape.from_dict(task["shape"])
-    # Triton specialises integers on ``== 1`` and ``% 16 == 0``: keep both properties of S.
-    small = lambda n: n if (n % 16 or n <= 256) else 256  # noqa: E731
-    dtype = _torch_dtype(torch, s.dtype)
-    q = torch.randn(1, s.heads_q, small(s.seqlen_q), s.head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(1, s.heads_kv, small(s.seqlen_k), s.head_dim, device="cuda", dtype=dtype)
     try:
-        get_variant(cfg.variant).launch(q, k, k, cfg, s.causal, 0.125, out=torch.empty_like(q))
-        torch.cuda.synchronize()
+        if task.get("cross_compile"):
+            _cross_compile(get_variant(cfg.variant), cfg, s)
+        else:
+            _launch_once(get_variant(cfg.variant), cfg, s)
         return None
     except Exception as err:
         lines = str(err).strip().splitlines()
         return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
 
 
+def _launch_once(mod, cfg: KernelConfig, s: Shape) -> None:
+    import torch
+
+    dtype = _torch_dtype(torch, s.dtype)
+    q = torch.randn(1, s.heads_q, _prewarm_seqlen(s.seqlen_q), s.head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(1, s.heads_kv, _prewarm_seqlen(s.seqlen_k), s.head_dim, device="cuda", dtype=dtype)
+    mod.launch(q, k, k, cfg, s.causal, 0.125, out=torch.empty_like(q))
+    torch.cuda.synchronize()
+
+
+def active_target():
+    """Triton's current target (``GPUTarget``), or None when no GPU driver is active (plain CPU)."""
+    from triton.runtime import driver
+
+    try:
+        return driver.active.get_current_target()
+    except RuntimeError:  # Triton found no active backend
+        return None
+
+
+def _cross_compile(mod, cfg: KernelConfig, s: Shape) -> None:
+    """Compile what a launch of ``s`` would compile, for the active target, without a device."""
+    target = active_target()
+    if target is None:
+        return
+    problem = Problem(head_dim=s.head_dim, dtype=s.dtype, causal=s.causal, batch=1, heads_q=s.heads_q,
+                      heads_kv=s.heads_kv, seqlen_q=_prewarm_seqlen(s.seqlen_q), seqlen_k=_prewarm_seqlen(s.seqlen_k))
+    mod.compile_for(target, cfg, problem)
+
+
 # ====================================================================== parent side
-def _device_name() -> Optional[str]:
+def _device_name(index: int = 0) -> Optional[str]:
     try:
         import torch
 
-        return torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
+        return torch.cuda.get_device_properties(index).name if torch.cuda.is_available() else None
     except Exception:  # pragma: no cover
         return None
 
 
+def worker_env(device_index: int, environ=None) -> dict:
+    """The environment changes that pin a worker of this process to ``device_index``."""
+    from rocmflash.platform import is_rocm, visible_devices_env
+
+    return visible_devices_env(device_index, os.environ if environ is None else environ, is_rocm())
+
+
 class LiveRunner:
-    """Times configs on the live GPU, one at a time, each in an isolated worker process."""
+    """Times configs on the live GPU, one at a time, each in an isolated worker process.
+
+    ``device_index`` is the device to time on, in this process's numbering; the workers
+    are pinned to it (see the module docstring). Whether kernels run in Triton's
+    interpreter is decided here, from ``TRITON_INTERPRET``, and passed to the workers.
+    """
 
     live = True
 
     def __init__(self, settings: LiveSettings = LiveSettings(), triton_cache_dir: Optional[str] = None,
-                 prewarm_workers: Optional[int] = None):
+                 prewarm_workers: Optional[int] = None, device_index: int = 0):
         self.settings = settings
         self.triton_cache_dir = triton_cache_dir
         self.prewarm_workers = prewarm_workers
+        self.device_index = device_index
+        self.worker_env = worker_env(device_index)
+        self.interpret = _interpreting()
         self._pool = None
         self._prewarm_pool = None
         self.restarts = 0
-        self.device = _device_name()
+        self.device = _device_name(device_index)
 
     # -------------------------------------------------------------- pool management
     def _get_pool(self):
@@ -327,7 +475,8 @@ class LiveRunner:
             import pebble
 
             self._pool = pebble.ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
-                                            initializer=worker_init, initargs=(self.triton_cache_dir,))
+                                            initializer=worker_init,
+                                            initargs=(self.triton_cache_dir, self.worker_env, self.interpret))
         return self._pool
 
     def _restart(self) -> None:
@@ -356,7 +505,8 @@ class LiveRunner:
 
     # -------------------------------------------------------------- work
     def prewarm(self, configs: list[KernelConfig], shape: Shape) -> dict:
-        """Compile every config in parallel (one GPU launch each at a tiny shape); ``{config json: error}``."""
+        """Compile every config in parallel (one GPU launch each at a tiny shape, or a cross-compile for
+        the active target under the interpreter); ``{config json: error or None}``."""
         import pebble
 
         if not configs:
@@ -364,11 +514,12 @@ class LiveRunner:
         if self._prewarm_pool is None:  # kept for the runner's life: workers start (import torch) once
             workers = max(1, self.prewarm_workers or max(1, (os.cpu_count() or 2) - 1))
             self._prewarm_pool = pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
-                                                    initializer=prewarm_init, initargs=(self.triton_cache_dir,))
+                                                    initializer=prewarm_init,
+                                                    initargs=(self.triton_cache_dir, self.worker_env))
         pool = self._prewarm_pool
         errors = {}
-        futures = {cfg.to_json(): pool.schedule(prewarm_one, args=({"config": cfg.to_dict(),
-                                                                     "shape": shape.to_dict()},),
+        futures = {cfg.to_json(): pool.schedule(prewarm_one, args=({"config": cfg.to_dict(), "shape": shape.to_dict(),
+                                                                     "cross_compile": self.interpret},),
                                                 timeout=self.settings.timeout_s) for cfg in configs}
         for key, future in futures.items():
             try:

@@ -9,6 +9,9 @@ with an interpreted twin (``rocmflash.kernels.common.kernel_jit``), and a launch
 * GPU tests are marked ``@pytest.mark.gpu``, skipped without ``torch.cuda.is_available()``,
   and request ``compiled`` (unsets ``TRITON_INTERPRET``) so the real compiler is used.
 * Compile-only tests need neither: cross-compiling works in any process.
+* ROCm-path tests request ``fake_rocm`` (``tests/fake_rocm.py``): torch and Triton report
+  an AMD GPU (MI250 GCD, gfx90a by default) in this process and in every child Python,
+  and kernels run in the interpreter.
 
 One ``pytest`` run therefore covers all three on a GPU machine, and CI (no GPU) runs the
 first and last kinds.
@@ -30,6 +33,30 @@ def compiled(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA or ROCm GPU")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.fixture
+def fake_rocm(request, monkeypatch):
+    """A fake ROCm GPU (``tests/fake_rocm.py``) in this process and in every child Python; kernels interpreted.
+
+    Yields the :class:`fake_rocm.FakeROCm` in force (default: one MI250 GCD, gfx90a).
+    Another device: ``@pytest.mark.parametrize("fake_rocm", [{"gcn_arch_name": "gfx942", ...}],
+    indirect=True)``. Everything is undone after the test.
+    """
+    from fake_rocm import FakeROCm, fake_rocm_env, install
+
+    from rocmflash import selection
+
+    fake = FakeROCm(**getattr(request, "param", {}))
+    for name, value in fake_rocm_env(fake).items():
+        monkeypatch.setenv(name, value)
+    patches = install(fake)
+    selection.clear_cache()  # device identities are cached per device
+    try:
+        yield fake
+    finally:
+        patches.undo()
+        selection.clear_cache()
 
 
 def reference_attention(q, k, v, causal, scale):

@@ -319,6 +319,19 @@ def as_target(target: Any):
     return get_gpu(name).triton_target()
 
 
+def specialise_int(value: int) -> tuple[str, bool]:
+    """``(signature type, divisible by 16)`` of an integer launch argument, as Triton's launcher specialises it.
+
+    Triton's documented rule (stable across 3.x; restated here rather than imported from
+    its internals, which moved between releases): 1 becomes a compile-time constant, a
+    multiple of 16 is marked divisible by 16, the type is the narrowest of i32/i64/u64.
+    """
+    if value == 1:
+        return "constexpr", False
+    ty = "i32" if -2**31 <= value < 2**31 else ("u64" if value >= 2**63 else "i64")
+    return ty, value % 16 == 0
+
+
 def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: KernelConfig):
     """Cross-compile ``fn`` for ``target`` as a launch with these arguments would.
 
@@ -326,9 +339,7 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
     constant, multiples of 16 get ``tt.divisibility``); pointers are taken as 16-byte
     aligned. Returns Triton's ``CompiledKernel``.
     """
-    from triton.backends.compiler import BaseBackend
     from triton.compiler import ASTSource
-    from triton.runtime.jit import native_specialize_impl
 
     target = as_target(target)
     signature, consts, attrs = {}, {}, {}
@@ -348,14 +359,12 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
         elif isinstance(val, bool) or not isinstance(val, int):
             raise TypeError(f"compile_kernel: unsupported value {val!r} for {name!r}")
         else:
-            ty, key = native_specialize_impl(BaseBackend, val, False, True, True)
+            ty, divisible = specialise_int(val)
+            signature[name] = ty
             if ty == "constexpr":
-                signature[name] = "constexpr"
-                consts[name] = key
-            else:
-                signature[name] = ty
-                if key:
-                    attrs[(i,)] = BaseBackend.parse_attr(key)
+                consts[name] = val
+            elif divisible:
+                attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=target, options=cfg.compile_options(target.backend))
 
@@ -417,6 +426,9 @@ def _jit_functions_interpreted():
     from triton.runtime import interpreter as I
 
     scope = I._patch_lang(_interpreter_probe)
+    if scope is None:  # Triton <= 3.5 patches for good and gives nothing to restore
+        raise RuntimeError(f"rocmflash's CPU interpreter path (TRITON_INTERPRET=1) needs Triton >= 3.6; this is "
+                           f"{triton.__version__} (compiled GPU launches are unaffected)")
     JITFunction.__call__ = call
     try:
         yield
@@ -429,21 +441,48 @@ def _interpreter_probe():
     """Never called: its ``__globals__`` (this module: ``tl`` and ``_tl_core``) drive the patch scope."""
 
 
+_LAUNCH_OBSERVERS: list = []
+
+
+@contextlib.contextmanager
+def observe_launches():
+    """Record every kernel launch made inside the block; yields the list of records.
+
+    Each record is ``{"kernel", "backend", "options", "interpreted"}``: the compile
+    options are those a compiled launch passes to Triton for that backend, also when the
+    interpreter ran the kernel (so CPU tests see what a GPU launch would choose).
+    """
+    seen: list = []
+    _LAUNCH_OBSERVERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _LAUNCH_OBSERVERS.remove(seen)
+
+
 def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
-    """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments."""
-    if interpreting():
+    """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments.
+
+    The compile options are chosen the same way in both modes (AMD-only names on ``hip``
+    only); the interpreter has no compiler, so it is not given them.
+    """
+    options = cfg.compile_options(backend)
+    interp = interpreting()
+    for seen in _LAUNCH_OBSERVERS:
+        seen.append({"kernel": fn.__name__, "backend": backend, "options": dict(options), "interpreted": interp})
+    if interp:
         _patch_interpreter_bf16_dot()
         with _jit_functions_interpreted():
             fn.interpreted[grid](**args, **constexprs)
     else:
-        fn[grid](**args, **constexprs, **cfg.compile_options(backend))
+        fn[grid](**args, **constexprs, **options)
 
 
 def torch_backend() -> str:
     """"hip" on ROCm builds of torch, else "cuda"."""
-    import torch
+    from rocmflash.platform import is_rocm
 
-    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+    return "hip" if is_rocm() else "cuda"
 
 
 def dummy_lse(device):

@@ -1,0 +1,104 @@
+"""What differs between ROCm and CUDA builds of PyTorch, in one place.
+
+* :func:`is_rocm`: is this a ROCm (HIP) build of torch? ``torch.cuda`` is HIP there.
+* :func:`visible_devices_env`: the environment that pins a worker process to one device
+  of this process (the live tuner's timing and pre-warm workers).
+* :func:`sdpa_backends`: the PyTorch SDPA backends a benchmark can compare against here.
+
+Device visibility. CUDA reads ``CUDA_VISIBLE_DEVICES``. ROCm has three layers: the ROCr
+runtime applies ``ROCR_VISIBLE_DEVICES`` first, then HIP indexes into what ROCr left with
+``HIP_VISIBLE_DEVICES`` (or, when that is unset, ``CUDA_VISIBLE_DEVICES``, which HIP
+honours as an alias; PyTorch gives HIP's variable the same precedence). A worker is
+pinned on ROCm by narrowing ``HIP_VISIBLE_DEVICES`` only: its entries are relative to
+ROCr's list, so copying a physical id from ``ROCR_VISIBLE_DEVICES`` into it would name
+the wrong device (or none). ``ROCR_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` are
+left as the user set them.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+#: the variables that decide which devices a process sees (ROCm's two layers, and CUDA's)
+VISIBILITY_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+#: every SDPA backend rocmflash benchmarks against, in table order
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")
+#: why a backend is not compared on ROCm
+ROCM_MISSING_SDPA = {"cudnn": "cuDNN attention is NVIDIA-only (ROCm builds of PyTorch have no cuDNN)"}
+_SDPA_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def is_rocm() -> bool:
+    """True on a ROCm (HIP) build of PyTorch, where ``torch.cuda`` drives AMD GPUs."""
+    import torch
+
+    return bool(getattr(torch.version, "hip", None))
+
+
+def _device_list(value: str) -> list[str]:
+    """Entries of a ``*_VISIBLE_DEVICES`` value (indices or UUIDs), blanks dropped."""
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
+
+
+def _pick(index: int, var: str, value: str) -> str:
+    entries = _device_list(value)
+    if index >= len(entries):
+        raise ValueError(f"device index {index} is not visible: {var}={value!r} leaves {len(entries)} device(s)")
+    return entries[index]
+
+
+def visible_devices_env(index: int, environ: Mapping[str, str], rocm: bool) -> dict[str, str]:
+    """The variables to set in a worker's environment so that it sees only device ``index`` of this process.
+
+    ``index`` is a device index as this process sees it (``torch.cuda`` numbering). When
+    the user already narrowed the devices with a list, the worker gets the ``index``-th
+    entry of that list; otherwise the index itself. On ROCm only ``HIP_VISIBLE_DEVICES``
+    is returned (see the module docstring for why), on CUDA only ``CUDA_VISIBLE_DEVICES``.
+    Raises ValueError when ``index`` is not among the visible devices.
+    """
+    if type(index) is not int or index < 0:
+        raise ValueError(f"device index {index!r} is invalid; expected an int >= 0")
+    if not rocm:
+        if "CUDA_VISIBLE_DEVICES" in environ:
+            return {"CUDA_VISIBLE_DEVICES": _pick(index, "CUDA_VISIBLE_DEVICES", environ["CUDA_VISIBLE_DEVICES"])}
+        return {"CUDA_VISIBLE_DEVICES": str(index)}
+    for var in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):  # HIP's own variable takes precedence
+        if var in environ:
+            return {"HIP_VISIBLE_DEVICES": _pick(index, var, environ[var])}
+    if "ROCR_VISIBLE_DEVICES" in environ:  # only ROCr narrowed: HIP's index is relative to its list
+        _pick(index, "ROCR_VISIBLE_DEVICES", environ["ROCR_VISIBLE_DEVICES"])
+    return {"HIP_VISIBLE_DEVICES": str(index)}
+
+
+def sdpa_backends(rocm: Optional[bool] = None) -> list[str]:
+    """Names of the SDPA backends to compare against on this platform, in table order.
+
+    ROCm: ``flash`` and ``efficient`` (no cuDNN); CUDA: ``flash``, ``cudnn``, ``efficient``.
+    A backend this torch build does not define (an old ``SDPBackend``) is left out too.
+    ``rocm`` defaults to :func:`is_rocm`.
+    """
+    rocm = is_rocm() if rocm is None else rocm
+    return [name for name in SDPA_BACKENDS if not missing_sdpa_backend(name, rocm)]
+
+
+def missing_sdpa_backend(name: str, rocm: Optional[bool] = None) -> Optional[str]:
+    """Why SDPA backend ``name`` is not compared on this platform, or None when it is."""
+    if name not in SDPA_BACKENDS:
+        raise ValueError(f"SDPA backend {name!r} is unknown; expected one of {SDPA_BACKENDS}")
+    rocm = is_rocm() if rocm is None else rocm
+    if rocm and name in ROCM_MISSING_SDPA:
+        return ROCM_MISSING_SDPA[name]
+    if sdpa_backend_enum(name) is None:
+        return f"this torch build has no SDPBackend.{_SDPA_ENUM[name]}"
+    return None
+
+
+def sdpa_backend_enum(name: str):
+    """``torch.nn.attention.SDPBackend`` member for a backend name, or None when this torch lacks it."""
+    from torch.nn.attention import SDPBackend
+
+    return getattr(SDPBackend, _SDPA_ENUM[name], None)
+
+
+__all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "sdpa_backends", "missing_sdpa_backend",
+           "sdpa_backend_enum"]

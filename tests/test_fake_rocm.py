@@ -1,0 +1,278 @@
+"""The ROCm path, exercised on the CPU through the fake ROCm layer (tests/fake_rocm.py).
+
+Under the ``fake_rocm`` fixture torch reports an MI250 GCD (gfx90a, ROCm 6.4), Triton's
+active target is ``hip/gfx90a``, kernels run in Triton's interpreter, and every child
+Python (the tuner's spawned workers) installs the same fake. Checked here:
+
+* the fake itself, in this process and in a child Python, and that it is undone;
+* worker pinning: the pure environment rule (a table of cases) and a live worker that
+  really runs with ``HIP_VISIBLE_DEVICES`` narrowed (``CUDA_VISIBLE_DEVICES`` untouched);
+* SDPA backends: ROCm compares flash and efficient, never cuDNN (also in the benchmarks);
+* launches: AMD options reach the launch on ROCm only;
+* ``rocmflash tune --gpu mi250`` through the CLI: it decides to measure, gates and times
+  in the interpreter, and the live runner builds gfx90a code objects with the AMD options;
+* run-time selection reads a measured ``mi250.json`` and the op launches its config.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rocmflash import db as D
+from rocmflash import selection
+from rocmflash.config import AMD_ONLY_OPTIONS, KernelConfig
+from rocmflash.kernels.common import observe_launches, torch_backend
+from rocmflash.platform import (SDPA_BACKENDS, is_rocm, missing_sdpa_backend, sdpa_backends,
+                                visible_devices_env)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MI300X = {"name": "AMD Instinct MI300X", "gcn_arch_name": "gfx942:sramecc+:xnack-", "multi_processor_count": 304,
+          "total_memory": 192 * 1024**3}
+
+
+def _bench(name):
+    """Import bench/<name>.py (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(ROOT, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ====================================================================== the fake itself
+CHILD_REPORT = """
+import json, torch, triton
+p = torch.cuda.get_device_properties(0)
+t = triton.runtime.driver.active.get_current_target()
+print(json.dumps({"hip": torch.version.hip, "available": torch.cuda.is_available(), "count": torch.cuda.device_count(),
+                  "name": p.name, "arch": p.gcnArchName, "cus": p.multi_processor_count,
+                  "capability": list(torch.cuda.get_device_capability()), "target": [t.backend, t.arch, t.warp_size],
+                  "interpret": __import__("os").environ.get("TRITON_INTERPRET")}))
+"""
+
+
+def test_fake_reports_an_mi250_here_and_in_child_pythons(fake_rocm):
+    props = torch.cuda.get_device_properties(0)
+    target = __import__("triton").runtime.driver.active.get_current_target()
+    here = {"hip": torch.version.hip, "available": torch.cuda.is_available(), "count": torch.cuda.device_count(),
+            "name": props.name, "arch": props.gcnArchName, "cus": props.multi_processor_count,
+            "capability": list(torch.cuda.get_device_capability()),
+            "target": [target.backend, target.arch, target.warp_size], "interpret": os.environ["TRITON_INTERPRET"]}
+    assert here == {"hip": "6.4.43482", "available": True, "count": 1, "name": "AMD Instinct MI250X / MI250",
+                    "arch": "gfx90a:sramecc+:xnack-", "cus": 104, "capability": [9, 0],
+                    "target": ["hip", "gfx90a", 64], "interpret": "1"}
+    assert is_rocm() and torch_backend() == "hip" and torch.version.cuda is None
+    assert torch.cuda.get_device_name("cuda:0") == torch.cuda.get_device_properties(torch.device("cuda", 0)).name
+    with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
+        torch.cuda.get_device_properties(1)
+    child = subprocess.run([sys.executable, "-c", CHILD_REPORT], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout) == here
+
+
+def test_tune_resolves_the_fake_device(fake_rocm):
+    from rocmflash.tune import resolve_gpu
+
+    assert [g.name for g in resolve_gpu("mi250")] == ["mi250", "mi250"]  # named = live: measure
+    assert [g.name for g in resolve_gpu("auto")] == ["mi250", "mi250"]
+    assert [g.name for g in resolve_gpu("mi300x")] == ["mi300x", "mi250"]  # another GPU: static ranking only
+
+
+@pytest.mark.parametrize("fake_rocm", [MI300X], indirect=True)
+def test_fake_takes_other_devices(fake_rocm):
+    assert torch.cuda.get_device_capability(0) == (9, 4)
+    assert __import__("triton").runtime.driver.active.get_current_target().arch == "gfx942"
+    assert selection.device_identity(torch.device("cpu"))[1] == "gfx942"
+
+
+def test_fake_is_undone():
+    from fake_rocm import FakeROCm, install
+
+    from triton.runtime import driver
+
+    before = (torch.version.hip, torch.cuda.is_available, driver._active, driver._default)
+    patches = install(FakeROCm())
+    assert torch.version.hip and torch.cuda.is_available()
+    patches.undo()
+    assert (torch.version.hip, torch.cuda.is_available, driver._active, driver._default) == before
+    assert not is_rocm()
+
+
+# ====================================================================== worker pinning
+@pytest.mark.parametrize("index, environ, rocm, expected", [
+    (0, {}, True, {"HIP_VISIBLE_DEVICES": "0"}),
+    (3, {}, True, {"HIP_VISIBLE_DEVICES": "3"}),
+    (1, {"HIP_VISIBLE_DEVICES": "4,6"}, True, {"HIP_VISIBLE_DEVICES": "6"}),
+    (0, {"HIP_VISIBLE_DEVICES": " 5 , 7"}, True, {"HIP_VISIBLE_DEVICES": "5"}),
+    # HIP honours CUDA_VISIBLE_DEVICES when its own variable is unset; only HIP's is narrowed
+    (1, {"CUDA_VISIBLE_DEVICES": "2,3"}, True, {"HIP_VISIBLE_DEVICES": "3"}),
+    (0, {"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, True, {"HIP_VISIBLE_DEVICES": "1"}),
+    # ROCr narrows first and HIP indexes into what it leaves: a relative index, never ROCr's physical id
+    (1, {"ROCR_VISIBLE_DEVICES": "4,5"}, True, {"HIP_VISIBLE_DEVICES": "1"}),
+    (0, {"ROCR_VISIBLE_DEVICES": "4,5", "HIP_VISIBLE_DEVICES": "1,0"}, True, {"HIP_VISIBLE_DEVICES": "1"}),
+    (1, {"HIP_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, True, {"HIP_VISIBLE_DEVICES": "GPU-bb"}),
+    (0, {}, False, {"CUDA_VISIBLE_DEVICES": "0"}),
+    (1, {"CUDA_VISIBLE_DEVICES": "2,3"}, False, {"CUDA_VISIBLE_DEVICES": "3"}),
+    (0, {"HIP_VISIBLE_DEVICES": "5"}, False, {"CUDA_VISIBLE_DEVICES": "0"}),  # CUDA ignores HIP's variable
+])
+def test_visible_devices_env(index, environ, rocm, expected):
+    assert visible_devices_env(index, environ, rocm) == expected
+
+
+@pytest.mark.parametrize("index, environ, rocm, message", [
+    (2, {"HIP_VISIBLE_DEVICES": "0,1"}, True, "HIP_VISIBLE_DEVICES='0,1' leaves 2 device(s)"),
+    (2, {"ROCR_VISIBLE_DEVICES": "4,5"}, True, "ROCR_VISIBLE_DEVICES='4,5' leaves 2"),
+    (0, {"CUDA_VISIBLE_DEVICES": ""}, False, "leaves 0 device(s)"),
+    (-1, {}, True, "expected an int >= 0"),
+])
+def test_visible_devices_env_errors(index, environ, rocm, message):
+    with pytest.raises(ValueError, match="device index") as err:
+        visible_devices_env(index, environ, rocm)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("fake_rocm", [{"device_count": 4}], indirect=True)
+def test_live_worker_is_pinned_and_measures_in_the_interpreter(fake_rocm, monkeypatch, tmp_path):
+    from rocmflash.live import LiveRunner, LiveSettings
+    from rocmflash.roofline import Shape
+
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "2,3")  # HIP's list wins over CUDA's on ROCm
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
+    shape = Shape(batch=2, heads_q=2, heads_kv=1, seqlen_q=48, seqlen_k=48, head_dim=32, dtype="fp16", causal=True)
+    cfg = KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2)
+    with LiveRunner(LiveSettings(timeout_s=60), triton_cache_dir=str(tmp_path / "triton"), device_index=1) as runner:
+        result = runner.measure(cfg, shape)
+    assert runner.device == "AMD Instinct MI250X / MI250"
+    assert result["status"] == "ok", result
+    # the worker sees the 2nd visible device through HIP's variable; CUDA's is left as the user set it
+    assert result["device_env"] == {"HIP_VISIBLE_DEVICES": "3", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert result["interpreted"] and result["rel_err"] < 1e-2
+    assert len(result["times_ms"]) == 3 and result["median_ms"] > 0 and result["tflops"] > 0
+
+
+# ====================================================================== SDPA backends
+def test_sdpa_backends_per_platform():
+    assert sdpa_backends(rocm=True) == ["flash", "efficient"]
+    assert sdpa_backends(rocm=False) == ["flash", "cudnn", "efficient"]
+    assert "NVIDIA-only" in missing_sdpa_backend("cudnn", rocm=True)
+    assert sdpa_backends() == ["flash", "cudnn", "efficient"]  # this CPU build of torch is not ROCm
+
+
+def test_benchmarks_never_pick_cudnn_on_rocm(fake_rocm, monkeypatch):
+    assert sdpa_backends() == ["flash", "efficient"]
+    q = torch.randn(1, 2, 32, 32)
+    attention = _bench("attention")
+    runs = attention.sdpa_runs(q, q, q, False)
+    assert list(runs) == [f"sdpa_{b}" for b in SDPA_BACKENDS]
+    assert isinstance(runs["sdpa_cudnn"], str) and runs["sdpa_cudnn"].startswith("skipped: cuDNN")
+    assert callable(runs["sdpa_flash"]) and callable(runs["sdpa_efficient"])
+    torch.testing.assert_close(runs["sdpa_flash"](), torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert attention.timed("sdpa_cudnn", runs["sdpa_cudnn"], q, q, q, False, torch.float32,
+                           (1, 2, 32, 32)) == (None, runs["sdpa_cudnn"])
+    # e2e: one SDPA backward row per backend; cuDNN's is skipped, never run
+    monkeypatch.setattr("triton.testing.do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+    qs = torch.randn(1, 2, 32, 32, dtype=torch.bfloat16)
+    rows = {r["impl"].split()[1]: r for r in _bench("e2e").sdpa_backward_rows(qs, qs, qs, qs, 1e9)}
+    assert list(rows) == list(SDPA_BACKENDS)
+    assert rows["cudnn"]["error"].startswith("skipped: cuDNN") and rows["cudnn"]["ms"] is None
+    assert rows["flash"]["ms"] == 1.0  # CPU torch has a flash kernel
+
+
+# ====================================================================== launches
+def _launch_small(config):
+    import rocmflash
+
+    q = torch.randn(1, 2, 32, 64, dtype=torch.float16)
+    with observe_launches() as launches:
+        out = rocmflash.attention(q, q, q, config=config)
+    assert torch.isfinite(out).all()
+    return launches
+
+
+def test_amd_options_reach_the_launch_on_rocm(fake_rocm):
+    cfg = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2, matrix_instr_nonkdim=16,
+                       kpack=2)
+    (launch,) = _launch_small(cfg)
+    assert launch["backend"] == "hip" and launch["interpreted"]
+    assert launch["options"]["waves_per_eu"] == 2 and launch["options"]["matrix_instr_nonkdim"] == 16
+    assert launch["options"]["kpack"] == 2 and launch["options"]["num_warps"] == 4
+
+
+def test_no_amd_options_on_cuda(interpret):
+    cfg = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2)
+    (launch,) = _launch_small(cfg)
+    assert launch["backend"] == "cuda"
+    assert not set(AMD_ONLY_OPTIONS) & set(launch["options"]) and launch["options"]["num_warps"] == 4
+
+
+# ====================================================================== the tune, through the CLI
+def _tiny_space(gpu, variants=None):
+    """4 online configs (the default AMD space has hundreds: minutes of compiling on 2 cores).
+
+    For D=64 on gfx90a (Triton 3.6) the two 64x64 configs survive the pruner and the two
+    64x32 ones are cliff victims (8 VGPRs past the 96 cliff).
+    """
+    from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+
+    return ConfigSpace({"online": {"BLOCK_M": [64], "BLOCK_N": [32, 64], "num_warps": [4], "num_stages": [1],
+                                   "waves_per_eu": [4], "matrix_instr_nonkdim": [16], "kpack": [1, 2]}},
+                       DEFAULT_RESTRICTIONS)
+
+
+def _amd_options(d: dict) -> tuple:
+    return d["waves_per_eu"], d["matrix_instr_nonkdim"], d["kpack"]
+
+
+def test_cli_tune_mi250_measures_and_builds_gfx90a(fake_rocm, tmp_path, monkeypatch, capsys):
+    from isa_tools import iter_kernels
+
+    from rocmflash.cli import main
+    from rocmflash.compile import ObservationCache
+
+    monkeypatch.setattr("rocmflash.space.default_space", _tiny_space)
+    db_path, cache = tmp_path / "mi250.json", tmp_path / "cache"
+    code = main(["tune", "--gpu", "mi250", "--head-dim", "64", "--dtype", "fp16", "--seqlen", "128", "--heads", "2",
+                 "--batch", "1", "--top-k", "2", "--db", str(db_path), "--cache-dir", str(cache), "--workers", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "timed 2 config(s)" in out and "Nothing was benchmarked" not in out, out
+    entry = D.ConfigDB.read(str(db_path))["entries"]["d64-fp16-full-gqa1-s128"]
+    assert entry["measured"] is True and entry["complete"], entry
+    # interpreter timings are recorded as such and never served at run time
+    assert entry["timing"] == "interpreter" and "interpreter" in entry["note"]
+    assert D.lookup("mi250", 64, "fp16", False, 1, 128, measured_only=True, db_path=str(db_path)) is None
+    assert entry["counts"]["space"] == 4 and entry["counts"]["timed"] == entry["counts"]["ok"] == 2, entry["counts"]
+    journal = D.Journal(D.journal_path(str(db_path)), "mi250").records
+    assert [r["status"] for r in journal] == ["ok", "ok"] and all(r["rel_err"] < 1e-2 for r in journal), journal
+    timed = sorted(_amd_options(r["config"]) for r in journal)
+    assert timed == [(4, 16, 1), (4, 16, 2)] and _amd_options(entry["best"]) in timed
+    # pre-warm cross-compiled every timed config for the active target, as a live launch would build it
+    built = list(iter_kernels([os.path.join(ObservationCache(str(cache)).root, "live-triton")]))  # as tune() puts it
+    for kernel, meta in built:
+        assert kernel.arch == "gfx90a" and kernel.wavefront_size == 64 and meta.extra["arch"] == "gfx90a"
+        assert meta.num_warps == 4 and meta.extra["num_stages"] == 1
+    assert sorted(_amd_options(meta.extra) for _, meta in built) == timed
+
+
+# ====================================================================== run-time selection
+def test_selection_reads_measured_mi250_db(fake_rocm, tmp_path, monkeypatch):
+    tuned = KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=1, waves_per_eu=3, kpack=2)
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
+    store = D.ConfigDB.open(str(tmp_path / "mi250.json"), "mi250", "gfx90a", D.environment("AMD Instinct MI250X / MI250"))
+    store.put(D.problem_key(64, "fp16", False, 1, 128), {"best": tuned.to_dict(), "measured": True, "tflops": 1.0})
+    store.save()
+    D.clear_cache()
+    cpu = torch.device("cpu")
+    assert selection.device_identity(cpu) == ("mi250", "gfx90a")
+    assert selection.select_config(cpu, 64, torch.float16, False, 1, 100, 100) == tuned
+    assert selection.selection_source(cpu, 64, torch.float16, False, 1, 100) == "db"
+    # the op selects the same entry at run time and launches it with its AMD options
+    (launch,) = _launch_small(None)
+    assert launch["backend"] == "hip" and launch["options"]["num_warps"] == 2
+    assert launch["options"]["waves_per_eu"] == 3 and launch["options"]["kpack"] == 2
