@@ -144,7 +144,8 @@ def database_summary(path: str) -> dict:
             info["error"] = str(err)
         else:
             info["entries"] = len(entries)
-            info["measured"] = sum(1 for e in entries.values() if isinstance(e, dict) and e.get("measured"))
+            info["measured"] = sum(1 for e in entries.values()
+                                   if isinstance(e, dict) and e.get("measured") and e.get("timing") != "interpreter")
     return info
 
 
@@ -428,7 +429,7 @@ def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant
     target = seqlen_bucket(seqlen).bit_length()
     # nearest bucket first (ties: the larger), then the user's file before the shipped one
     for bucket, _, entry in sorted(candidates, key=lambda c: (abs(c[0].bit_length() - target), -c[0], c[1])):
-        if measured_only and not entry.get("measured"):
+        if measured_only and (not entry.get("measured") or entry.get("timing") == "interpreter"):
             continue
         cfg = _pick(entry, variant)
         if cfg is not None:

@@ -309,6 +309,10 @@ def measured_entry(gpu: GPU, shape: Shape, records: list, static: StaticResult, 
              "complete": complete, "best": None, "tflops": None, "time_ms": None, "near_best": [],
              "near_best_pct": NEAR_BEST_PCT, "best_per_variant": {}, "roofline": roof.to_dict(), "efficiency": None,
              "counts": counts, "when": now_iso(), "fingerprint": env}
+    if any(r.get("interpreted") for r in records):
+        entry["timing"] = "interpreter"
+        entry["note"] = ("timed in Triton's CPU interpreter (TRITON_INTERPRET=1) at a tiny shape: the ranking says "
+                         "nothing about GPU speed, and run-time selection ignores this entry")
     if ok:
         best = ok[0]
         entry.update(best=best["config"], tflops=round(best["tflops"], 2), time_ms=round(best["median_ms"], 5),
@@ -445,6 +449,10 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
     jpath = journal_path(db_path) if measuring else None
     space = spec.space or default_space(gpu, spec.variants)
     out = _Output(console, progress)
+    if own_runner:
+        match = identify_live_device()
+        if match is not None and match.problem:  # e.g. an unnamed board that fits two targets
+            out.note(f"live GPU: {match.describe()}")
     lock = tune_lock(db_path)
     outcomes: list[ProblemOutcome] = []
     interrupted = False
@@ -462,7 +470,11 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
             from rocmflash.live import LiveRunner
 
             triton_cache = os.path.join(ObservationCache(spec.cache_dir or default_cache_dir()).root, "live-triton")
-            runner = LiveRunner(spec.live_settings, triton_cache_dir=triton_cache, prewarm_workers=spec.workers)
+            import torch
+
+            # the device identify_live_device() resolved: the current one, pinned in the workers
+            runner = LiveRunner(spec.live_settings, triton_cache_dir=triton_cache, prewarm_workers=spec.workers,
+                                device_index=torch.cuda.current_device())
         inject = dict(spec.inject)
         for seqlen in spec.seqlens:
             shape = spec.shape(seqlen)
@@ -511,8 +523,10 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
                                   "verdict": "kept" if cand.kept else "pruned", "reason": cand.reason,
                                   "when": now_iso(), "injected": mode}
                         for field in ("status", "median_ms", "times_ms", "tflops", "rel_err", "error", "wall_s",
-                                      "worker_s", "gate_s"):
+                                      "worker_s", "gate_s", "device_env"):
                             record[field] = result.get(field)
+                        if result.get("interpreted"):  # CPU interpreter timings (CI): never a GPU's
+                            record.update(interpreted=True, timed_shape=result.get("timed_shape"))
                         journal.append(record)
                         outcome.timed_now += 1
                         if record["status"] == "ok" and (best is None or record["tflops"] > best):

@@ -36,9 +36,9 @@ def test_unknown_json_key_is_an_error_not_dropped():
 def test_compile_options_per_backend():
     cfg = KernelConfig(waves_per_eu=2, kpack=2, schedule_hint="memory-bound-attention")
     hip = cfg.compile_options("hip")
-    assert hip == dict(num_warps=4, num_stages=1, waves_per_eu=2, matrix_instr_nonkdim=0, kpack=2,
-                       schedule_hint="memory-bound-attention")
-    assert cfg.compile_options("cuda") == dict(num_warps=4, num_stages=1)
+    assert hip == dict(num_warps=4, num_stages=1, enable_fp_fusion=True, waves_per_eu=2, matrix_instr_nonkdim=0,
+                       kpack=2, schedule_hint="memory-bound-attention")
+    assert cfg.compile_options("cuda") == dict(num_warps=4, num_stages=1, enable_fp_fusion=True)
     with pytest.raises(ValueError, match="backend"):
         cfg.compile_options("metal")
 

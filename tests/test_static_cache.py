@@ -108,5 +108,6 @@ def test_cache_key_covers_every_forward_kernel_source():
     from rocmflash.compile import FORWARD_SOURCES
 
     root = os.path.dirname(rocmflash.__file__)
-    imported = {os.path.relpath(f, root) for f in files} - {"__init__.py", "gpus.py"}
+    # the catalog and the torch/Triton version check shape no kernel
+    imported = {os.path.relpath(f, root) for f in files} - {"__init__.py", "gpus.py", "compat.py"}
     assert imported <= set(FORWARD_SOURCES), imported - set(FORWARD_SOURCES)
