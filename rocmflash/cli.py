@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prune configs below W waves/SIMD (default 2 on AMD, 1 warp/scheduler on NVIDIA)")
     report.add_argument("--cliff-margin", type=int, default=16, metavar="V",
                         help="a config at most V VGPRs past a cliff that costs it waves is a cliff victim (default 16)")
+    report.add_argument("--reference", action="store_true",
+                        help="also compile the AMD-published forward configs for the GPU's arch "
+                             "(rocmflash/reference/amd_published.json) and show their registers, verdict and static "
+                             "rank next to the static #1; adds a 'Reference configs' section to report.md "
+                             "(with --json: prints {\"configs\": [...], \"reference\": [...]})")
+    report.add_argument("--reference-file", metavar="PATH", default=None,
+                        help="a reference file of the same format to use instead of the packaged one "
+                             "(implies --reference)")
 
     from rocmflash.cli_tune import add_tune_parsers
 

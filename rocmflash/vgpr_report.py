@@ -29,19 +29,40 @@ class ReportResult:
     stats: SweepStats
     out_dir: Optional[str]
     seed: list
+    reference: object = None  #: a reference_report.ReferenceResult when --reference was given
 
 
 def run(gpu: GPU, problem: Problem, variants=None, out_dir: Optional[str] = None, cache_dir=None,
         workers=None, settings: PruneSettings = PruneSettings(), console=None, progress=True,
-        command: str = "") -> ReportResult:
-    """Sweep the default space for ``gpu``/``problem``, prune it, and write the report files."""
+        command: str = "", reference: bool = False, reference_file: Optional[str] = None) -> ReportResult:
+    """Sweep the default space for ``gpu``/``problem``, prune it, and write the report files.
+
+    ``reference``: also place the AMD-published configs for the arch (``reference_file``,
+    default the packaged one) in the same pipeline (:mod:`rocmflash.reference_report`).
+    """
+    refs = _reference_entries(gpu, problem, reference_file) if reference else None  # a bad file fails first
     configs = default_space(gpu, variants).configs(problem, gpu)
     observations, stats = _sweep_with_progress(configs, problem, gpu, cache_dir, workers, console, progress)
     rows = rows_from_sweep(configs, observations, prune(observations, settings))
     seed = seed_case_study(cache_dir, workers)
+    ref = None
+    if reference:
+        from rocmflash import reference_report
+
+        ref = reference_report.compare(gpu, problem, variants, cache_dir, workers, settings, refs=refs)
     if out_dir:
-        write_report(rows, stats, seed, gpu, problem, settings, out_dir, command)
-    return ReportResult(rows, stats, out_dir, seed)
+        extra = [reference_report.markdown(ref)] if ref is not None else []
+        write_report(rows, stats, seed, gpu, problem, settings, out_dir, command, extra)
+    return ReportResult(rows, stats, out_dir, seed, ref)
+
+
+def _reference_entries(gpu: GPU, problem: Problem, reference_file: Optional[str]) -> list:
+    """The forward reference entries for the GPU's arch that admit the problem's head dim (validated)."""
+    from rocmflash.reference import load, select
+
+    if gpu.vendor != "amd":
+        raise ValueError(f"--reference compares AMD-published configs; {gpu.name} is {gpu.vendor} ({gpu.arch})")
+    return select(load(reference_file), arch=gpu.arch, pass_="fwd", problem=problem, strict=False)
 
 
 def _sweep_with_progress(configs, problem, gpu, cache_dir, workers, console, progress):
@@ -98,13 +119,16 @@ def default_out_dir(gpu: GPU, problem: Problem) -> str:
     return os.path.join("reports", name)
 
 
-def write_report(rows, stats, seed, gpu, problem, settings, out_dir, command) -> None:
-    """CSV of every config, a markdown report and a PNG plot under ``out_dir`` (created)."""
+def write_report(rows, stats, seed, gpu, problem, settings, out_dir, command, extra_sections=()) -> None:
+    """CSV of every config, a markdown report and a PNG plot under ``out_dir`` (created).
+
+    ``extra_sections``: markdown appended after the variant comparison (e.g. the reference configs).
+    """
     os.makedirs(out_dir, exist_ok=True)
     write_csv(rows, os.path.join(out_dir, "configs.csv"))
     title = f"{gpu.name} ({gpu.arch}) D={problem.head_dim} {problem.dtype}" + (" causal" if problem.causal else "")
     plot_vgprs(rows, gpu.arch, os.path.join(out_dir, "vgprs.png"), title)
-    text = markdown(rows, stats, seed, gpu, problem, settings, command)
+    text = markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections)
     tmp = os.path.join(out_dir, ".report.md.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -120,7 +144,7 @@ def _md_table(records: list[dict], keys=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown(rows, stats, seed, gpu, problem, settings, command) -> str:
+def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=()) -> str:
     import triton
 
     counts = reason_counts(rows)
@@ -153,6 +177,7 @@ def markdown(rows, stats, seed, gpu, problem, settings, command) -> str:
         "Allocated VGPRs (spills) → waves/SIMD, `waves_per_eu=0`, no PRE_LOAD_V:\n",
         _md_table(variant_comparison(rows)),
         "\n![allocated VGPRs per config](vgprs.png)\n",
+        *extra_sections,
         seed_markdown(seed),
         "\nEvery config is in `configs.csv` (keys: " + ", ".join(ROW_KEYS) + ", ...).\n",
     ]
@@ -210,11 +235,23 @@ def main(args, command: str) -> int:
     settings = PruneSettings(occupancy_floor=args.occupancy_floor, cliff_margin=args.cliff_margin)
     console = make_console(stderr=args.json)
     out_dir = args.out or default_out_dir(gpu, problem)
+    reference = bool(getattr(args, "reference", False) or getattr(args, "reference_file", None))
     result = run(gpu, problem, args.variant, out_dir, args.cache_dir, args.workers, settings, console,
-                 progress=sys.stderr.isatty() or not args.json, command=command)
+                 progress=sys.stderr.isatty() or not args.json, command=command, reference=reference,
+                 reference_file=getattr(args, "reference_file", None))
     if args.json:
-        print(json_rows(result.rows))
+        if result.reference is None:
+            print(json_rows(result.rows))
+        else:
+            from rocmflash.reference_report import to_records
+
+            print(json.dumps({"configs": json.loads(json_rows(result.rows)),
+                              "reference": to_records(result.reference)}, indent=1))
         return 0
     print_table(result.rows, console, f"{gpu.name} ({gpu.arch}) D={problem.head_dim} {problem.dtype}", limit=60)
     print_summary(result, console, gpu)
+    if result.reference is not None:
+        from rocmflash.reference_report import print_table as print_reference
+
+        print_reference(result.reference, console)
     return 0
