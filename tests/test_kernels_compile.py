@@ -48,7 +48,10 @@ def test_compile_non_pow2_head_dim_split_spills_less_than_padding(D):
     mod = get_variant("online")
     split = _amd_regs(mod.compile_for("gfx942", cfg, prob)[0])
     padded = _amd_regs(mod.compile_for("gfx942", cfg.replace(pad_head_dim=True), prob)[0])
-    assert split["vgpr_spill_count"] < padded["vgpr_spill_count"]
+    if padded["vgpr_spill_count"] > 0:  # Triton 3.6's LLVM: padding spills, the split spills less
+        assert split["vgpr_spill_count"] < padded["vgpr_spill_count"]
+    else:  # newer LLVMs (Triton 3.7+) fit both: the split must not be the one that spills
+        assert split["vgpr_spill_count"] == 0
 
 
 def test_split_d_shrinks_the_accumulator_on_gfx942():
