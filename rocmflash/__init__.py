@@ -15,7 +15,9 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups are plain attribute reads (no per-call import machinery)
+        return value
     raise AttributeError(f"module 'rocmflash' has no attribute {name!r}")
 
 

@@ -100,10 +100,11 @@ def _resolve_config(config, variant: str, head_dim: int, device) -> KernelConfig
 
 
 def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None):
-    """Validate shapes, resolve an explicit config, run the ``rocmflash::attn_fwd`` torch op.
+    """Validate shapes, resolve an explicit config, run the attention (:func:`rocmflash.ops.attention_forward`).
 
-    The op is differentiable (Triton backward) and has a fake implementation, so this
-    path works under autograd and ``torch.compile``. Without a config the op selects one
+    Eager calls on plain tensors skip the dispatcher; traced ones use the ``rocmflash::attn_fwd``
+    op, which is differentiable and has a fake implementation, so this path works under
+    autograd and ``torch.compile``. Without a config the op selects one
     at run time (:func:`rocmflash.selection.select_config`: the live GPU's database
     entry, else the per-arch default; cached).
     """
@@ -113,12 +114,11 @@ def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None):
     if config is None:
         if variant not in VARIANTS:
             raise ValueError(f"variant={variant!r} is unknown; expected one of {VARIANTS}")
-        cfg_json = ""
     else:
-        cfg_json = _resolve_config(config, variant, D, q.device).to_json()
-    from rocmflash import ops  # noqa: F401  (registers torch.ops.rocmflash)
+        config = _resolve_config(config, variant, D, q.device)
+    from rocmflash.ops import attention_forward
 
-    o, lse = torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), scale, variant, cfg_json)
+    o, lse = attention_forward(q, k, v, bool(causal), scale, variant, config, need_lse=return_lse)
     if out is not None:
         out.copy_(o)
         o = out

@@ -26,6 +26,8 @@ here is the thin differentiable entry used by the API, :mod:`rocmflash.sdpa` and
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from typing import Optional
 
@@ -44,29 +46,35 @@ def _lse_empty(q: torch.Tensor) -> torch.Tensor:
     return torch.empty((B, H, S), dtype=torch.float32, device=q.device)
 
 
+_NO_SWITCH = contextlib.nullcontext()
+
+
 def _device_ctx(t):
-    if t.device.type == "cuda":
+    """Make ``t``'s GPU current for the launch; nothing to do (the common case) when it already is."""
+    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
         return torch.cuda.device(t.device)
-    import contextlib
-
-    return contextlib.nullcontext()
+    return _NO_SWITCH
 
 
-# ----------------------------------------------------------------------------- forward op
-@torch.library.custom_op("rocmflash::attn_fwd", mutates_args=())
-def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-             variant: str, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+# ----------------------------------------------------------------------------- implementations
+@functools.lru_cache(maxsize=1024)
+def _config_from_json(config: str) -> KernelConfig:
+    return KernelConfig.from_json(config)
+
+
+def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Optional[KernelConfig],
+                  need_lse: bool = True):
+    """Allocate, select a config if none is given, launch; ``(out, lse or None)``."""
     from rocmflash.kernels import get_variant
 
     out = _fresh_out(q)
-    lse = _lse_empty(q)
+    lse = _lse_empty(q) if need_lse else None
     if out.numel() == 0 or k.shape[2] == 0:  # nothing to launch: no rows, or no keys to attend
         out.zero_()
-        lse.fill_(float("-inf"))
+        if lse is not None:
+            lse.fill_(float("-inf"))
         return out, lse
-    if config:
-        cfg = KernelConfig.from_json(config)
-    else:
+    if cfg is None:
         from rocmflash.selection import select_config
 
         cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1],
@@ -74,6 +82,22 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     with _device_ctx(q):
         get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse)
     return out, lse
+
+
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
+    from rocmflash.kernels.backward import backward
+    from rocmflash.selection import select_bwd_config
+
+    cfg = select_bwd_config(q.device, q.shape[3])
+    with _device_ctx(q):
+        return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
+
+
+# ----------------------------------------------------------------------------- forward op
+@torch.library.custom_op("rocmflash::attn_fwd", mutates_args=())
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+             variant: str, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, scale, variant, _config_from_json(config) if config else None)
 
 
 @attn_fwd.register_fake
@@ -86,12 +110,7 @@ def _attn_fwd_fake(q, k, v, causal, scale, variant, config):
 def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from rocmflash.kernels.backward import backward
-    from rocmflash.selection import select_bwd_config
-
-    cfg = select_bwd_config(q.device, q.shape[3])
-    with _device_ctx(q):
-        return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
+    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale)
 
 
 @attn_bwd.register_fake
@@ -119,14 +138,65 @@ def _backward(ctx, dout, dlse):
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ----------------------------------------------------------------------------- eager fast path
+class _EagerAttention(torch.autograd.Function):
+    """The op's autograd formula without the dispatcher, for plain tensors in eager mode."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, variant, cfg):
+        out, lse = _forward_impl(q, k, v, causal, scale, variant, cfg)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        ctx.set_materialize_grads(False)  # an unused LSE gives dlse=None, not a tensor of zeros
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def _needs_dispatcher(q, k, v) -> bool:
+    """Whether this call must go through the torch op: tracing, tensor subclasses, modes, functorch.
+
+    Everything else (plain tensors in eager mode, the common case) skips the dispatcher,
+    which costs more host time per call than rocmflash's own launch path.
+    """
+    if torch.compiler.is_compiling() or not (type(q) is torch.Tensor and type(k) is torch.Tensor
+                                             and type(v) is torch.Tensor):
+        return True
+    if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
+        return True
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "online",
+                      config: Optional[KernelConfig] = None, need_lse: bool = True):
+    """``(out, lse)`` of validated tensors, differentiable; ``lse`` is None when not needed and no grad flows.
+
+    Plain eager calls run the implementation directly (an autograd Function when a gradient
+    is needed); traced, subclassed or mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``.
+    """
+    if _needs_dispatcher(q, k, v):
+        return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
+                                            config.to_json() if config is not None else "")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, bool(causal), float(scale), variant, config)
+    return _forward_impl(q, k, v, bool(causal), float(scale), variant, config, need_lse)
+
+
 # ----------------------------------------------------------------------------- entry point
 def attention_op(q, k, v, causal: bool = False, scale: Optional[float] = None, variant: str = "online",
-                 config: Optional[KernelConfig] = None):
-    """``(out, lse)`` through the custom op (differentiable; no input validation here)."""
+                 config: Optional[KernelConfig] = None, need_lse: bool = True):
+    """``(out, lse)`` (differentiable; no input validation here); see :func:`attention_forward`."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    cfg = config.to_json() if config is not None else ""
-    return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant, cfg)
+    return attention_forward(q, k, v, causal, scale, variant, config, need_lse)
 
 
-__all__ = ["attn_fwd", "attn_bwd", "attention_op"]
+__all__ = ["attn_fwd", "attn_bwd", "attention_op", "attention_forward"]

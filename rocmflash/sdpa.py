@@ -109,7 +109,7 @@ def _make_wrapper(original):
 
             _STATS["routed"] += 1
             out, _ = attention_op(query, key, value, causal=is_causal,
-                                  scale=None if scale is None else float(scale))
+                                  scale=None if scale is None else float(scale), need_lse=False)
             return out
         _STATS["fallback"] += 1
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

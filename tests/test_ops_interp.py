@@ -133,3 +133,57 @@ def test_dynamo_fullgraph_traces_api_and_patched_sdpa():
             assert torch.allclose(sd(q, k, v), eager)
     finally:
         torch._dynamo.reset()
+
+
+def test_eager_fast_path_skips_the_dispatcher_and_matches_the_op(monkeypatch):
+    """Plain eager tensors run the implementation directly; results and gradients equal the op's."""
+    calls = {"impl": 0, "eager_fn": 0}
+    impl, apply = rocmflash.ops._forward_impl, rocmflash.ops._EagerAttention.apply
+
+    def counting_impl(*args, **kwargs):
+        calls["impl"] += 1
+        return impl(*args, **kwargs)
+
+    def counting_apply(*args):
+        calls["eager_fn"] += 1
+        return apply(*args)
+
+    monkeypatch.setattr(rocmflash.ops, "_forward_impl", counting_impl)
+    monkeypatch.setattr(rocmflash.ops._EagerAttention, "apply", counting_apply)
+    q, k, v = _qkv(dtype=torch.bfloat16, grad=True)
+    cfg = KernelConfig.from_json(CFG)
+    out, lse = rocmflash.attention(q, k, v, causal=True, config=cfg, return_lse=True)
+    assert calls == {"impl": 1, "eager_fn": 1}
+    do, dlse = torch.randn_like(out), torch.randn_like(lse)
+    fast = torch.autograd.grad((out, lse), (q, k, v), (do, dlse))
+    o_op, lse_op = torch.ops.rocmflash.attn_fwd(q, k, v, True, 1 / math.sqrt(q.shape[-1]), "online", CFG)
+    assert calls["eager_fn"] == 1  # the op went through the dispatcher, not the fast path's Function
+    slow = torch.autograd.grad((o_op, lse_op), (q, k, v), (do, dlse))
+    assert torch.equal(out, o_op) and torch.equal(lse, lse_op)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+    with torch.no_grad():  # no gradient: no autograd Function, and no LSE is allocated unless asked
+        rocmflash.attention(q, k, v, config=cfg)
+    assert calls["eager_fn"] == 1
+
+
+def test_subclasses_and_modes_still_use_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv(dtype=torch.float16)
+    with Record() as mode:
+        rocmflash.attention(q, k, v, config=KernelConfig.from_json(CFG))
+    assert any("rocmflash.attn_fwd" in name for name in mode.ops), mode.ops
+    with FakeTensorMode() as fake:
+        fq, fk, fv = (fake.from_tensor(t) for t in (q, k, v))
+        out = rocmflash.attention(fq, fk, fv)  # a fake tensor never reaches a kernel
+    assert out.shape == q.shape

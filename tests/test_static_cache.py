@@ -4,7 +4,7 @@ import json
 import multiprocessing
 import os
 
-from rocmflash.compile import ObservationCache, fingerprint, sweep
+from rocmflash.compile import CACHE_SCHEMA, ObservationCache, fingerprint, sweep
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.gpus import get_gpu
 
@@ -14,7 +14,7 @@ CONFIGS = [KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4), KernelConfig(BLOCK
 
 
 def _entries(cache_dir):
-    return [os.path.join(root, f) for root, _, files in os.walk(os.path.join(cache_dir, "static-v1"))
+    return [os.path.join(root, f) for root, _, files in os.walk(os.path.join(cache_dir, f"static-v{CACHE_SCHEMA}"))
             for f in files if f.endswith(".json")]
 
 
@@ -100,14 +100,14 @@ def test_cache_key_covers_every_forward_kernel_source():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom rocmflash.kernels import registry\nregistry()\n"
-            "print('\\n'.join(m.__file__ for n, m in sys.modules.items() "
+    # paths relative to the child's own rocmflash (an installed wheel or this checkout, whichever it imports)
+    code = ("import os, sys, rocmflash\nfrom rocmflash.kernels import registry\nregistry()\n"
+            "root = os.path.dirname(rocmflash.__file__)\n"
+            "print('\\n'.join(os.path.relpath(m.__file__, root) for n, m in sys.modules.items() "
             "if n.startswith('rocmflash.') and getattr(m, '__file__', None)))")
     files = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    import rocmflash
     from rocmflash.compile import FORWARD_SOURCES
 
-    root = os.path.dirname(rocmflash.__file__)
     # the catalog and the torch/Triton version check shape no kernel
-    imported = {os.path.relpath(f, root) for f in files} - {"__init__.py", "gpus.py", "compat.py"}
+    imported = set(files) - {"__init__.py", "gpus.py", "compat.py"}
     assert imported <= set(FORWARD_SOURCES), imported - set(FORWARD_SOURCES)

@@ -103,7 +103,7 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     from rocmflash.ops import attention_op
 
     scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    out, _ = attention_op(query, key, value, causal=is_causal, scale=scale)
+    out, _ = attention_op(query, key, value, causal=is_causal, scale=scale, need_lse=False)
     # (B, H, S, D) -> (B, S, H, D); free when q was a transposed (B, S, H, D) projection
     return out.transpose(1, 2).contiguous(), None
 

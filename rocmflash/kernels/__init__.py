@@ -19,11 +19,17 @@ from rocmflash.config import VARIANTS  # noqa: E402
 _MODULES = {name: f"rocmflash.kernels.{name}" for name in VARIANTS}
 
 
+_LOADED: dict = {}
+
+
 def get_variant(name: str):
     """The kernel module of a variant (``online``, ``split_kv``, ``two_phase``, ``split_d``)."""
-    if name not in _MODULES:
-        raise ValueError(f"variant={name!r} is unknown; expected one of {tuple(_MODULES)}")
-    return importlib.import_module(_MODULES[name])
+    module = _LOADED.get(name)
+    if module is None:
+        if name not in _MODULES:
+            raise ValueError(f"variant={name!r} is unknown; expected one of {tuple(_MODULES)}")
+        module = _LOADED[name] = importlib.import_module(_MODULES[name])
+    return module
 
 
 def registry() -> dict:

@@ -34,6 +34,7 @@ head dims pay for the padding (the forward's two-piece split is not used here).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -346,6 +347,23 @@ def _strides(t):
     return tuple(t.stride())
 
 
+#: the delta/LSE preprocessing kernel's config, by whether the head-dim block is <= 128
+_PREPROCESS_CFG = {True: KernelConfig(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1),
+                   False: KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)}
+_STRIDE_NAMES = {p: tuple(f"stride_{p}{c}" for c in ("z", "h", "m" if p in ("q", "do", "dq") else "n", "d"))
+                 for p in ("q", "k", "v", "do", "dq", "dk", "dv")}
+
+
+def _named_strides(prefix: str, strides) -> dict:
+    """``{"stride_qz": ..., "stride_qh": ..., "stride_qm": ..., "stride_qd": ...}`` (names built once)."""
+    return dict(zip(_STRIDE_NAMES[prefix], strides))
+
+
+@functools.lru_cache(maxsize=256)
+def _validated(config: "BwdConfig") -> "BwdConfig":
+    return config.validate()
+
+
 def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
              config: Optional[BwdConfig] = None, dq=None, dk=None, dv=None):
     """dQ, dK, dV of ``out = attention(q, k, v)`` given ``dO`` (and optionally dLSE).
@@ -359,7 +377,7 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     check_head_dim(D)
     if config is None:
         config = default_bwd_config(None, D)
-    config.validate()
+    _validated(config)
     dq = empty_like_layout(q) if dq is None else dq
     dk = empty_like_layout(k) if dk is None else dk
     dv = empty_like_layout(v) if dv is None else dv
@@ -373,7 +391,7 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     dlse_t = dlse.to(torch.float32).contiguous() if has_dlse else delta
     backend = C.torch_backend()
     BD = block_d(D)
-    pre_cfg = KernelConfig(BLOCK_M=64 if BD <= 128 else 32, BLOCK_N=16, num_warps=4, num_stages=1)
+    pre_cfg = _PREPROCESS_CFG[BD <= 128]
     C.launch_kernel(
         _bwd_preprocess, (triton.cdiv(Sq, pre_cfg.BLOCK_M), B * Hq),
         dict(O=out, DO=do, LSE=lse, DLSE=dlse_t, Delta=delta, LSE2=lse2,
@@ -386,9 +404,7 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     common = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, Delta=delta, sm_scale=float(sm_scale), qk_scale=qk_scale)
     sq, sk, sv, sdo = _strides(q), _strides(k), _strides(v), _strides(do)
 
-    def named(prefix, s):
-        return {f"stride_{prefix}{c}": s[i] for i, c in enumerate(("z", "h", "m" if prefix in ("q", "do", "dq") else "n", "d"))}
-
+    named = _named_strides
     a = dict(common, DK=dk, DV=dv, **named("q", sq), **named("k", sk), **named("v", sv), **named("do", sdo),
              **named("dk", _strides(dk)), **named("dv", _strides(dv)),
              H_Q=Hq, H_KV=Hkv, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
@@ -414,9 +430,7 @@ def compile_for(target, config: BwdConfig, problem: Problem):
     P = C.Ptr
     BD = block_d(g.head_dim)
 
-    def named(prefix, s):
-        return {f"stride_{prefix}{c}": s[i] for i, c in enumerate(("z", "h", "m" if prefix in ("q", "do", "dq") else "n", "d"))}
-
+    named = _named_strides
     common = dict(Q=P(t), K=P(t), V=P(t), DO=P(t), LSE2=P("*fp32"), Delta=P("*fp32"), sm_scale=1.0, qk_scale=1.0)
     a1 = dict(common, DK=P(t), DV=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
               **named("v", g.v_strides), **named("do", g.q_strides), **named("dk", g.k_strides),

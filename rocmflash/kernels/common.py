@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import triton
 import triton.language as tl
@@ -238,9 +239,12 @@ def head_dim_pieces(head_dim: int, pad: bool = False) -> tuple[int, int]:
     return padded, 0
 
 
-@dataclasses.dataclass(frozen=True)
-class Geometry:
-    """Sizes and element strides of one attention call, from tensors or from a Problem."""
+class Geometry(NamedTuple):
+    """Sizes and element strides of one attention call, from tensors or from a Problem.
+
+    A named tuple, not a dataclass: one is built per launch, and a tuple is built in a
+    fraction of the time (host cost per call is part of what a user feels).
+    """
 
     batch: int
     heads_q: int
@@ -270,9 +274,16 @@ class Geometry:
     @classmethod
     def from_tensors(cls, q, k, v, o) -> "Geometry":
         B, Hq, Sq, D = q.shape
-        dt = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(q.dtype)]
-        return cls(B, Hq, k.shape[1], Sq, k.shape[2], D, dt,
-                   tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), tuple(o.stride()))
+        dt = _DTYPE_NAMES.get(q.dtype) or _dtype_name(q.dtype)
+        return cls(B, Hq, k.shape[1], Sq, k.shape[2], D, dt, q.stride(), k.stride(), v.stride(), o.stride())
+
+
+_DTYPE_NAMES: dict = {}  # torch dtype -> "fp16" / "bf16", filled on first use
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES[dtype] = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(dtype)]
+    return name
 
 
 class Ptr:
@@ -466,7 +477,7 @@ def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelC
     The compile options are chosen the same way in both modes (AMD-only names on ``hip``
     only); the interpreter has no compiler, so it is not given them.
     """
-    options = cfg.compile_options(backend)
+    options = compile_options(cfg, backend)
     interp = interpreting()
     for seen in _LAUNCH_OBSERVERS:
         seen.append({"kernel": fn.__name__, "backend": backend, "options": dict(options), "interpreted": interp})
@@ -485,11 +496,28 @@ def torch_backend() -> str:
     return "hip" if is_rocm() else "cuda"
 
 
-def dummy_lse(device):
-    """A 1-element fp32 buffer passed as LSE when the caller does not want it."""
-    import torch
+_DUMMY_LSE: dict = {}
 
-    return torch.empty(1, device=device, dtype=torch.float32)
+
+def dummy_lse(device):
+    """A 1-element fp32 buffer passed as LSE when the caller does not want it (never written; one per device)."""
+    buf = _DUMMY_LSE.get(device)
+    if buf is None:
+        import torch
+
+        buf = _DUMMY_LSE[device] = torch.empty(1, device=device, dtype=torch.float32)
+    return buf
+
+
+@functools.lru_cache(maxsize=4096)
+def compile_options(cfg: KernelConfig, backend: str) -> dict:
+    """``cfg.compile_options(backend)``, computed once per config (callers must not mutate it)."""
+    return cfg.compile_options(backend)
+
+
+@functools.lru_cache(maxsize=4096)
+def _constexprs(constexprs_for, cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool) -> dict:
+    return constexprs_for(cfg, head_dim, causal, store_lse)
 
 
 def num_compute_units(device) -> int:
@@ -519,8 +547,9 @@ def launch_forward(fn, variant: str, constexprs_for, q, k, v, cfg: KernelConfig,
         out = torch.empty_like(q)
     g = Geometry.from_tensors(q, k, v, out)
     args = attention_args(g, q, k, v, out, lse if lse is not None else dummy_lse(q.device), sm_scale)
-    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), g.batch * g.heads_q, *extra_grid)
-    launch_kernel(fn, grid, args, constexprs_for(cfg, g.head_dim, causal, lse is not None), cfg, torch_backend())
+    grid = ((g.seqlen_q + cfg.BLOCK_M - 1) // cfg.BLOCK_M, g.batch * g.heads_q, *extra_grid)
+    launch_kernel(fn, grid, args, _constexprs(constexprs_for, cfg, g.head_dim, bool(causal), lse is not None), cfg,
+                  torch_backend())
     return out, lse
 
 
@@ -533,6 +562,12 @@ def compile_forward(fn, variant: str, constexprs_for, target, cfg: KernelConfig,
 
 
 def check_problem_config(cfg: KernelConfig, variant: str, problem: Optional[Problem] = None) -> KernelConfig:
+    """``cfg`` validated and set to ``variant`` (cached: a launch validates each config once)."""
+    return _checked_config(cfg, variant)
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_config(cfg: KernelConfig, variant: str) -> KernelConfig:
     cfg = cfg.validate()
     if cfg.variant != variant:
         cfg = dataclasses.replace(cfg, variant=variant)
