@@ -276,3 +276,45 @@ def test_selection_reads_measured_mi250_db(fake_rocm, tmp_path, monkeypatch):
     (launch,) = _launch_small(None)
     assert launch["backend"] == "hip" and launch["options"]["num_warps"] == 2
     assert launch["options"]["waves_per_eu"] == 3 and launch["options"]["kpack"] == 2
+
+
+# ====================================================================== doctor on a (simulated) ROCm box
+def test_doctor_reports_the_rocm_device_target_and_databases(fake_rocm, tmp_path, monkeypatch):
+    from rocmflash import doctor
+
+    monkeypatch.setenv("ROCMFLASH_CONFIG_DIR", str(tmp_path))
+    report = doctor.gather()
+    assert report["runtime"] == f"ROCm/HIP {fake_rocm.hip_version}"
+    (gpu,) = report["gpus"]
+    assert (gpu["target"], gpu["arch"], gpu["compute_units"], gpu["warp_size"]) == ("mi250", "gfx90a", 104, 64)
+    user, shipped = gpu["databases"]
+    assert user["path"] == str(tmp_path / "mi250.json") and not user["exists"]
+    assert shipped["exists"] and shipped["entries"] > 0 and shipped["measured"] == 0  # static rankings only
+    assert report["verdict"].startswith("READY: 1 GPU(s) as mi250") and "no measured entries" in report["verdict"]
+    text = doctor.render(report)
+    assert "GPU 0   AMD Instinct MI250X / MI250: gfx90a, wave64, 104 CUs -> mi250" in text
+
+
+@pytest.mark.parametrize("fake_rocm", [dict(MI300X, multi_processor_count=38, device_count=8)], indirect=True)
+def test_doctor_shows_cpx_partitions_as_their_own_target(fake_rocm):
+    from rocmflash import doctor
+
+    report = doctor.gather()
+    assert len(report["gpus"]) == 8
+    assert {(g["target"], g["partition"]) for g in report["gpus"]} == {("mi300x-cpx", "cpx")}
+    assert report["gpus"][0]["databases"][-1]["path"].endswith("mi300x-cpx.json")
+    assert "partition CPX" in doctor.render(report)
+
+
+@pytest.mark.parametrize("fake_rocm", [{"name": "Radeon RX 7900 XTX", "gcn_arch_name": "gfx1100",
+                                        "multi_processor_count": 48, "warp_size": 32}], indirect=True)
+def test_doctor_names_an_rdna_card_and_says_why(fake_rocm):
+    from rocmflash import doctor
+
+    report = doctor.gather()
+    assert report["gpus"][0]["target"] is None
+    assert report["verdict"].startswith("PARTLY READY") and "RDNA (wave32)" in report["verdict"]
+    from rocmflash.tune import NoLiveGPUError, resolve_gpu
+
+    with pytest.raises(NoLiveGPUError, match="Radeon RX 7900 XTX .gfx1100, wave32"):
+        resolve_gpu("auto")
