@@ -127,12 +127,17 @@ def _setup_context(ctx, inputs, output):
     ctx.scale = scale  # lse stays differentiable: its gradient enters the backward as dlse
 
 
-def _backward(ctx, dout, dlse):
+def _input_grads(ctx, dout, dlse, backward_fn):
+    """dq, dk, dv (and None for the non-tensor inputs) from the saved forward, by ``backward_fn``."""
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
+    dq, dk, dv = backward_fn(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None, None, None
+
+
+def _backward(ctx, dout, dlse):
+    return _input_grads(ctx, dout, dlse, attn_bwd)  # the op: what torch.compile's AOTAutograd traces
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -152,11 +157,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None, None
+        return _input_grads(ctx, dout, dlse, _backward_impl)
 
 
 def _needs_dispatcher(q, k, v) -> bool:
