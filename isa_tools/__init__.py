@@ -3,8 +3,9 @@
 Stands alone: no torch, no attention; works on any ``.hsaco`` file or Triton cache
 directory.
 
->>> from isa_tools import read_code_object, kernel_summary
+>>> from isa_tools import read_code_object, kernel_summary, scratch_use
 >>> [kernel_summary(k) for k in read_code_object("kernel.hsaco")]  # doctest: +SKIP
+>>> scratch_use(open("kernel.amdgcn").read()).loop_ops  # scratch loads/stores inside loops  # doctest: +SKIP
 """
 
 from isa_tools.archs import AMD_ARCHS, NVIDIA_ARCHS, AmdArch, NvidiaArch, amd_arch, nvidia_arch
@@ -23,14 +24,15 @@ from isa_tools.occupancy import (
     waves_from_vgprs,
     waves_per_simd_static,
 )
+from isa_tools.scratch import SCRATCH_KEYS, ScratchUse, scratch_use
 from isa_tools.summary import SUMMARY_KEYS, kernel_summary
-from isa_tools.triton_cache import TritonMeta, find_code_objects, iter_kernels, triton_meta_for
+from isa_tools.triton_cache import TritonMeta, find_code_objects, iter_kernels, triton_asm_for, triton_meta_for
 
 __all__ = [
     "AMD_ARCHS", "NVIDIA_ARCHS", "AmdArch", "NvidiaArch", "amd_arch", "nvidia_arch",
     "CudaKernelResources", "read_cubin", "CodeObjectError", "KernelResources", "read_code_object",
     "AmdOccupancy", "NvidiaOccupancy", "amd_occupancy", "nvidia_occupancy", "vgpr_cliffs",
     "vgpr_headroom", "vgprs_past_cliff", "waves_from_sgprs", "waves_from_vgprs",
-    "waves_per_simd_static", "SUMMARY_KEYS", "kernel_summary", "TritonMeta", "find_code_objects",
-    "iter_kernels", "triton_meta_for",
+    "waves_per_simd_static", "SCRATCH_KEYS", "ScratchUse", "scratch_use", "SUMMARY_KEYS", "kernel_summary",
+    "TritonMeta", "find_code_objects", "iter_kernels", "triton_asm_for", "triton_meta_for",
 ]

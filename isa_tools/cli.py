@@ -9,7 +9,7 @@ from typing import Optional
 
 from isa_tools.errors import CodeObjectError
 from isa_tools.summary import kernel_summary
-from isa_tools.triton_cache import iter_kernels
+from isa_tools.triton_cache import iter_kernels, triton_asm_for
 
 
 def add_isa_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,13 +43,16 @@ def summarize_paths(paths: list[str], dynamic_lds: Optional[int] = None,
     """Summary records for every kernel under ``paths``; flags override Triton's metadata.
 
     Reads everything before returning, so an unreadable file fails the whole call
-    before anything is printed.
+    before anything is printed. Where scratch is used (in loops or not) is known only
+    for code objects with Triton's ``.amdgcn`` assembly beside them.
     """
-    records = []
+    records, asm_by_path = [], {}
     for kernel, meta in iter_kernels(paths):
         lds = dynamic_lds if dynamic_lds is not None else (meta.shared if meta else 0)
         warps = num_warps if num_warps is not None else (meta.num_warps if meta else None)
-        records.append(kernel_summary(kernel, lds, warps))
+        if kernel.path not in asm_by_path:
+            asm_by_path[kernel.path] = triton_asm_for(kernel.path) if kernel.path else None
+        records.append(kernel_summary(kernel, lds, warps, asm_by_path[kernel.path]))
     return records
 
 
@@ -65,7 +68,8 @@ def print_records(records: list[dict], as_json: bool, title: str = "AMD code obj
     columns = [
         ("kernel", "name"), ("arch", "arch"), ("VGPR", "vgpr_count"), ("AGPR", "agpr_count"),
         ("SGPR", "sgpr_count"), ("alloc V", "allocated_vgprs"), ("alloc S", "allocated_sgprs"),
-        ("spill V/S", None), ("scratch", "scratch_bytes"), ("LDS st+dyn", None), ("warps", "num_warps"),
+        ("spill V/S", None), ("scratch", "scratch_bytes"), ("scratch ops loop/out", None), ("LDS st+dyn", None),
+        ("warps", "num_warps"),
         ("waves static", "waves_per_simd_static"), ("waves", "waves_per_simd"), ("limiter", "limiter"),
         ("past cliff", "vgprs_past_cliff"), ("headroom", "vgpr_headroom"),
     ]
@@ -76,6 +80,8 @@ def print_records(records: list[dict], as_json: bool, title: str = "AMD code obj
         for header, key in columns:
             if header == "spill V/S":
                 cells.append(f"{r['vgpr_spill_count']}/{r['sgpr_spill_count']}")
+            elif header == "scratch ops loop/out":
+                cells.append(_scratch_cell(r))
             elif header == "LDS st+dyn":
                 cells.append(f"{r['lds_bytes']}+{r['dynamic_lds_bytes']}")
             else:
@@ -86,6 +92,15 @@ def print_records(records: list[dict], as_json: bool, title: str = "AMD code obj
     if not console.is_terminal:  # piped output: do not squeeze columns into 80 characters
         console = Console(width=240)
     console.print(table)
+
+
+def _scratch_cell(record: dict) -> str:
+    """``in-loop/outside`` scratch loads+stores, ``?`` without assembly (a bare .hsaco)."""
+    if not record.get("scratch_asm_known"):
+        return "?"
+    loop = record["scratch_loop_loads"] + record["scratch_loop_stores"]
+    outside = record["scratch_loads"] + record["scratch_stores"] - loop
+    return f"{loop}/{outside}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 Triton stores each compiled kernel in ``<cache>/<hash>/<name>.hsaco`` beside
 ``<name>.json``. The json holds what the code object cannot: the dynamic LDS
 Triton requests at launch (``shared``) and ``num_warps`` (waves per workgroup).
+The assembly text ``<name>.amdgcn`` beside them says where scratch is used.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ def triton_meta_for(hsaco_path: str) -> Optional[TritonMeta]:
         return None
     keep = ("name", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint", "arch")
     return TritonMeta(shared, num_warps, {k: meta[k] for k in keep if k in meta})
+
+
+def triton_asm_for(hsaco_path: str) -> Optional[str]:
+    """The assembly text Triton keeps beside a code object (``<name>.amdgcn``), or None when absent/unreadable."""
+    try:
+        with open(os.path.splitext(hsaco_path)[0] + ".amdgcn", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def find_code_objects(path: str) -> list[str]:

@@ -28,7 +28,9 @@ from rocmflash.gpus import GPU
 
 require_supported_versions()  # the sweep cross-compiles: fail in one line before any worker starts
 
-CACHE_SCHEMA = 1
+#: 2: each kernel's observation says where it uses scratch (``scratch_*`` keys, :mod:`isa_tools.scratch`);
+#: a v1 entry lacks them and lives under static-v1/, so it is recompiled rather than misread
+CACHE_SCHEMA = 2
 CACHE_ENV = "ROCMFLASH_CACHE_DIR"
 DEFAULT_TIMEOUT_S = 180.0
 _SOURCE_HASH: Optional[str] = None
@@ -154,8 +156,10 @@ def observe(task: dict) -> dict:
     """Compile one config for one GPU and read its code objects (runs in a worker).
 
     Returns the observation: per-kernel resource/occupancy summaries (main kernel
-    first), a hash of the binaries, and the compile time. A compile error becomes
-    ``status="failed"`` with the error's first line.
+    first; on AMD each with the ``scratch_*`` fields read from the assembly: scratch
+    loads/stores inside and outside loops, see :mod:`isa_tools.scratch`), a hash of
+    the binaries, and the compile time. A compile error becomes ``status="failed"``
+    with the error's first line.
     """
     from rocmflash.gpus import get_gpu
     from rocmflash.kernels import get_variant
@@ -194,7 +198,7 @@ def _summarize(kernel, gpu: GPU) -> dict:
     meta = kernel.metadata
     if gpu.vendor == "amd":
         (resources,) = read_code_object(kernel.asm["hsaco"])
-        summary = kernel_summary(resources, meta.shared, meta.num_warps)
+        summary = kernel_summary(resources, meta.shared, meta.num_warps, kernel.asm.get("amdgcn"))
     else:
         from isa_tools import read_cubin
 

@@ -8,6 +8,15 @@ rejects names the reason:
 ``compile_failed`` → ``spills`` → ``lds_over_budget`` → ``below_occupancy_floor`` →
 ``cliff_victim`` → ``duplicate_binary``
 
+``spills`` reads the evidence of the assembly (:mod:`isa_tools.scratch`): scratch
+traffic inside a loop body is paid on every KV-loop iteration and prunes; a few
+bytes stored and reloaded only outside loops are paid once per workgroup, and SGPRs
+parked in VGPR lanes cost register moves, not memory traffic. A config whose spills
+are only of those two cheap kinds is kept with reason ``harmless_spill`` and the
+evidence in its detail, unless a later rule prunes it. The thresholds come from
+``reports/spill-evidence-2026-11-23.md``; "harmless" is inferred from the ISA, not
+timed on an AMD GPU.
+
 The pruner never returns an empty set: if every config is rejected it keeps the
 compiled one with the best occupancy and says so (reason ``kept_best_of_pruned``).
 """
@@ -18,10 +27,19 @@ import dataclasses
 from typing import Callable, Optional
 
 from isa_tools import AMD_ARCHS, NVIDIA_ARCHS, amd_occupancy
+from isa_tools.scratch import ScratchUse
 
 REASONS = ("compile_failed", "spills", "lds_over_budget", "below_occupancy_floor", "cliff_victim",
            "duplicate_binary")
 KEPT_ANYWAY = "kept_best_of_pruned"
+#: reason of a kept config that spills, but only where it costs little (:func:`harmless_spill`)
+HARMLESS_SPILL = "harmless_spill"
+#: most scratch bytes per lane an outside-the-loop spill may use and still count as harmless
+#: (reports/spill-evidence-2026-11-23.md: outside-only spills of the online spaces use 8-44 B)
+HARMLESS_SPILL_BYTES = 64
+#: most v_writelane/v_readlane (SGPR spills kept in VGPR lanes) a loop may hold, as a share of its
+#: instructions, for the SGPR spill to count as harmless (same report: a gap between 2.4% and 4.6%)
+HARMLESS_LANE_SHARE = 1 / 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +52,16 @@ class PruneSettings:
     whose allocated VGPRs are at most this many past an occupancy cliff, and that would
     gain resident waves by shedding them, is a cliff victim. ``lds_budget``: optional
     cap on LDS/shared bytes per workgroup below the hardware maximum.
+    ``allow_spills``: never prune for spilling. ``harmless_spill_bytes``: the most
+    scratch per lane a spill may use and still be kept, when the assembly shows all of
+    its scratch traffic outside loops.
     """
 
     occupancy_floor: Optional[int] = None
     cliff_margin: int = 16
     lds_budget: Optional[int] = None
     allow_spills: bool = False
+    harmless_spill_bytes: int = HARMLESS_SPILL_BYTES
 
     def floor_for(self, arch: str) -> int:
         if self.occupancy_floor is not None:
@@ -71,13 +93,81 @@ def compile_failed(obs: dict, settings: PruneSettings) -> Optional[str]:
 
 
 def spills(obs: dict, settings: PruneSettings) -> Optional[str]:
+    """A spill that costs every KV-loop iteration, or too much scratch, as the assembly shows it.
+
+    Pruned: scratch loads/stores inside a loop body; scratch use above
+    ``settings.harmless_spill_bytes`` per lane; SGPR spills whose VGPR-lane moves are
+    more than :data:`HARMLESS_LANE_SHARE` of a loop's instructions; a spill whose
+    assembly was not read (NVIDIA, a bare code object) or shows none of the spill code
+    the metadata promises. Kept (see :func:`harmless_spill`): scratch only outside
+    loops within the byte budget, and SGPR spills parked in VGPR lanes (no memory
+    traffic) with few lane moves in the loop.
+    """
     if settings.allow_spills:
         return None
     for kernel in obs["kernels"]:
-        v, s, scratch = kernel["vgpr_spill_count"], kernel["sgpr_spill_count"] or 0, kernel["scratch_bytes"]
-        if v or s or scratch:
-            return f"{kernel['name']}: {v} VGPR and {s} SGPR spills, {scratch} B scratch per lane"
+        harm = _spill_harm(kernel, settings)
+        if harm is not None:
+            return f"{kernel['name']}: {_spill_counts(kernel)}; {harm}"
     return None
+
+
+def harmless_spill(obs: dict, settings: PruneSettings) -> Optional[str]:
+    """Why the spills of a config the :func:`spills` rule let through cost little, or None if none spills."""
+    notes = []
+    for kernel in obs["kernels"]:
+        if _spilled(kernel) and _spill_harm(kernel, settings) is None:
+            notes.append(f"{kernel['name']}: {_spill_counts(kernel)}; {_why_harmless(kernel)}")
+    return "; ".join(notes) or None
+
+
+def _spilled(kernel: dict) -> bool:
+    return bool(kernel["vgpr_spill_count"] or kernel["sgpr_spill_count"] or kernel["scratch_bytes"])
+
+
+def _spill_counts(kernel: dict) -> str:
+    return (f"{kernel['vgpr_spill_count']} VGPR and {kernel['sgpr_spill_count'] or 0} SGPR spills, "
+            f"{kernel['scratch_bytes']} B scratch per lane")
+
+
+def _spill_harm(kernel: dict, settings: PruneSettings) -> Optional[str]:
+    """Why this kernel's spill is a cliff (None: no spill, or a harmless one)."""
+    if not _spilled(kernel):
+        return None
+    use = ScratchUse.from_dict(kernel)
+    if not use.known:
+        return "where it spills is unknown (no assembly read), so it is treated as in the loop"
+    if ((kernel["vgpr_spill_count"] or kernel["scratch_bytes"]) and not use.ops) or \
+            (kernel["sgpr_spill_count"] and not (use.ops or use.lane_ops)):
+        return "the assembly shows none of the spill code the metadata promises; not trusted"
+    if use.loop_ops:
+        return (f"{use.loop_loads} scratch loads and {use.loop_stores} stores inside the loop "
+                f"({use.loop_bytes} B per lane per pass), paid on every iteration")
+    if use.loop_lane_ops > HARMLESS_LANE_SHARE * use.loop_instructions:
+        return (f"SGPRs spilled to VGPR lanes, but {use.loop_lane_ops} v_writelane/v_readlane in the loop "
+                f"({_share(use.loop_lane_ops, use.loop_instructions)} of its instructions, > "
+                f"{HARMLESS_LANE_SHARE:.1%}), paid on every iteration")
+    if kernel["scratch_bytes"] > settings.harmless_spill_bytes:
+        return (f"scratch only outside loops, but {kernel['scratch_bytes']} B per lane > "
+                f"{settings.harmless_spill_bytes} B budget")
+    return None
+
+
+def _why_harmless(kernel: dict) -> str:
+    use = ScratchUse.from_dict(kernel)
+    parts = []
+    if use.ops:
+        parts.append(f"{use.loads} scratch loads and {use.stores} stores ({use.outside_bytes} B per lane), "
+                     f"all outside the loop: paid once per workgroup")
+    if use.lane_ops:
+        parts.append(f"SGPRs spilled to VGPR lanes, no memory traffic ({use.lane_ops} v_writelane/v_readlane, "
+                     f"{use.loop_lane_ops} in the loop = {_share(use.loop_lane_ops, use.loop_instructions)} of "
+                     f"its instructions)")
+    return " and ".join(parts) + " (inferred from the ISA, not timed on AMD)"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "0%"
 
 
 def _lds_limit(arch: str) -> int:
@@ -137,7 +227,11 @@ def judge(obs: dict, settings: PruneSettings = PruneSettings()) -> Verdict:
         if detail is not None:
             return Verdict(False, reason, detail)
     kernel = _main(obs)
-    return Verdict(True, None, f"{kernel['waves_per_simd']} waves/SIMD, limited by {kernel['limiter']}")
+    detail = f"{kernel['waves_per_simd']} waves/SIMD, limited by {kernel['limiter']}"
+    note = harmless_spill(obs, settings)
+    if note is not None:
+        return Verdict(True, HARMLESS_SPILL, f"{detail}; spills kept: {note}")
+    return Verdict(True, None, detail)
 
 
 def prune(observations: list[dict], settings: PruneSettings = PruneSettings()) -> list[Verdict]:

@@ -23,7 +23,7 @@ from typing import Optional
 
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.gpus import GPU
-from rocmflash.prune import PruneSettings, Verdict, judge
+from rocmflash.prune import HARMLESS_SPILL, PruneSettings, Verdict, judge
 from rocmflash.reference import ReferenceConfig, load, select
 
 @dataclasses.dataclass
@@ -216,8 +216,10 @@ def rank_text(row: RefRow, survivors: int) -> str:
 
 
 def verdict_text(row: RefRow) -> str:
-    """``kept`` or ``pruned: spills``."""
-    return "kept" if row.verdict.kept else f"pruned: {row.verdict.reason}"
+    """``kept``, ``kept: harmless_spill`` or ``pruned: spills``."""
+    if row.verdict.kept:
+        return f"kept: {HARMLESS_SPILL}" if row.verdict.reason == HARMLESS_SPILL else "kept"
+    return f"pruned: {row.verdict.reason}"
 
 
 def _who(row: RefRow, sep: str = ", ") -> str:

@@ -7,6 +7,7 @@ import os
 from typing import Optional
 
 from isa_tools import vgpr_cliffs
+from rocmflash.prune import HARMLESS_SPILL
 
 #: ``rocmflash vgpr-report --json`` promises these keys (one object per config)
 ROW_KEYS = ("variant", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "vgpr_count",
@@ -65,9 +66,13 @@ def rows_from_sweep(configs: list, observations: list[dict], verdicts: list) -> 
 
 
 def reason_counts(rows: list[dict]) -> dict:
-    """``{reason: count}`` over pruned rows, plus ``kept``."""
+    """``{reason: count}`` over pruned rows, plus ``kept`` and, when some kept configs spill harmlessly,
+    ``kept: harmless_spill`` (a part of ``kept``)."""
     counts = collections.Counter(r["reason"] for r in rows if r["verdict"] == "pruned")
     counts["kept"] = sum(1 for r in rows if r["verdict"] == "kept")
+    harmless = sum(1 for r in rows if r["verdict"] == "kept" and r["reason"] == HARMLESS_SPILL)
+    if harmless:
+        counts[f"kept: {HARMLESS_SPILL}"] = harmless
     return dict(counts)
 
 

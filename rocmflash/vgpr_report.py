@@ -13,7 +13,7 @@ from isa_tools import amd_arch, waves_from_vgprs
 from rocmflash.compile import SweepStats, sweep
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.gpus import GPU, get_gpu
-from rocmflash.prune import PruneSettings, prune
+from rocmflash.prune import HARMLESS_SPILL, PruneSettings, prune
 from rocmflash.report import (ROW_KEYS, config_label, plot_vgprs, print_table, reason_counts,
                               rows_from_sweep, variant_comparison, write_csv)
 from rocmflash.space import default_space
@@ -150,7 +150,9 @@ def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=
     counts = reason_counts(rows)
     kept = sorted((r for r in rows if r["verdict"] == "kept"),
                   key=lambda r: (-(r["waves_per_simd"] or 0), r["allocated_vgprs"] or 0))
-    pruned = {reason: next(r for r in rows if r["reason"] == reason) for reason in counts if reason != "kept"}
+    pruned = {reason: next(r for r in rows if r["reason"] == reason) for reason in counts
+              if not reason.startswith("kept")}
+    harmless = [r for r in kept if r["reason"] == HARMLESS_SPILL]
     parts = [
         f"# VGPR report: {gpu.marketing_name} ({gpu.arch})\n",
         f"- date: {datetime.date.today().isoformat()}; Triton {triton.__version__}; compiled on a CPU, "
@@ -167,6 +169,7 @@ def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=
         "\nOne example per pruning reason:\n",
         _md_table([{"reason": reason, "config": f"{r['variant']} {config_label(r)}", "why": r["detail"]}
                    for reason, r in pruned.items()]),
+        _harmless_markdown(harmless),
         "\n## Kept configs (best occupancy first)\n",
         _md_table([{**{k: r[k] for k in ("variant", "vgpr_count", "agpr_count", "allocated_vgprs", "lds_bytes",
                                           "waves_per_simd", "limiter", "vgpr_headroom")},
@@ -182,6 +185,16 @@ def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=
         "\nEvery config is in `configs.csv` (keys: " + ", ".join(ROW_KEYS) + ", ...).\n",
     ]
     return "\n".join(parts)
+
+
+def _harmless_markdown(harmless: list[dict]) -> str:
+    """One line on the configs kept although they spill (only where it costs little), with an example."""
+    if not harmless:
+        return ""
+    r = harmless[0]
+    return (f"\n{len(harmless)} kept config(s) spill, but the assembly shows no scratch access inside a loop "
+            f"(reason `{HARMLESS_SPILL}`: a few bytes spilled outside the KV loop, or SGPRs kept in VGPR lanes), "
+            f"e.g. {r['variant']} {config_label(r)}: {r['detail']}\n")
 
 
 def seed_markdown(seed: list[dict]) -> str:

@@ -85,3 +85,20 @@ def asm_field(asm: str, key: str) -> int:
 def asm_occupancy(asm: str) -> int:
     """LLVM's ``; Occupancy: N`` line."""
     return int(re.search(r"; Occupancy: (\d+)", asm).group(1))
+
+
+def llvm_loop_comments(lines: list[str]) -> tuple[set, list[bool]]:
+    """LLVM's loop headers and its per-instruction "in a loop" flags, from the block comments it prints."""
+    headers = set(re.findall(r"Header=BB(\d+_\d+)", "\n".join(lines)))
+    flags, current = [], False
+    for line in lines:
+        label = re.match(r"^(\.LBB(\d+_\d+)):", line)
+        if label or re.match(r"^; %bb\.\d+:", line):
+            current = "Loop Header" in line or "in Loop:" in line
+            if label and "Loop Header" in line:
+                headers.add(label.group(2))
+            continue
+        code = line.split(";")[0].strip()
+        if code and not code.startswith(".") and not re.match(r"^[\w.$]+:", line):
+            flags.append(current)
+    return headers, flags

@@ -4,8 +4,9 @@ import collections
 
 import pytest
 
-from compile_helpers import agreement_specs, asm_field, asm_occupancy, compile_many
-from isa_tools import kernel_summary, read_code_object
+from compile_helpers import agreement_specs, asm_field, asm_occupancy, compile_many, llvm_loop_comments
+from isa_tools import kernel_summary, read_code_object, scratch_use
+from isa_tools.asm_cfg import in_loop_flags, parse_function, split_functions
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +74,25 @@ def test_dynamic_lds_lowers_full_occupancy_on_real_kernels(compiled):
             lowered += 1
             assert summary["waves_per_simd"] < summary["waves_per_simd_static"]
     assert lowered > 0
+
+
+@pytest.mark.slow
+def test_scratch_and_loops_agree_with_llvm(compiled):
+    """Where scratch is used: present exactly when LLVM reports spills, stores covering every spilled VGPR,
+    and loops that are LLVM's own (same headers; every instruction LLVM puts in a loop is in ours)."""
+    spilling = 0
+    for result in compiled:
+        asm = result["amdgcn"]
+        (kernel,) = read_code_object(result["hsaco"])
+        use = scratch_use(asm, kernel.name)
+        spills = asm_field(asm, "vgpr_spill_count")
+        assert bool(use.ops) == bool(spills or asm_field(asm, "private_segment_fixed_size")), result["spec"]
+        assert spills <= use.store_bytes // 4 <= spills + max(2, spills // 10), (result["spec"], spills, use)
+        assert bool(use.lane_ops) == bool(asm_field(asm, "sgpr_spill_count")), result["spec"]
+        spilling += spills > 0
+        (lines,) = split_functions(asm).values()
+        headers, llvm_flags = llvm_loop_comments(lines)
+        flags, loops = in_loop_flags(parse_function(lines))
+        assert loops == len(headers) and len(flags) == len(llvm_flags), result["spec"]
+        assert not any(llvm and not ours for ours, llvm in zip(flags, llvm_flags)), result["spec"]
+    assert spilling > 0

@@ -45,8 +45,9 @@ def test_kept_config_is_kept(observed):
 def test_spills_rule(observed):
     obs = observed[("mi300x", "spills")]
     assert obs["kernels"][0]["vgpr_spill_count"] > 0  # the compiler really spilled
+    assert obs["kernels"][0]["scratch_loop_loads"] > 0  # the assembly reloads spilled values inside the KV loop
     verdict = judge(obs)
-    assert (verdict.kept, verdict.reason) == (False, "spills")
+    assert (verdict.kept, verdict.reason) == (False, "spills") and "inside the loop" in verdict.detail
     assert judge(obs, PruneSettings(allow_spills=True)).reason != "spills"
 
 
