@@ -90,3 +90,42 @@ def test_head_dim_pieces(D, expected):
     d0, d1 = head_dim_pieces(D)
     assert d0 + d1 >= D and d0 & (d0 - 1) == 0 and (d1 == 0 or d1 >= 16)
     assert head_dim_pieces(D, pad=True)[1] == 0
+
+
+def test_online_halves_head_dim_only_where_registers_are_scarce():
+    """The two-halves rule: AMD's 128x64 w4 wpe2 at D>=128, not NVIDIA configs, 8 warps, small accumulators."""
+    from rocmflash.kernels import online
+
+    def pieces(cfg, D):
+        c = online._constexprs(cfg, D, True, False)
+        return c["BLOCK_D0"], c["BLOCK_D1"]
+
+    amd = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2)
+    assert pieces(amd, 128) == (64, 64)
+    assert pieces(amd.replace(BLOCK_N=128), 128) == (64, 64)
+    assert pieces(amd.replace(BLOCK_M=64), 256) == (128, 128)
+    assert pieces(amd, 64) == (64, 0)  # fits whole
+    assert pieces(amd, 80) == (64, 16)  # already two pieces
+    assert pieces(amd.replace(waves_per_eu=0), 128) == (128, 0)  # no occupancy target
+    assert pieces(amd.replace(BLOCK_N=32), 128) == (128, 0)  # small V tile: halves only add addressing
+    assert pieces(amd.replace(BLOCK_M=64), 128) == (128, 0)  # small accumulator
+    assert pieces(amd.replace(BLOCK_M=256, num_warps=8), 128) == (128, 0)  # 8-element V halves per thread
+    for D in (64, 128, 256):  # CUDA configs never carry waves_per_eu
+        assert pieces(default_config("sm_90", D), D)[1] == 0
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("nonkdim", [0, 16])
+def test_amd_default_tile_fits_without_spills(arch, D, causal, nonkdim):
+    """AMD's default forward tile (aiter fwd.default, perf-kernels: 128x64 w4 s1 wpe2) needs no scratch.
+
+    At D=128 on gfx942 it spilled 4 VGPRs before the head dim was halved (reports/amd-tiles-2026-11-23.md).
+    """
+    cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
+                       matrix_instr_nonkdim=nonkdim)
+    k = get_variant("online").compile_for(arch, cfg, Problem(head_dim=D, causal=causal, dtype="bf16"))[0]
+    regs = _amd_regs(k)
+    assert regs["vgpr_spill_count"] == 0
+    assert "scratch_" not in k.asm["amdgcn"]

@@ -98,3 +98,28 @@ def test_head_dim_padding_mode(variant, D, attention_reference):
 def test_softmax_scale_is_used(attention_reference):
     cfg = KernelConfig(BLOCK_M=32, BLOCK_N=16)
     _check("online", cfg, (1, 2, 2, 33, 40, 64), False, torch.float16, attention_reference, scale=0.37)
+
+
+@pytest.mark.parametrize("D", [128, 112, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("plv", [False, True], ids=["", "plv"])
+def test_online_head_dim_halves(D, causal, plv, attention_reference):
+    """An AMD occupancy target (``waves_per_eu=2``) runs a power-of-two D as two halves (online._halve_head_dim).
+
+    D=112 pads to 128 and masks the second half's last 16 columns; D=256 becomes 128 + 128.
+    """
+    from rocmflash.kernels import online
+
+    cfg = KernelConfig(BLOCK_M=32, BLOCK_N=64, num_warps=1, waves_per_eu=2, PRE_LOAD_V=plv)
+    pieces = online._constexprs(cfg, D, causal, True)
+    assert (pieces["BLOCK_D0"], pieces["BLOCK_D1"]) == (max(128, D) // 2,) * 2
+    dtype = torch.bfloat16 if plv else torch.float16
+    _check("online", cfg, (1, 2, 1, 70, 75, D), causal, dtype, attention_reference, seed=D + causal)
+
+
+@pytest.mark.parametrize("variant", list(VARIANT_CFGS))
+@pytest.mark.parametrize("shape", [(1, 2, 1, 150, 170, 64), (1, 2, 2, 170, 150, 32)], ids=["Sq<Sk", "Sq>Sk"])
+def test_wide_block_causal_mask(variant, shape, attention_reference):
+    """BLOCK_N >= 128 takes mask_scores' one-compare causal mask (j <= min(i + Sk - Sq, Sk - 1)): diagonal and tail."""
+    cfg = KernelConfig(BLOCK_M=32, BLOCK_N=128, variant=variant, num_splits=2)
+    _check(variant, cfg, shape, True, torch.bfloat16, attention_reference, seed=shape[3])

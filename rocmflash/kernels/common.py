@@ -138,9 +138,18 @@ def qk_scores(q0, q1, K_base, offs_n, stride_kn, stride_kd, SEQ_K,
 @kernel_jit
 def mask_scores(s, offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr):
     """Set disallowed scores to -inf: keys past the end, and (causal) keys ``j > i + Sk - Sq``."""
-    keep = offs_n[None, :] < SEQ_K
     if CAUSAL:
-        keep = keep & (offs_n[None, :] <= offs_m[:, None] + (SEQ_K - SEQ_Q))
+        if s.shape[1] >= 128:
+            # Wide blocks: one compare per score, j < Sk and j <= i + Sk - Sq  <=>  j <= min(i + Sk - Sq, Sk - 1).
+            # On AMD every compare is a 64-bit lane mask in SGPRs; at 64 scores per lane (128x128,
+            # 4 warps) two compares and their AND per score ran out of SGPRs (gfx950: 28 SGPR spills
+            # at D=64). Narrower blocks keep the two compares, which LLVM schedules at least as well.
+            last = tl.minimum(offs_m + (SEQ_K - SEQ_Q), SEQ_K - 1)
+            keep = offs_n[None, :] <= last[:, None]
+        else:
+            keep = (offs_n[None, :] < SEQ_K) & (offs_n[None, :] <= offs_m[:, None] + (SEQ_K - SEQ_Q))
+    else:
+        keep = offs_n[None, :] < SEQ_K
     return tl.where(keep, s, float("-inf"))
 
 

@@ -15,6 +15,24 @@ latency hidden).
 Head dims that are not powers of two use two head-dim pieces (see
 :mod:`rocmflash.kernels.common`): two accumulating dots for QKᵀ and two accumulator
 tiles ``acc0[BLOCK_M, D0]``, ``acc1[BLOCK_M, D1]``.
+
+**Register budget on AMD.** MFMA takes both operands from VGPRs, and every wave of a
+``[num_warps, 1]`` layout multiplies by the *whole* K and V tiles. At AMD's default
+tile (128x64, 4 warps, ``waves_per_eu=2``: at most 256 registers per lane) and D=128,
+the one-piece kernel (gfx942, Triton 3.6) has 147 VGPRs live into every iteration: the
+accumulator (64) plus ``m``/``l``, Q in operand form (32), ~35 loop-invariant LDS and
+global addresses that LLVM hoists out of the loop, and the lane indices the masked loop
+and the epilogue need. One key block then wants S, P (fp32 while ``exp2`` and, on
+gfx942, a software bf16 conversion run) and the whole V tile as operands (64): the peak
+(248 live) is at P's conversion, and the 4 lane-index values held across the unmasked
+loop for the masked one go to scratch. So when a config asks for that occupancy and the
+accumulator plus one V tile alone fill half of the budget (:func:`_halve_head_dim`), a
+power-of-two D runs as two pieces D/2 + D/2 as well: the same arithmetic, but K, V and
+Q are staged and read as two narrower tiles, so the scheduler can hold half of V at the
+peak (gfx950: 229 -> 207 VGPRs) and hoists fewer addresses (gfx942: 256 + 4 spilled ->
+250). All of AMD's 128x64 ``waves_per_eu=2`` siblings (mfma 0/16/32, kpack 1/2,
+``PRE_LOAD_V``) then fit on gfx942 and gfx950 at D=64/128 with no spills (Triton 3.6 and
+3.9); ``bench/amd_tiles.py`` prints the table (``reports/amd-tiles-2026-11-23.md``).
 """
 
 from __future__ import annotations
@@ -118,8 +136,30 @@ KERNELS = ("_fwd_online",)
 
 def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool) -> dict:
     d0, d1 = C.resolve_pieces(cfg, head_dim)
+    if _halve_head_dim(cfg, d0, d1):
+        d0 = d1 = d0 // 2
     return dict(HEAD_DIM=head_dim, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D0=d0,
                 BLOCK_D1=d1, CAUSAL=bool(causal), PRE_LOAD_V=cfg.PRE_LOAD_V, STORE_LSE=bool(store_lse))
+
+
+def _halve_head_dim(cfg: KernelConfig, d0: int, d1: int) -> bool:
+    """Run a one-piece head dim >= 128 as two halves when an AMD occupancy target makes registers scarce.
+
+    ``waves_per_eu >= 2`` caps a wave at 256 registers (512 / 2; VGPRs and AGPRs share
+    them on gfx90a+). The split pays off only where the fp32 accumulator and one V tile
+    in MFMA operand form take half of that on their own (128x64 and 128x128 with 4 warps
+    at D=128, 64x64 at D=256) -- elsewhere it only adds addressing (128x32 and 64x64 at
+    D=128 need more registers split). Each thread must also load at least 16 elements
+    of a V half: with fewer (256x64 with 8 warps) Triton 3.6 stages the halves through
+    an unvectorised shared layout, one 16-bit LDS read per element. ``waves_per_eu`` is
+    an AMD-only option (0 on NVIDIA), so CUDA builds never take this path.
+    """
+    if d1 or d0 < 128 or cfg.waves_per_eu < 2:
+        return False
+    acc = cfg.BLOCK_M * d0 // (64 * cfg.num_warps)  # fp32 accumulator, VGPRs per lane (wave64)
+    v_tile = cfg.BLOCK_N * d0 // 128  # one 16-bit V tile as an MFMA operand, VGPRs per lane
+    per_thread = cfg.BLOCK_N * (d0 // 2) // (64 * cfg.num_warps)  # elements of a V half per thread
+    return acc + v_tile >= 128 and per_thread >= 16
 
 
 def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None):
