@@ -78,7 +78,7 @@ def test_dynamic_lds_lowers_full_occupancy_on_real_kernels(compiled):
 
 @pytest.mark.slow
 def test_scratch_and_loops_agree_with_llvm(compiled):
-    """Where scratch is used: present exactly when LLVM reports spills, stores covering every spilled VGPR,
+    """Where scratch is used: present exactly when LLVM reserves scratch, stores covering every spilled VGPR,
     and loops that are LLVM's own (same headers; every instruction LLVM puts in a loop is in ours)."""
     spilling = 0
     for result in compiled:
@@ -86,8 +86,14 @@ def test_scratch_and_loops_agree_with_llvm(compiled):
         (kernel,) = read_code_object(result["hsaco"])
         use = scratch_use(asm, kernel.name)
         spills = asm_field(asm, "vgpr_spill_count")
-        assert bool(use.ops) == bool(spills or asm_field(asm, "private_segment_fixed_size")), result["spec"]
-        assert spills <= use.store_bytes // 4 <= spills + max(2, spills // 10), (result["spec"], spills, use)
+        to_memory = asm_field(asm, "private_segment_fixed_size") > 0
+        # scratch traffic exactly when the kernel reserves scratch; then its stores cover every spilled VGPR.
+        # Without scratch, LLVM parked the spills in free AGPRs (Triton 3.9 on gfx90a): no memory traffic.
+        assert bool(use.ops) == to_memory, (result["spec"], spills, use)
+        if to_memory:
+            assert spills <= use.store_bytes // 4 <= spills + max(2, spills // 10), (result["spec"], spills, use)
+        else:
+            assert use.store_bytes == 0, (result["spec"], spills, use)
         assert bool(use.lane_ops) == bool(asm_field(asm, "sgpr_spill_count")), result["spec"]
         spilling += spills > 0
         (lines,) = split_functions(asm).values()
