@@ -32,9 +32,12 @@ import math
 from typing import Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from rocmflash.config import KernelConfig
-from rocmflash.kernels.backward import empty_like_layout
+from rocmflash.kernels import get_variant
+from rocmflash.kernels.backward import backward, empty_like_layout
+from rocmflash.selection import select_bwd_config, select_config
 
 
 def _fresh_out(q: torch.Tensor) -> torch.Tensor:
@@ -65,8 +68,6 @@ def _config_from_json(config: str) -> KernelConfig:
 def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Optional[KernelConfig],
                   need_lse: bool = True):
     """Allocate, select a config if none is given, launch; ``(out, lse or None)``."""
-    from rocmflash.kernels import get_variant
-
     out = _fresh_out(q)
     lse = _lse_empty(q) if need_lse else None
     if out.numel() == 0 or k.shape[2] == 0:  # nothing to launch: no rows, or no keys to attend
@@ -75,8 +76,6 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
             lse.fill_(float("-inf"))
         return out, lse
     if cfg is None:
-        from rocmflash.selection import select_config
-
         cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1],
                             q.shape[2], k.shape[2], variant)
     with _device_ctx(q):
@@ -85,9 +84,6 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
 
 
 def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
-    from rocmflash.kernels.backward import backward
-    from rocmflash.selection import select_bwd_config
-
     cfg = select_bwd_config(q.device, q.shape[3])
     with _device_ctx(q):
         return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
@@ -171,8 +167,6 @@ def _needs_dispatcher(q, k, v) -> bool:
         return True
     if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return True
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
     return _get_current_dispatch_mode() is not None
 
 
