@@ -124,3 +124,54 @@ def test_unsupported_head_dim_is_a_clear_error():
 def test_default_bwd_configs_validate(arch, head_dim):
     cfg = default_bwd_config(arch, head_dim).validate()
     assert cfg.dkdv.BLOCK_N >= 16 and cfg.dq.BLOCK_M >= 16
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_head_splits_match_reference_and_unsplit(splits, causal, attention_reference):
+    """dK/dV with the GQA group split over programs (fp32 partials, one sum) equal the unsplit result."""
+    B, Hq, Hkv, Sq, Sk, D = 2, 8, 2, 37, 29, 32
+    g = torch.Generator().manual_seed(1234 + splits + 10 * causal)
+    q, do = (torch.randn(B, Hq, Sq, D, generator=g).to(torch.float16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Sk, D, generator=g).to(torch.float16) for _ in range(2))
+    scale = 1.0 / math.sqrt(D)
+    out, lse = torch.full_like(q, float("nan")), torch.full((B, Hq, Sq), float("nan"))
+    get_variant("online").launch(q, k, v, K(BLOCK_M=16, BLOCK_N=16), causal, scale, out=out, lse=lse)
+    grads = {}
+    for s in (1, splits):
+        dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+        cfg = BwdConfig(SMALL.dkdv, SMALL.dq, head_splits=s)
+        backward(do, q, k, v, out, lse, causal, scale, config=cfg, dq=dq, dk=dk, dv=dv)
+        grads[s] = (dq, dk, dv)
+    refs = _reference_grads(q, k, v, do, causal, scale, attention_reference)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert torch.isfinite(grads[splits][i]).all(), name
+        assert _rel(grads[splits][i], refs[i]) <= TOL[torch.float16], name
+        # fp32 partials summed once vs registers: equal up to one fp16 rounding
+        assert torch.allclose(grads[splits][i].float(), grads[1][i].float(), rtol=2e-3, atol=2e-3), name
+
+
+def test_head_splits_that_do_not_divide_the_group_are_refused(attention_reference):
+    q = torch.randn(1, 6, 8, 16).half()
+    k = v = torch.randn(1, 2, 8, 16).half()
+    out, lse = torch.empty_like(q), torch.empty(1, 6, 8)
+    get_variant("online").launch(q, k, v, K(BLOCK_M=16, BLOCK_N=16), False, 0.25, out=out, lse=lse)
+    with pytest.raises(ValueError, match="head_splits=2 must divide the GQA group size 3"):
+        backward(torch.randn_like(q), q, k, v, out, lse, False, 0.25,
+                 config=BwdConfig(SMALL.dkdv, SMALL.dq, head_splits=2))
+    with pytest.raises(ValueError, match="head_splits must be an int >= 0"):
+        BwdConfig(SMALL.dkdv, SMALL.dq, head_splits=-1).validate()
+
+
+@pytest.mark.parametrize("batch, heads_kv, group, seqlen_k, expected", [
+    (1, 8, 4, 1025, 1),     # 17 key blocks x 8 heads = 136 programs >= 132 SMs: one wave already
+    (1, 8, 8, 1024, 2),     # 16 x 8 = 128 programs < 132: 2 -> 256
+    (1, 1, 32, 2048, 8),    # MQA: 32 programs; 4 -> 128 is short, 8 -> 256
+    (4, 8, 1, 1024, 1),     # no GQA: nothing to split
+    (1, 1, 6, 256, 6),      # 4 programs: the whole group is not enough either
+])
+def test_choose_head_splits(batch, heads_kv, group, seqlen_k, expected):
+    from rocmflash.kernels.backward import choose_head_splits
+
+    got = choose_head_splits(batch, heads_kv, group, seqlen_k, block_n=64, compute_units=132)
+    assert got == expected and group % got == 0

@@ -1,18 +1,22 @@
 """FlashAttention-2 backward: dQ, dK, dV from the forward's output and LSE (no atomics).
 
-Three kernels, all fp32-accumulating:
+Two kernels, both fp32-accumulating, launched in this order:
 
-1. ``_bwd_preprocess`` -- per query row ``delta = rowsum(dO * O)`` (minus the incoming
-   gradient of the LSE, when the caller differentiates through it), and ``lse2 = LSE *
-   log2(e)`` with rows that attend nothing (LSE ``-inf``) turned into ``+inf`` so that
-   every probability recomputed for them is exactly 0.
+1. ``_bwd_dq`` -- one program owns ``BLOCK_M`` query rows of one (batch, query head) and
+   loops over key blocks: ``dQ += dS K``. It first computes, for its rows, ``delta =
+   rowsum(dO * O)`` (minus the incoming gradient of the LSE, when the caller
+   differentiates through it) and stores it for the second kernel: no separate
+   preprocessing launch (one launch fewer per step: host time is what small problems pay).
+   Both kernels turn the forward's LSE into base 2 per row, rows that attend nothing
+   (LSE ``-inf``) into ``+inf`` so that every probability recomputed for them is exactly 0.
 2. ``_bwd_dkdv`` -- one program owns ``BLOCK_N`` keys of one (batch, **key/value** head)
    and keeps ``dK``/``dV`` tiles in registers while it loops over every query block of
    *every query head of its GQA group*: ``dV += Pᵀ dO``, ``dK += dSᵀ Q`` with ``dS = P ∘
    (dP - delta)``, ``dP = dO Vᵀ``. The group's contributions are summed in registers, so
    GQA/MQA needs neither atomics nor a ``(B, Hq, Sk, D)`` scratch buffer plus a reduction.
-3. ``_bwd_dq`` -- one program owns ``BLOCK_M`` query rows of one (batch, query head) and
-   loops over key blocks: ``dQ += dS K``.
+   When that leaves too few programs to fill the GPU (MQA, small batches), the group is
+   split over ``head_splits`` programs that write fp32 partials, summed by one reduction
+   (:func:`choose_head_splits`; H100, MQA 32:1 S=2048: 1.40 -> 0.29 ms).
 
 Why two kernels and not one with atomics: the single-kernel variant (dK/dV loop that also
 ``atomic_add``\\s dQ) saves recomputing ``QKᵀ`` and ``dO Vᵀ`` once more, but needs an fp32
@@ -53,35 +57,18 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 # ----------------------------------------------------------------------------- kernels
 @kernel_jit
-def _bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
-                    stride_oz, stride_oh, stride_om, stride_od,
-                    stride_doz, stride_doh, stride_dom, stride_dod,
-                    H_Q, SEQ_Q,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    HAS_DLSE: tl.constexpr):
-    off_bh = tl.program_id(1)
-    off_z = off_bh // H_Q
-    off_h = off_bh % H_Q
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    rmask = offs_m < SEQ_Q
-    mask = rmask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-    DO_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
-    o = tl.load(O_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(DO_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    row = off_bh.to(tl.int64) * SEQ_Q + offs_m
-    if HAS_DLSE:  # d lse_i / d s_ij = p_ij: an LSE gradient shifts delta
-        delta -= tl.load(DLSE + row, mask=rmask, other=0.0)
-    tl.store(Delta + row, delta, mask=rmask)
-    lse = tl.load(LSE + row, mask=rmask, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    tl.store(LSE2 + row, lse2, mask=rmask)
+def _row_lse2(LSE_base, offs, MASK: tl.constexpr, SEQ):
+    """The forward's LSE in base 2 for rows ``offs``; rows that attend nothing (``-inf``, and rows
+    past the end when masked) become ``+inf`` so every probability recomputed for them is 0."""
+    if MASK:
+        lse = tl.load(LSE_base + offs, mask=offs < SEQ, other=float("-inf"))
+    else:
+        lse = tl.load(LSE_base + offs)
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
 
 
 @kernel_jit
-def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n, qk_scale,
+def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, Delta_base, start_m, offs_n, qk_scale,
                stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                CAUSAL: tl.constexpr, MASK: tl.constexpr):
@@ -92,11 +79,10 @@ def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, of
                   offs_m < SEQ_Q, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
     do = C.load_2d(DO_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                    offs_m < SEQ_Q, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    lse2 = _row_lse2(LSE_base, offs_m, MASK, SEQ_Q)
     if MASK:
-        lse2 = tl.load(LSE2_base + offs_m, mask=offs_m < SEQ_Q, other=float("inf"))
         delta = tl.load(Delta_base + offs_m, mask=offs_m < SEQ_Q, other=0.0)
     else:
-        lse2 = tl.load(LSE2_base + offs_m)
         delta = tl.load(Delta_base + offs_m)
     s_t = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_M] raw scores
     p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
@@ -111,18 +97,21 @@ def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, of
 
 
 @kernel_jit
-def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, sm_scale, qk_scale,
+def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, sm_scale, qk_scale,
               stride_qz, stride_qh, stride_qm, stride_qd,
               stride_kz, stride_kh, stride_kn, stride_kd,
               stride_vz, stride_vh, stride_vn, stride_vd,
               stride_doz, stride_doh, stride_dom, stride_dod,
               stride_dkz, stride_dkh, stride_dkn, stride_dkd,
               stride_dvz, stride_dvh, stride_dvn, stride_dvd,
-              H_Q, H_KV, GROUP, SEQ_Q, SEQ_K,
+              H_Q, H_KV, GROUP, HEAD_SPLITS, SEQ_Q, SEQ_K,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
-    off_bhk = tl.program_id(1)
+    # HEAD_SPLITS programs share one K/V head's key block, each summing GROUP / HEAD_SPLITS
+    # query heads into its own partial dK/dV row block (HEAD_SPLITS == 1 specialises away)
+    split = tl.program_id(1) % HEAD_SPLITS
+    off_bhk = tl.program_id(1) // HEAD_SPLITS
     off_z = off_bhk // H_KV
     off_hk = off_bhk % H_KV
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -153,28 +142,30 @@ def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, sm_scale, qk_scale,
         diag_end = 0
     tail_start = tl.maximum(diag_end, q_full)
 
-    for g in range(0, GROUP):  # the query heads sharing this K/V head, summed in registers
+    heads_per_split = GROUP // HEAD_SPLITS
+    for g in range(split * heads_per_split, (split + 1) * heads_per_split):  # summed in registers
         off_h = off_hk * GROUP + g
         off_bh = off_z * H_Q + off_h
         Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
         DO_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
-        LSE2_base = LSE2 + off_bh.to(tl.int64) * SEQ_Q
+        LSE_base = LSE + off_bh.to(tl.int64) * SEQ_Q
         Delta_base = Delta + off_bh.to(tl.int64) * SEQ_Q
         for start_m in range(lo, diag_end, BLOCK_M):  # causal diagonal blocks
-            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n,
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, Delta_base, start_m, offs_n,
                                 qk_scale, stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
                                 HEAD_DIM, BLOCK_M, BLOCK_D, CAUSAL, True)
         for start_m in range(diag_end, q_full, BLOCK_M):  # fully visible, full blocks
-            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n,
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, Delta_base, start_m, offs_n,
                                 qk_scale, stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
                                 HEAD_DIM, BLOCK_M, BLOCK_D, CAUSAL, False)
         for start_m in range(tail_start, SEQ_Q, BLOCK_M):  # the query tail block
-            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base, start_m, offs_n,
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, Delta_base, start_m, offs_n,
                                 qk_scale, stride_qm, stride_qd, stride_dom, stride_dod, SEQ_Q, SHIFT,
                                 HEAD_DIM, BLOCK_M, BLOCK_D, CAUSAL, True)
 
-    DK_base = DK + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh
-    DV_base = DV + off_z.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh
+    out_h = off_hk * HEAD_SPLITS + split
+    DK_base = DK + off_z.to(tl.int64) * stride_dkz + out_h.to(tl.int64) * stride_dkh
+    DV_base = DV + off_z.to(tl.int64) * stride_dvz + out_h.to(tl.int64) * stride_dvh
     smask = nmask[:, None] & dmask[None, :]
     tl.store(DK_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              (dk * sm_scale).to(DK.dtype.element_ty), mask=smask)
@@ -207,15 +198,16 @@ def _dq_step(dq, q, do, lse2, delta, K_base, V_base, start_n, offs_m, qk_scale,
 
 
 @kernel_jit
-def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, sm_scale, qk_scale,
+def _bwd_dq(Q, K, V, O, DO, LSE, DLSE, Delta, DQ, sm_scale, qk_scale,
             stride_qz, stride_qh, stride_qm, stride_qd,
             stride_kz, stride_kh, stride_kn, stride_kd,
             stride_vz, stride_vh, stride_vn, stride_vd,
+            stride_oz, stride_oh, stride_om, stride_od,
             stride_doz, stride_doh, stride_dom, stride_dod,
             stride_dqz, stride_dqh, stride_dqm, stride_dqd,
             H_Q, GROUP, SEQ_Q, SEQ_K,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
+            BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_DLSE: tl.constexpr):
     start_m = C.query_block(CAUSAL) * BLOCK_M
     off_bh = tl.program_id(1)
     off_z = off_bh // H_Q
@@ -233,9 +225,16 @@ def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, sm_scale, qk_scale,
                   mmask, dmask, True, BLOCK_D > HEAD_DIM)
     do = C.load_2d(DO_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                    mmask, dmask, True, BLOCK_D > HEAD_DIM)
+    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    o = C.load_2d(O_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                  mmask, dmask, True, BLOCK_D > HEAD_DIM)
+    # delta_i = rowsum(dO * O)_i, which the dK/dV kernel (launched after this one) reads too
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = off_bh.to(tl.int64) * SEQ_Q + offs_m
-    lse2 = tl.load(LSE2 + row, mask=mmask, other=float("inf"))  # rows past the end: p = 0
-    delta = tl.load(Delta + row, mask=mmask, other=0.0)
+    if HAS_DLSE:  # d lse_i / d s_ij = p_ij: an LSE gradient shifts delta
+        delta -= tl.load(DLSE + row, mask=mmask, other=0.0)
+    tl.store(Delta + row, delta, mask=mmask)
+    lse2 = _row_lse2(LSE + off_bh.to(tl.int64) * SEQ_Q, offs_m, True, SEQ_Q)  # rows past the end: p = 0
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     full_end, hi = C.kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
@@ -253,7 +252,7 @@ def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, sm_scale, qk_scale,
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
 
-KERNELS = ("_bwd_preprocess", "_bwd_dkdv", "_bwd_dq")
+KERNELS = ("_bwd_dq", "_bwd_dkdv")
 
 
 # ----------------------------------------------------------------------------- configs
@@ -269,6 +268,9 @@ class BwdConfig:
 
     dkdv: KernelConfig
     dq: KernelConfig
+    #: programs per K/V head and key block in the dK/dV kernel (a divisor of the GQA group);
+    #: 0 = chosen per call by :func:`choose_head_splits`
+    head_splits: int = 0
 
     def validate(self) -> "BwdConfig":
         for name in ("dkdv", "dq"):
@@ -276,15 +278,20 @@ class BwdConfig:
             if not isinstance(cfg, KernelConfig):
                 raise TypeError(f"BwdConfig.{name} must be a KernelConfig, got {type(cfg).__name__}")
             cfg.validate()
+        if isinstance(self.head_splits, bool) or not isinstance(self.head_splits, int) or self.head_splits < 0:
+            raise ValueError(f"BwdConfig.head_splits must be an int >= 0 (0 = automatic), got {self.head_splits!r}")
         return self
 
 
 def default_bwd_config(arch: Optional[str], head_dim: int) -> BwdConfig:
     """A per-architecture backward config known to compile and be correct.
 
-    * sm_90 (H100/H200): the best of a 5-config sweep on an H200 for D <= 64 and D <= 128
-      (4 warps; 64x64 tiles at D=128, 32x64 / 64x32 at D=64); D > 128: small tiles, 8
-      warps, 1 stage (correct, not tuned).
+    * sm_90 (H100/H200): dK/dV, the best of a 5-config sweep on an H200 for D <= 64 and
+      D <= 128 (4 warps; 64x64 tiles at D=128, 32x64 at D=64), confirmed by the 45-config
+      sweep below (within 4%); dQ 128x64, 8 warps, from that sweep; D > 128: the best of 54 dK/dV
+      and 54 dQ configs timed on an H100 at D = 192/256, causal and not
+      (``bench/bwd_sweep.py``, ``reports/bwd-sweep-2026-11-23-h100.md``): a 32-key dK/dV
+      block looping over 64 queries and a 64-query dQ block over 32 keys, 4 warps.
     * AMD CDNA (gfx9xx): ``num_stages=1`` (AMD's guidance for fused GEMM chains) and 4
       waves; D > 128 halves the key tile so two fp32 ``BLOCK_N x D`` accumulators fit the
       512 VGPR/AGPR budget of a wave-64 lane. Reasoned from register counts, not timed.
@@ -295,14 +302,17 @@ def default_bwd_config(arch: Optional[str], head_dim: int) -> BwdConfig:
     if arch == "sm_90":
         # best of 5 configs timed on an H200 (bench/e2e.py --attn-sweep, causal bf16 S=4096,
         # reports/e2e-2026-11-21-h200.md): 2.28 ms (D=64) and 2.15 ms (D=128)
+        # dQ: 128x64, 8 warps, 3 stages won the dQ sweep at D = 64/96/128 (bwd_sweep, H100:
+        # 0.70-0.93x the time of the earlier 64x32 / 64x64 choices)
         if head_dim <= 64:
             return BwdConfig(K(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
-                             K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3))
+                             K(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3))
         if head_dim <= 128:
             return BwdConfig(K(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-                             K(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2))
-        return BwdConfig(K(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=1),
-                         K(BLOCK_M=64, BLOCK_N=16, num_warps=8, num_stages=1))
+                             K(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3))
+        # bwd_sweep D=256 S=4096: dK/dV 12.3 -> 3.7 ms, dQ 7.4 -> 1.7 ms against 16x64 / 64x16, 8 warps
+        return BwdConfig(K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+                         K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3))
     if arch.startswith("gfx9"):
         if head_dim <= 128:
             return BwdConfig(K(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1),
@@ -347,11 +357,14 @@ def _strides(t):
     return tuple(t.stride())
 
 
-#: the delta/LSE preprocessing kernel's config, by whether the head-dim block is <= 128
-_PREPROCESS_CFG = {True: KernelConfig(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1),
-                   False: KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)}
-_STRIDE_NAMES = {p: tuple(f"stride_{p}{c}" for c in ("z", "h", "m" if p in ("q", "do", "dq") else "n", "d"))
-                 for p in ("q", "k", "v", "do", "dq", "dk", "dv")}
+_STRIDE_NAMES = {p: tuple(f"stride_{p}{c}" for c in ("z", "h", "m" if p in ("q", "o", "do", "dq") else "n", "d"))
+                 for p in ("q", "k", "v", "o", "do", "dq", "dk", "dv")}
+
+#: programs per compute unit below which the dK/dV kernel splits a GQA group across programs.
+#: H100, D=128 causal: B1 Hq32 Hkv8 S1025 (136 programs on 132 SMs) unsplit 0.14 ms, split in
+#: 2 or 4 0.19-0.20 ms; B1 Hq32 Hkv1 S2048 (32 programs) unsplit 1.40 ms, split in 2/4/8
+#: 0.74/0.39/0.29 ms. Splitting pays only below one program per SM.
+SPLIT_BELOW_PROGRAMS_PER_CU = 1
 
 
 def _named_strides(prefix: str, strides) -> dict:
@@ -362,6 +375,87 @@ def _named_strides(prefix: str, strides) -> dict:
 @functools.lru_cache(maxsize=256)
 def _validated(config: "BwdConfig") -> "BwdConfig":
     return config.validate()
+
+
+def choose_head_splits(batch: int, heads_kv: int, group: int, seqlen_k: int, block_n: int,
+                       compute_units: int) -> int:
+    """How many programs share one K/V head's key block in the dK/dV kernel.
+
+    One program per (key block, K/V head) sums its whole GQA group in registers: no extra
+    memory, but only ``batch * heads_kv * cdiv(seqlen_k, block_n)`` programs, each looping
+    over ``group`` query heads. When that leaves the GPU under-filled (fewer than
+    :data:`SPLIT_BELOW_PROGRAMS_PER_CU` programs per CU/SM), the group is split over the
+    smallest divisor of ``group`` that fills it (else the whole group): each program then
+    writes a partial fp32 dK/dV that one reduction sums.
+    """
+    if group <= 1:
+        return 1
+    programs = batch * heads_kv * triton.cdiv(seqlen_k, block_n)
+    want = SPLIT_BELOW_PROGRAMS_PER_CU * compute_units
+    if programs >= want:
+        return 1
+    for splits in range(2, group + 1):
+        if group % splits == 0 and programs * splits >= want:
+            return splits
+    return group
+
+
+def dkdv_call(q, k, v, do, lse, delta, dk_out, dv_out, causal: bool, sm_scale: float, cfg: KernelConfig,
+              head_splits: int):
+    """``(grid, args, constexprs)`` of one dK/dV launch writing ``dk_out``/``dv_out`` (no launch)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    named = _named_strides
+    args = dict(Q=q, K=k, V=v, DO=do, LSE=lse, Delta=delta, DK=dk_out, DV=dv_out,
+                sm_scale=float(sm_scale), qk_scale=float(sm_scale) * LOG2E,
+                **named("q", _strides(q)), **named("k", _strides(k)), **named("v", _strides(v)),
+                **named("do", _strides(do)), **named("dk", _strides(dk_out)), **named("dv", _strides(dv_out)),
+                H_Q=Hq, H_KV=Hkv, GROUP=Hq // Hkv, HEAD_SPLITS=head_splits, SEQ_Q=Sq, SEQ_K=Sk)
+    constexprs = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=block_d(D), CAUSAL=bool(causal))
+    return (triton.cdiv(Sk, cfg.BLOCK_N), B * Hkv * head_splits), args, constexprs
+
+
+def dq_call(q, k, v, out, do, lse, dlse, delta, dq, causal: bool, sm_scale: float, cfg: KernelConfig):
+    """``(grid, args, constexprs)`` of one dQ launch, which also writes ``delta`` (no launch)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    named = _named_strides
+    args = dict(Q=q, K=k, V=v, O=out, DO=do, LSE=lse, DLSE=delta if dlse is None else dlse, Delta=delta, DQ=dq,
+                sm_scale=float(sm_scale), qk_scale=float(sm_scale) * LOG2E,
+                **named("q", _strides(q)), **named("k", _strides(k)), **named("v", _strides(v)),
+                **named("o", _strides(out)), **named("do", _strides(do)), **named("dq", _strides(dq)),
+                H_Q=Hq, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
+    constexprs = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=block_d(D), CAUSAL=bool(causal),
+                      HAS_DLSE=dlse is not None)
+    return (triton.cdiv(Sq, cfg.BLOCK_M), B * Hq), args, constexprs
+
+
+def launch_dq(q, k, v, out, do, lse, dlse, delta, dq, causal: bool, sm_scale: float, cfg: KernelConfig,
+              backend: str) -> None:
+    """dQ into ``dq`` and ``delta = rowsum(dO * O) - dLSE`` into ``delta`` (fp32 ``(B, Hq, Sq)``)."""
+    grid, args, constexprs = dq_call(q, k, v, out, do, lse, dlse, delta, dq, causal, sm_scale, cfg)
+    C.launch_kernel(_bwd_dq, grid, args, constexprs, cfg, backend)
+
+
+def launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, sm_scale: float, cfg: KernelConfig,
+                head_splits: int, backend: str) -> None:
+    """dK and dV into ``dk``/``dv`` (``delta`` from :func:`launch_dq`); ``head_splits > 1`` goes
+    through fp32 partials and one sum."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    if (Hq // Hkv) % head_splits:
+        raise ValueError(f"backward: head_splits={head_splits} must divide the GQA group size {Hq // Hkv}")
+    if head_splits > 1:
+        dk_out = torch.empty((B, Hkv * head_splits, Sk, D), device=q.device, dtype=torch.float32)
+        dv_out = torch.empty_like(dk_out)
+    else:
+        dk_out, dv_out = dk, dv
+    grid, args, constexprs = dkdv_call(q, k, v, do, lse, delta, dk_out, dv_out, causal, sm_scale, cfg,
+                                       head_splits)
+    C.launch_kernel(_bwd_dkdv, grid, args, constexprs, cfg, backend)
+    if head_splits > 1:
+        dk.copy_(dk_out.view(B, Hkv, head_splits, Sk, D).sum(2))
+        dv.copy_(dv_out.view(B, Hkv, head_splits, Sk, D).sum(2))
 
 
 def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
@@ -384,40 +478,15 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     if q.numel() == 0 or k.numel() == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         return dq, dk, dv
-    lse = lse.contiguous()
-    delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
-    lse2 = torch.empty_like(delta)
-    has_dlse = dlse is not None
-    dlse_t = dlse.to(torch.float32).contiguous() if has_dlse else delta
     backend = C.torch_backend()
-    BD = block_d(D)
-    pre_cfg = _PREPROCESS_CFG[BD <= 128]
-    C.launch_kernel(
-        _bwd_preprocess, (triton.cdiv(Sq, pre_cfg.BLOCK_M), B * Hq),
-        dict(O=out, DO=do, LSE=lse, DLSE=dlse_t, Delta=delta, LSE2=lse2,
-             stride_oz=out.stride(0), stride_oh=out.stride(1), stride_om=out.stride(2), stride_od=out.stride(3),
-             stride_doz=do.stride(0), stride_doh=do.stride(1), stride_dom=do.stride(2), stride_dod=do.stride(3),
-             H_Q=Hq, SEQ_Q=Sq),
-        dict(HEAD_DIM=D, BLOCK_M=pre_cfg.BLOCK_M, BLOCK_D=BD, HAS_DLSE=has_dlse), pre_cfg, backend)
-
-    qk_scale = float(sm_scale) * LOG2E
-    common = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, Delta=delta, sm_scale=float(sm_scale), qk_scale=qk_scale)
-    sq, sk, sv, sdo = _strides(q), _strides(k), _strides(v), _strides(do)
-
-    named = _named_strides
-    a = dict(common, DK=dk, DV=dv, **named("q", sq), **named("k", sk), **named("v", sv), **named("do", sdo),
-             **named("dk", _strides(dk)), **named("dv", _strides(dv)),
-             H_Q=Hq, H_KV=Hkv, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
-    c1 = config.dkdv
-    C.launch_kernel(_bwd_dkdv, (triton.cdiv(Sk, c1.BLOCK_N), B * Hkv), a,
-                    dict(HEAD_DIM=D, BLOCK_M=c1.BLOCK_M, BLOCK_N=c1.BLOCK_N, BLOCK_D=BD, CAUSAL=bool(causal)),
-                    c1, backend)
-    a = dict(common, DQ=dq, **named("q", sq), **named("k", sk), **named("v", sv), **named("do", sdo),
-             **named("dq", _strides(dq)), H_Q=Hq, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
-    c2 = config.dq
-    C.launch_kernel(_bwd_dq, (triton.cdiv(Sq, c2.BLOCK_M), B * Hq), a,
-                    dict(HEAD_DIM=D, BLOCK_M=c2.BLOCK_M, BLOCK_N=c2.BLOCK_N, BLOCK_D=BD, CAUSAL=bool(causal)),
-                    c2, backend)
+    lse = lse.contiguous()
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    splits = config.head_splits or choose_head_splits(B, Hkv, Hq // Hkv, Sk, config.dkdv.BLOCK_N,
+                                                      C.num_compute_units(q.device))
+    launch_dq(q, k, v, out, do, lse, dlse, delta, dq, causal, sm_scale, config.dq, backend)  # writes delta
+    launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, sm_scale, config.dkdv, splits, backend)
     return dq, dk, dv
 
 
@@ -431,18 +500,18 @@ def compile_for(target, config: BwdConfig, problem: Problem):
     BD = block_d(g.head_dim)
 
     named = _named_strides
-    common = dict(Q=P(t), K=P(t), V=P(t), DO=P(t), LSE2=P("*fp32"), Delta=P("*fp32"), sm_scale=1.0, qk_scale=1.0)
+    common = dict(Q=P(t), K=P(t), V=P(t), DO=P(t), LSE=P("*fp32"), Delta=P("*fp32"), sm_scale=1.0, qk_scale=1.0)
     a1 = dict(common, DK=P(t), DV=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
               **named("v", g.v_strides), **named("do", g.q_strides), **named("dk", g.k_strides),
               **named("dv", g.v_strides), H_Q=g.heads_q, H_KV=g.heads_kv, GROUP=g.group,
-              SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
-    a2 = dict(common, DQ=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
-              **named("v", g.v_strides), **named("do", g.q_strides), **named("dq", g.q_strides),
-              H_Q=g.heads_q, GROUP=g.group, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
+              HEAD_SPLITS=config.head_splits or 1, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
+    a2 = dict(common, O=P(t), DLSE=P("*fp32"), DQ=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
+              **named("v", g.v_strides), **named("o", g.q_strides), **named("do", g.q_strides),
+              **named("dq", g.q_strides), H_Q=g.heads_q, GROUP=g.group, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
     k1 = C.compile_kernel(_bwd_dkdv, target, a1, dict(HEAD_DIM=g.head_dim, BLOCK_M=config.dkdv.BLOCK_M,
                                                       BLOCK_N=config.dkdv.BLOCK_N, BLOCK_D=BD,
                                                       CAUSAL=problem.causal), config.dkdv)
     k2 = C.compile_kernel(_bwd_dq, target, a2, dict(HEAD_DIM=g.head_dim, BLOCK_M=config.dq.BLOCK_M,
                                                     BLOCK_N=config.dq.BLOCK_N, BLOCK_D=BD,
-                                                    CAUSAL=problem.causal), config.dq)
+                                                    CAUSAL=problem.causal, HAS_DLSE=False), config.dq)
     return k1, k2

@@ -480,11 +480,67 @@ def observe_launches():
         _LAUNCH_OBSERVERS.remove(seen)
 
 
+#: reuse compiled kernels through :func:`launch_kernel`'s own cache (False: every launch
+#: goes through ``JITFunction.run``); ``ROCMFLASH_JIT_LAUNCH=1`` turns it off at import
+FAST_LAUNCH = os.environ.get("ROCMFLASH_JIT_LAUNCH", "0") in ("", "0")
+_LAUNCHERS: dict = {}  # launch key -> (CompiledKernel, argument names in kernel order)
+_MAX_LAUNCHERS = 4096
+_MAX_INT32 = 2**31 - 1
+
+
+def _launch_key(fn, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
+    """What decides which compiled binary a launch runs, conservatively.
+
+    Triton specialises a launch on each tensor's dtype and 16-byte alignment (and, on AMD,
+    on whether its storage fits 2 GiB: buffer loads), on integer values (``== 1``,
+    divisible by 16) and on the constexprs and options. The key holds tensor dtype,
+    ``data_ptr % 16`` and (on ``hip``) the 2 GiB bit, and every integer's *exact* value: a
+    new shape or stride misses and goes through Triton once, never onto a binary built for
+    another specialisation.
+    """
+    import torch
+
+    parts = [id(fn), torch.cuda.current_device(), cfg, backend]
+    amd = backend == "hip"
+    for value in args.values():
+        if isinstance(value, torch.Tensor):
+            parts.append(value.dtype)
+            parts.append(value.data_ptr() % 16)
+            if amd:
+                parts.append(value.untyped_storage().nbytes() <= _MAX_INT32)
+        elif isinstance(value, float):
+            parts.append(float)
+        else:
+            parts.append(value)
+    parts.extend(constexprs.items())
+    return tuple(parts)
+
+
+def _launch_cached(fn, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str, options: dict) -> None:
+    """Launch through the cached ``CompiledKernel`` (``compiled[grid](*all params)``, Triton's
+    launch API since 3.0); the first launch of each key goes through ``JITFunction.run``."""
+    key = _launch_key(fn, args, constexprs, cfg, backend)
+    hit = _LAUNCHERS.get(key)
+    if hit is not None:
+        compiled, names = hit
+        if len(grid) < 3:  # CompiledKernel launches take all three grid dimensions
+            grid = (tuple(grid) + (1, 1))[:3]
+        compiled[grid](*[args[n] if n in args else constexprs[n] for n in names])
+        return
+    compiled = fn[grid](**args, **constexprs, **options)
+    from triton.compiler import CompiledKernel
+
+    if isinstance(compiled, CompiledKernel) and len(_LAUNCHERS) < _MAX_LAUNCHERS:
+        _LAUNCHERS[key] = (compiled, tuple(fn.arg_names))
+
+
 def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
     """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments.
 
     The compile options are chosen the same way in both modes (AMD-only names on ``hip``
-    only); the interpreter has no compiler, so it is not given them.
+    only); the interpreter has no compiler, so it is not given them. Compiled launches
+    reuse the kernel Triton built for the same specialisation (:func:`_launch_key`),
+    skipping ``JITFunction.run``'s per-launch argument binding (most of a launch's host cost).
     """
     options = compile_options(cfg, backend)
     interp = interpreting()
@@ -494,6 +550,8 @@ def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelC
         _patch_interpreter_bf16_dot()
         with _jit_functions_interpreted():
             fn.interpreted[grid](**args, **constexprs)
+    elif FAST_LAUNCH:
+        _launch_cached(fn, grid, args, constexprs, cfg, backend, options)
     else:
         fn[grid](**args, **constexprs, **options)
 
@@ -529,13 +587,21 @@ def _constexprs(constexprs_for, cfg: KernelConfig, head_dim: int, causal: bool, 
     return constexprs_for(cfg, head_dim, causal, store_lse)
 
 
+_COMPUTE_UNITS: dict = {}
+
+
 def num_compute_units(device) -> int:
-    """CUs/SMs of the device (132 when unknown, e.g. under the interpreter)."""
+    """CUs/SMs of the device (132 when unknown, e.g. under the interpreter); cached per device."""
+    hit = _COMPUTE_UNITS.get(device)
+    if hit is not None:
+        return hit
     import torch
 
+    count = 132
     if device is not None and getattr(device, "type", "cpu") == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
+        count = torch.cuda.get_device_properties(device).multi_processor_count
+    _COMPUTE_UNITS[device] = count
+    return count
 
 
 def resolve_pieces(cfg: KernelConfig, head_dim: int) -> tuple[int, int]:
