@@ -41,8 +41,9 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--batch", type=int, default=None, metavar="B", help="batch (default 16384 // S)")
     tune.add_argument("--heads", type=int, default=None, metavar="H", help="query heads (default 2048 // D)")
     tune.add_argument("--kv-heads", type=int, default=None, metavar="H", help="key/value heads (default: --heads)")
-    tune.add_argument("--strategy", choices=("pruned", "exhaustive"), default="pruned",
-                      help="pruned: time the top-K static survivors (default); exhaustive: time every config")
+    tune.add_argument("--strategy", choices=("race", "pruned", "exhaustive"), default="race",
+                      help="race: every static survivor, short screen then longer rounds for the fastest "
+                           "(default); pruned: only the top-K survivors by static score; exhaustive: every config")
     tune.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes, ~/.config/rocmflash/<gpu>.json or $ROCMFLASH_CONFIG_DIR)")
     tune.add_argument("--resume", action="store_true",
                       help="continue an interrupted tune from its journal (a plain re-run also skips "

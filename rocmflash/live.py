@@ -337,7 +337,10 @@ def measure(task: dict) -> dict:
             _inject(task["inject"], shape)
         mod = get_variant(cfg.variant)
         t0 = time.perf_counter()
-        ok, err, why = _gate(mod, cfg, shape, settings)
+        if task.get("gate", True):
+            ok, err, why = _gate(mod, cfg, shape, settings)
+        else:  # a race's screening round: the config is gated before it can win
+            ok, err, why = True, float("nan"), ""
         result["gate_s"] = round(time.perf_counter() - t0, 3)
         result["rel_err"] = None if math.isnan(err) else err
         if not ok:
@@ -530,12 +533,22 @@ class LiveRunner:
                 errors[key] = f"pre-warm worker died: {type(err).__name__}"
         return errors
 
-    def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None) -> dict:
-        """Gate and time one config in the worker; always returns a result dict with a status."""
+    def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
+                budget: Optional[dict] = None) -> dict:
+        """Gate and time one config in the worker; always returns a result dict with a status.
+
+        ``budget`` (a race round's): ``rep_ms``, ``warmup_ms``, ``min_reps`` override the
+        settings for this measurement, ``gate=False`` skips the correctness gate.
+        """
         from pebble import ProcessExpired
 
-        task = {"config": cfg.to_dict(), "shape": shape.to_dict(), "settings": self.settings.to_dict(),
-                "inject": inject}
+        settings, gate = self.settings, True
+        if budget:
+            gate = bool(budget.get("gate", True))
+            settings = dataclasses.replace(settings, **{k: v for k, v in budget.items()
+                                                        if k in ("rep_ms", "warmup_ms", "min_reps")})
+        task = {"config": cfg.to_dict(), "shape": shape.to_dict(), "settings": settings.to_dict(),
+                "inject": inject, "gate": gate}
         start = time.perf_counter()
         future = self._get_pool().schedule(measure, args=(task,), timeout=self.settings.timeout_s)
         try:

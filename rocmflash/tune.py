@@ -14,12 +14,16 @@ Flow for one tune (one GPU, head dim, dtype, causal flag, one or more sequence l
 
 Strategies
 ----------
+``race`` (default): every static survivor, in successive rounds (:mod:`rocmflash.race`):
+  a short ungated screen of all, then the fastest quarter (and near-ties) measured
+  longer with the gate, then the fastest third of those with the full settings. The
+  static score orders the work; it never decides alone what is not timed.
 ``exhaustive``: time every config of the space, in space order, pruned or not (the
   baseline; the static verdicts are still recorded beside each result).
 ``pruned``: time only the top ``K`` survivors of the static pruner by static score
   (``--top-k``; default 15% of the space, at least 4). If fewer survive, all are timed.
 
-Static score (the ranking when nothing is measured, and the order of ``pruned``)
+Static score (the ranking when nothing is measured, the order of ``pruned`` and ``race``)
 --------------------------------------------------------------------------------
 Survivors are sorted by this key, smallest first:
 
@@ -44,6 +48,7 @@ on the H100 it missed the ``64x64, 4 warps`` winner of 9 of 16 benchmark problem
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 import sys
@@ -57,9 +62,11 @@ from rocmflash.detect import identify_live_device
 from rocmflash.gpus import GPU, UnknownGPUError, get_gpu
 from rocmflash.live import LiveSettings
 from rocmflash.prune import PruneSettings, prune
+from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
+from rocmflash.race import advancing, final_round_records
 from rocmflash.roofline import Shape, roofline, tflops
 
-STRATEGIES = ("pruned", "exhaustive")
+STRATEGIES = ("race", "pruned", "exhaustive")
 NEAR_BEST_PCT = 3.0
 DEFAULT_TOP_K_FRACTION = 0.15
 INJECT_ENV = "ROCMFLASH_TUNE_INJECT"
@@ -87,8 +94,8 @@ class TuneSpec:
     batch: Optional[int] = None  #: default 16384 // S (at least 1)
     heads: Optional[int] = None  #: default 2048 // head_dim (at least 1)
     kv_heads: Optional[int] = None  #: default = heads
-    strategy: str = "pruned"
-    top_k: Optional[int] = None
+    strategy: str = "race"
+    top_k: Optional[int] = None  #: configs the pruned strategy times
     db_path: Optional[str] = None
     resume: bool = False
     cache_dir: Optional[str] = None
@@ -244,6 +251,7 @@ class ReplayRunner:
         self.fn = fn
         self.device = device
         self.calls: list = []
+        self.budgets: list = []  #: the race round budget of each call (None: full settings)
 
     @staticmethod
     def _key(shape: Shape, cfg: KernelConfig):
@@ -273,14 +281,17 @@ class ReplayRunner:
     def prewarm(self, configs, shape) -> dict:
         return {}
 
-    def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None) -> dict:
+    def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
+                budget: Optional[dict] = None) -> dict:
         self.calls.append((cfg, shape))
+        self.budgets.append(budget)
         if inject == "crash":
             return {"status": "crashed", "error": "worker died (injected crash, replay)"}
         if inject in ("hang", "illegal"):
             return {"status": "timeout" if inject == "hang" else "crashed", "error": f"injected {inject} (replay)"}
         if self.fn is not None:
-            result = dict(self.fn(cfg, shape))
+            takes_budget = len(inspect.signature(self.fn).parameters) >= 3
+            result = dict(self.fn(cfg, shape, budget) if takes_budget else self.fn(cfg, shape))
         else:
             result = dict(self.results.get(self._key(shape, cfg)) or
                           {"status": "failed", "error": "no recorded result for this config and shape"})
@@ -298,12 +309,22 @@ def _record_label(r: dict) -> str:
 
 
 def measured_entry(gpu: GPU, shape: Shape, records: list, static: StaticResult, strategy: str,
-                   timed_total: int, complete: bool, env: dict) -> dict:
+                   timed_total: int, complete: bool, env: dict, rounds: Optional[list] = None) -> dict:
+    """The database entry of a measured problem. ``records``: the timings the winner is read from
+    (a race's last round); ``rounds``: a race's ``{config json: record}`` per round (counts)."""
     ok = sorted((r for r in records if r["status"] == "ok"), key=lambda r: r["median_ms"])
+    latest = list(records)
+    if rounds is not None:  # each config's furthest round says how it ended
+        furthest: dict = {}
+        for by_config in rounds:
+            furthest.update(by_config)
+        latest = list(furthest.values())
     counts = {"space": len(static.candidates), "survivors": sum(c.kept for c in static.candidates),
-              "to_time": timed_total, "timed": len(records)}
+              "to_time": timed_total, "timed": len(latest)}
+    if rounds is not None:
+        counts["rounds"] = [len(by_config) for by_config in rounds]
     for status in ("ok", "incorrect", "failed", "timeout", "crashed"):
-        counts[status] = sum(1 for r in records if r["status"] == status)
+        counts[status] = sum(1 for r in latest if r["status"] == status)
     roof = roofline(gpu, shape)
     entry = {"problem": _problem_dict(shape), "shape": shape.to_dict(), "measured": True, "strategy": strategy,
              "complete": complete, "best": None, "tflops": None, "time_ms": None, "near_best": [],
@@ -352,6 +373,106 @@ def _problem_dict(shape: Shape) -> dict:
 def shape_key(shape: Shape) -> str:
     return problem_key(shape.head_dim, shape.dtype, shape.causal, shape.heads_q // shape.heads_kv,
                        seqlen_bucket(shape.seqlen_k))
+
+
+# ====================================================================== live rounds
+@dataclasses.dataclass
+class _LiveProblem:
+    """What timing one problem needs: runner, journal, output, and where its records go."""
+
+    runner: object
+    journal: Journal
+    out: "_Output"
+    spec: "TuneSpec"
+    key: str
+    shape: Shape
+    eid: str
+    inject: dict  #: test mode {mode: timed position}, consumed as positions are reached
+    outcome: "ProblemOutcome"
+
+    def results(self, rnd: Optional[int] = None) -> dict:
+        """``{config json: latest record}`` of this problem: single-round strategies (``rnd`` None)
+        or one race round."""
+        shape = self.shape.to_dict()
+        out = {}
+        for r in self.journal.records:
+            if r["key"] == self.key and r.get("shape") == shape and r.get("env") == self.eid \
+                    and r.get("round") == rnd:
+                out[KernelConfig.from_dict(r["config"]).to_json()] = r
+        return out
+
+    def recorded(self, cands: list, rnd: Optional[int] = None) -> list:
+        keys = {c.config.to_json() for c in cands}
+        return [r for k, r in self.results(rnd).items() if k in keys]
+
+
+def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optional[dict], label: str) -> None:
+    """Time the candidates that have no record yet (for this round), appending each result to the journal."""
+    done = ctx.results(rnd)
+    todo = [c for c in cands if c.config.to_json() not in done]
+    skipped = len(cands) - len(todo)
+    ctx.outcome.skipped += skipped
+    if skipped:
+        ctx.out.note(f"{label}: {skipped} of {len(cands)} config(s) already in the journal, skipped")
+    best = max((r["tflops"] for r in ctx.recorded(cands, rnd) if r["status"] == "ok"), default=None)
+    with ctx.out.bar(label, len(cands), skipped, best) as bar:
+        for cand in todo:
+            pos = ctx.outcome.timed_now
+            mode = next((m for m, p in ctx.inject.items() if p == pos), None)
+            if mode:
+                ctx.inject.pop(mode)
+            result = ctx.runner.measure(cand.config, ctx.shape, inject=mode, **({"budget": budget} if budget else {}))
+            record = {"key": ctx.key, "shape": ctx.shape.to_dict(), "env": ctx.eid, "config": cand.config.to_dict(),
+                      "strategy": ctx.spec.strategy, "static_rank": cand.static_rank,
+                      "verdict": "kept" if cand.kept else "pruned", "reason": cand.reason,
+                      "when": now_iso(), "injected": mode}
+            if rnd is not None:
+                record.update(round=rnd, budget=budget)
+            for field in ("status", "median_ms", "times_ms", "tflops", "rel_err", "error", "wall_s",
+                          "worker_s", "gate_s", "device_env"):
+                record[field] = result.get(field)
+            if result.get("interpreted"):  # CPU interpreter timings (CI): never a GPU's
+                record.update(interpreted=True, timed_shape=result.get("timed_shape"))
+            ctx.journal.append(record)
+            ctx.outcome.timed_now += 1
+            if record["status"] == "ok" and (best is None or record["tflops"] > best):
+                best = record["tflops"]
+            bar.advance(best, record)
+
+
+def _prewarm(ctx: _LiveProblem, cands: list) -> None:
+    if ctx.spec.prewarm and cands and hasattr(ctx.runner, "prewarm"):
+        with ctx.out.spinner(f"{ctx.key}: compiling {len(cands)} config(s) in parallel"):
+            ctx.runner.prewarm([c.config for c in cands], ctx.shape)
+
+
+def _single_round(ctx: _LiveProblem, chosen: list) -> None:
+    """``pruned`` / ``exhaustive``: time the chosen configs once, with the full live settings."""
+    done = ctx.results()
+    _prewarm(ctx, [c for c in chosen if c.config.to_json() not in done])
+    _measure(ctx, chosen, None, None, ctx.key)
+
+
+def _race(ctx: _LiveProblem, static: "StaticResult") -> None:
+    """``race``: every static survivor, successive rounds (:mod:`rocmflash.race`); resumable per round."""
+    field = static.ranked
+    done = ctx.results(0)
+    _prewarm(ctx, [c for c in field if c.config.to_json() not in done])
+    last = len(RACE_ROUNDS) - 1
+    for rnd, spec_round in enumerate(RACE_ROUNDS):
+        if not field:
+            return
+        budget = None if rnd == last else spec_round.budget()  # the last round: the full live settings
+        _measure(ctx, field, rnd, budget, f"{ctx.key} round {rnd + 1}/{len(RACE_ROUNDS)}")
+        if rnd == last:
+            return
+        results = ctx.results(rnd)
+        timings = []
+        for c in field:
+            r = results.get(c.config.to_json()) or {}
+            timings.append((c.config.to_json(), r.get("median_ms") if r.get("status") == "ok" else None))
+        keep = set(advancing(timings, spec_round.keep))
+        field = [c for c in field if c.config.to_json() in keep]  # static order: deterministic on resume
 
 
 # ====================================================================== the tune
@@ -492,50 +613,27 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
                 outcomes.append(ProblemOutcome(key, shape, entry, seconds=time.perf_counter() - t0,
                                                static_seconds=static_s))
                 continue
-            chosen = choose(spec.strategy, static, spec.top_k)
-            done = journal.results(key, shape.to_dict(), eid)
-            todo = [c for c in chosen if c.config.to_json() not in done]
-            outcome = ProblemOutcome(key, shape, {}, skipped=len(chosen) - len(todo),
-                                     stale=journal.stale(key, shape.to_dict(), eid), static_seconds=static_s)
+            outcome = ProblemOutcome(key, shape, {}, stale=journal.stale(key, shape.to_dict(), eid),
+                                     static_seconds=static_s)
             outcomes.append(outcome)
-            if outcome.skipped:
-                out.note(f"{key}: {outcome.skipped} of {len(chosen)} config(s) already in the journal, skipped")
-            chosen_keys = {c.config.to_json() for c in chosen}
-
-            def current_records():
-                rs = journal.results(key, shape.to_dict(), eid)
-                return [r for k_, r in rs.items() if k_ in chosen_keys]
-
+            ctx = _LiveProblem(runner, journal, out, spec, key, shape, eid, inject, outcome)
+            chosen = None if spec.strategy == "race" else choose(spec.strategy, static, spec.top_k)
             complete = False
             try:
-                if spec.prewarm and todo and hasattr(runner, "prewarm"):
-                    with out.spinner(f"{key}: compiling {len(todo)} config(s) in parallel"):
-                        runner.prewarm([c.config for c in todo], shape)
-                best = max((r["tflops"] for r in current_records() if r["status"] == "ok"), default=None)
-                with out.bar(key, len(chosen), len(chosen) - len(todo), best) as bar:
-                    for pos, cand in enumerate(todo):
-                        mode = next((m for m, p in inject.items() if p == pos), None)
-                        if mode:
-                            inject.pop(mode)
-                        result = runner.measure(cand.config, shape, inject=mode)
-                        record = {"key": key, "shape": shape.to_dict(), "env": eid, "config": cand.config.to_dict(),
-                                  "strategy": spec.strategy, "static_rank": cand.static_rank,
-                                  "verdict": "kept" if cand.kept else "pruned", "reason": cand.reason,
-                                  "when": now_iso(), "injected": mode}
-                        for field in ("status", "median_ms", "times_ms", "tflops", "rel_err", "error", "wall_s",
-                                      "worker_s", "gate_s", "device_env"):
-                            record[field] = result.get(field)
-                        if result.get("interpreted"):  # CPU interpreter timings (CI): never a GPU's
-                            record.update(interpreted=True, timed_shape=result.get("timed_shape"))
-                        journal.append(record)
-                        outcome.timed_now += 1
-                        if record["status"] == "ok" and (best is None or record["tflops"] > best):
-                            best = record["tflops"]
-                        bar.advance(best, record)
+                if chosen is None:
+                    _race(ctx, static)
+                else:
+                    _single_round(ctx, chosen)
                 complete = True
             finally:  # Ctrl-C included: the entry reflects exactly what the journal holds
-                outcome.entry = measured_entry(gpu, shape, current_records(), static, spec.strategy,
-                                               len(chosen), complete, env)
+                if chosen is None:
+                    by_round = [ctx.results(rnd) for rnd in range(len(RACE_ROUNDS))]
+                    records, rounds = final_round_records(dict(enumerate(by_round)))[1], by_round
+                    to_time = len(static.ranked)
+                else:
+                    records, rounds, to_time = ctx.recorded(chosen), None, len(chosen)
+                outcome.entry = measured_entry(gpu, shape, records, static, spec.strategy, to_time, complete, env,
+                                               rounds=rounds)
                 db.put(key, outcome.entry)
                 db.save(env)
                 outcome.seconds = time.perf_counter() - t0
@@ -673,7 +771,8 @@ def print_summary(result: TuneResult, console) -> None:
                       f"{e['tflops']:.1f}" if e.get("tflops") else "-",
                       f"{e['time_ms']:.3f}" if e.get("time_ms") else "-", floor,
                       f"{100 * e['efficiency']:.0f}%" if e.get("efficiency") else "-",
-                      f"{counts['timed']} / {counts['space']}")
+                      f"{counts['timed']} / {counts['space']}"
+                      + (" (rounds " + " > ".join(map(str, counts["rounds"])) + ")" if counts.get("rounds") else ""))
     console.print(table)
     if not result.measured:
         console.print(f"[bold]Nothing was benchmarked[/bold]: {result.why_unmeasured}. The static ranking was "
@@ -681,7 +780,8 @@ def print_summary(result: TuneResult, console) -> None:
     else:
         timed = sum(o.timed_now for o in result.outcomes)
         skipped = sum(o.skipped for o in result.outcomes)
-        console.print(f"timed {timed} config(s) this run, reused {skipped} from {result.journal_path}; "
+        console.print(f"timed {timed} config(s) this run (race rounds count once each), reused {skipped} "
+                      f"from {result.journal_path}; "
                       f"{result.seconds:.1f} s in all", highlight=False)
         stale = sum(o.stale for o in result.outcomes)
         if stale:

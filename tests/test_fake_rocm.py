@@ -147,6 +147,9 @@ def test_live_worker_is_pinned_and_measures_in_the_interpreter(fake_rocm, monkey
     cfg = KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2)
     with LiveRunner(LiveSettings(timeout_s=60), triton_cache_dir=str(tmp_path / "triton"), device_index=1) as runner:
         result = runner.measure(cfg, shape)
+        screen = runner.measure(cfg, shape, budget={"rep_ms": 10.0, "warmup_ms": 5.0, "min_reps": 3, "gate": False})
+    # a race's screening round: timed, not gated
+    assert screen["status"] == "ok" and screen["rel_err"] is None and screen["median_ms"] > 0, screen
     assert runner.device == "AMD Instinct MI250X / MI250"
     assert result["status"] == "ok", result
     # the worker sees the 2nd visible device through HIP's variable; CUDA's is left as the user set it
@@ -237,7 +240,7 @@ def test_cli_tune_mi250_measures_and_builds_gfx90a(fake_rocm, tmp_path, monkeypa
     monkeypatch.setattr("rocmflash.space.default_space", _tiny_space)
     db_path, cache = tmp_path / "mi250.json", tmp_path / "cache"
     code = main(["tune", "--gpu", "mi250", "--head-dim", "64", "--dtype", "fp16", "--seqlen", "128", "--heads", "2",
-                 "--batch", "1", "--top-k", "2", "--db", str(db_path), "--cache-dir", str(cache), "--workers", "2"])
+                 "--batch", "1", "--strategy", "pruned", "--top-k", "2", "--db", str(db_path), "--cache-dir", str(cache), "--workers", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "timed 2 config(s)" in out and "Nothing was benchmarked" not in out, out

@@ -111,7 +111,7 @@ def test_replay_flag_runs_the_measured_path(env, capsys, tmp_path):
             f.write(json.dumps({"config": cfg.to_dict(), "shape": shape.to_dict(), "status": "ok", "median_ms": ms})
                     + "\n")
     code = cli(["tune", "--gpu", "h100", "--head-dim", "128", "--dtype", "bf16", "--seqlen", "2048", "--variant",
-                "online", "--top-k", "4", "--replay", str(recorded), "--workers", "2"])
+                "online", "--strategy", "pruned", "--top-k", "4", "--replay", str(recorded), "--workers", "2"])
     out = capsys.readouterr().out
     assert code == 0 and "timed 4 config(s)" in out
     entry = D.ConfigDB.read(str(env / "configs" / "h100.json"))["entries"]["d128-bf16-full-gqa1-s2048"]

@@ -34,7 +34,7 @@ def fake_time(cfg, shape):
 
 def spec(tmp_path, cache_dir, **kw):
     base = dict(gpu="h100", head_dim=64, dtype="fp16", seqlens=[2048], space=SPACE, db_path=str(tmp_path / "h100.json") if tmp_path else None,
-                cache_dir=cache_dir, workers=2, top_k=4)
+                cache_dir=cache_dir, workers=2, top_k=4, strategy="pruned")  # race: tests/test_tune_race.py
     base.update(kw)
     return TuneSpec(**base)
 
