@@ -4,9 +4,9 @@ Problems no static score or strategy was fitted on (the static score was fitted 
 D = 64/128, S = 2k/8k, no GQA): D = 80/96/192/256, GQA 8:1, fp16 and bf16, causal both,
 S = 1k/4k/16k. Per problem, in one process with one live runner:
 
-1. a ``race`` tune, then an ``exhaustive`` tune (separate journals and databases: neither
-   reuses the other's timings; the race runs first, so the exhaustive tune finds the
-   race's kernels compiled -- the wall-time ratio is, if anything, unfair to the race);
+1. a ``race`` tune, then an ``exhaustive`` tune, each as a user would run it cold: its own
+   journal, database, static-phase cache, Triton cache and live runner (neither reuses the
+   other's timings or compiles);
 2. both winners measured again, alternating, 3 times each with the full settings: the
    ratio of those medians separates a strategy miss from measurement noise;
 3. Spearman's rank correlation between the static rank and the measured speed of the
@@ -77,8 +77,9 @@ def run(args) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90)
-    triton_cache = os.path.join(ObservationCache(args.cache_dir).root, "live-triton")
-    runner = LiveRunner(settings, triton_cache_dir=triton_cache, prewarm_workers=args.prewarm_workers)
+    caches = {s: os.path.join(args.work, s, "cache") for s in ("race", "exhaustive")}
+    runners = {s: LiveRunner(settings, triton_cache_dir=os.path.join(ObservationCache(c).root, "live-triton"),
+                             prewarm_workers=args.prewarm_workers) for s, c in caches.items()}
     log(f"device {torch.cuda.get_device_name(0)}; torch {torch.__version__}; settings {settings}")
     results_path = os.path.join(args.out, f"race-heldout-{args.label}.json")
     results = []
@@ -89,10 +90,11 @@ def run(args) -> int:
             for strategy in ("race", "exhaustive"):
                 spec = TuneSpec(gpu="auto", head_dim=D, dtype=dtype, seqlens=[S], causal=causal, heads=heads,
                                 kv_heads=kv, strategy=strategy, db_path=os.path.join(args.work, strategy, "gpu.json"),
-                                cache_dir=args.cache_dir, workers=args.workers, live_settings=settings)
+                                cache_dir=caches[strategy], workers=args.workers, live_settings=settings)
                 row["key"] = shape_key(spec.validate().shape(S))
+                os.environ["TRITON_CACHE_DIR"] = os.path.join(caches[strategy], "static-triton")  # static phase
                 t0 = time.time()
-                res = tune(spec, runner=runner, console=None, progress=False)
+                res = tune(spec, runner=runners[strategy], console=None, progress=False)
                 e = res.outcomes[0].entry
                 row[strategy] = {"wall_s": round(time.time() - t0, 2), "best": e.get("best"),
                                  "tflops": e.get("tflops"), "counts": e["counts"],
@@ -106,7 +108,7 @@ def run(args) -> int:
                 for strategy in again:
                     best = row[strategy]["best"]
                     if best:
-                        r = runner.measure(KernelConfig.from_dict(best), shape)
+                        r = runners["exhaustive"].measure(KernelConfig.from_dict(best), shape)
                         if r.get("status") == "ok":
                             again[strategy].append(r["median_ms"])
             if again["race"] and again["exhaustive"]:
@@ -122,7 +124,14 @@ def run(args) -> int:
             with open(results_path, "w") as f:
                 json.dump(results, f, indent=1)
     finally:
-        runner.close()
+        for r in runners.values():
+            r.close()
+        import shutil
+
+        for strategy in ("race", "exhaustive"):  # the raw timings, every round
+            src = os.path.join(args.work, strategy, "gpu.journal.jsonl")
+            if os.path.exists(src):
+                shutil.copy(src, os.path.join(args.out, f"journal-{args.label}-{strategy}.jsonl"))
     return 0
 
 
@@ -192,7 +201,6 @@ def main(argv=None) -> int:
     r.add_argument("--work", required=True)
     r.add_argument("--problems", default=f"0-{len(PROBLEMS) - 1}")
     r.add_argument("--label", default="gpu")
-    r.add_argument("--cache-dir", default=os.environ.get("ROCMFLASH_CACHE_DIR"))
     r.add_argument("--workers", type=int, default=None)
     r.add_argument("--prewarm-workers", type=int, default=None)
     rp = sub.add_parser("report")
