@@ -123,16 +123,20 @@ def run(args) -> int:
                 f"wall fraction {row.get('wall_fraction')}, spearman {row['spearman']}")
             with open(results_path, "w") as f:
                 json.dump(results, f, indent=1)
+            _copy_journals(args)  # after every problem: a run cut short keeps what it measured
     finally:
         for r in runners.values():
             r.close()
-        import shutil
-
-        for strategy in ("race", "exhaustive"):  # the raw timings, every round
-            src = os.path.join(args.work, strategy, "gpu.journal.jsonl")
-            if os.path.exists(src):
-                shutil.copy(src, os.path.join(args.out, f"journal-{args.label}-{strategy}.jsonl"))
     return 0
+
+
+def _copy_journals(args) -> None:
+    import shutil
+
+    for strategy in ("race", "exhaustive"):  # the raw timings, every round
+        src = os.path.join(args.work, strategy, "gpu.journal.jsonl")
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(args.out, f"journal-{args.label}-{strategy}.jsonl"))
 
 
 def _static_correlation(work: str, key: str):

@@ -255,3 +255,22 @@ def test_isa_cli_reads_the_assembly_beside_the_code_object(spill_compiles, tmp_p
     assert record["scratch_loop_loads"] is None
     assert isa_main([cache]) == 0
     assert "loop/out" in capsys.readouterr().out
+
+
+def test_nvidia_local_memory_spills_within_budget_are_kept_for_measurement(tmp_path):
+    """H100, D=96 fp16 causal: 128x64 on 4 warps spills 64 B/thread to local memory (L1-cached) and
+    was the fastest config of a held-out tune; the pruner keeps it for the live phase to judge."""
+    from rocmflash.compile import sweep
+    from rocmflash.config import KernelConfig, Problem
+    from rocmflash.gpus import get_gpu
+
+    cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    problem = Problem(head_dim=96, dtype="fp16", causal=True, seqlen_q=4096, seqlen_k=4096)
+    (obs,), _ = sweep([cfg], problem, get_gpu("h100"), cache_dir=str(tmp_path), workers=1)
+    kernel = obs["kernels"][0]
+    assert kernel["arch"] == "sm_90" and 0 < kernel["scratch_bytes"] <= 64 and kernel["vgpr_spill_count"] > 0
+    verdict = judge(obs)
+    assert (verdict.kept, verdict.reason) == (True, HARMLESS_SPILL) and "NVIDIA local-memory" in verdict.detail
+    kernel["scratch_bytes"] = 128  # past the budget: pruned
+    verdict = judge(obs)
+    assert verdict.reason == "spills" and "128 B of local memory per thread > 64 B" in verdict.detail
