@@ -402,12 +402,34 @@ def prewarm_one(task: dict) -> Optional[str]:
         return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
 
 
+def prewarm_plan(mod, cfg: KernelConfig, s: Shape, compute_units: int) -> tuple[KernelConfig, int, int]:
+    """``(config, seqlen_q, seqlen_k)`` of a tiny launch that builds the binaries a launch of ``s`` runs.
+
+    Short sequences keep Triton's specialisation of the lengths (:func:`_prewarm_seqlen`).
+    ``split_kv`` also passes its split count as a kernel argument (specialised: ``== 1``
+    is a constant, ``% 16 == 0`` an alignment hint), and picks it from the shape: the
+    tiny launch pins the count the real shape gets, with enough keys to allow it. (Without
+    this, every split_kv config was compiled a second time by the timing worker: ~1.7 s
+    each on an H100 host, most of a race's screening round.)
+    """
+    seqlen_q, seqlen_k = _prewarm_seqlen(s.seqlen_q), _prewarm_seqlen(s.seqlen_k)
+    if cfg.variant == "split_kv":
+        splits = mod.choose_splits(cfg, s.batch * s.heads_q, s.seqlen_q, s.seqlen_k, compute_units)
+        cfg = cfg.replace(num_splits=splits)
+        if seqlen_k != s.seqlen_k:  # shortened (a multiple of 16): room for one key block per split
+            seqlen_k = max(seqlen_k, splits * cfg.BLOCK_N)
+    return cfg, seqlen_q, seqlen_k
+
+
 def _launch_once(mod, cfg: KernelConfig, s: Shape) -> None:
     import torch
 
+    from rocmflash.kernels.common import num_compute_units
+
     dtype = _torch_dtype(torch, s.dtype)
-    q = torch.randn(1, s.heads_q, _prewarm_seqlen(s.seqlen_q), s.head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(1, s.heads_kv, _prewarm_seqlen(s.seqlen_k), s.head_dim, device="cuda", dtype=dtype)
+    cfg, seqlen_q, seqlen_k = prewarm_plan(mod, cfg, s, num_compute_units(torch.device("cuda")))
+    q = torch.randn(1, s.heads_q, seqlen_q, s.head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(1, s.heads_kv, seqlen_k, s.head_dim, device="cuda", dtype=dtype)
     mod.launch(q, k, k, cfg, s.causal, 0.125, out=torch.empty_like(q))
     torch.cuda.synchronize()
 
