@@ -70,6 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_parsers(sub)  # `tune` and `export`
 
+    explain = sub.add_parser(
+        "explain", help="which config run-time selection picks for a problem on a GPU, and why",
+        description="Read the GPU's databases as run-time selection does (no GPU needed), show the entry it picks "
+                    "and how far it is from the asked problem, and cross-compile the choice for the GPU's arch to "
+                    "check it does not spill or fail there.")
+    explain.add_argument("--gpu", required=True, help="catalog name (see `rocmflash gpus`)")
+    explain.add_argument("--head-dim", type=int, required=True, metavar="D", help="head dimension (16..256)")
+    explain.add_argument("--dtype", required=True, metavar="fp16|bf16", help="fp16 or bf16")
+    explain.add_argument("--causal", action="store_true", help="causal attention")
+    explain.add_argument("--seqlen", type=int, required=True, metavar="S", help="query sequence length")
+    explain.add_argument("--seqlen-k", type=int, default=None, metavar="S", help="key length (default: --seqlen)")
+    explain.add_argument("--gqa", type=int, default=1, metavar="R", help="query heads per key/value head (default 1)")
+    explain.add_argument("--variant", default="online", help="kernel variant (default online)")
+    explain.add_argument("--db", default=None, metavar="PATH", help="read this database only")
+    explain.add_argument("--no-compile", action="store_true", help="skip the cross-compile check of the choice")
+    explain.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache (default: the user cache)")
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
+
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
 
@@ -96,6 +114,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             from rocmflash.cli_tune import run_export, run_tune
 
             return run_tune(args) if args.command == "tune" else run_export(args)
+        if args.command == "explain":
+            return _explain(args)
         if args.command == "vgpr-report":
             from rocmflash import vgpr_report
 
@@ -138,6 +158,26 @@ def compile_demo_kernel(gpu, cache_dir: str, num_warps: int = 4) -> None:
 
     src = ASTSource(fn=fa_like_kernel, signature=FA_LIKE_SIGNATURE, constexprs=dict(DEMO_CONSTEXPRS))
     triton.compile(src, target=gpu.triton_target(), options={"num_warps": num_warps, "num_stages": 1})
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from rocmflash.explain import explain, print_explanation
+
+    if args.variant not in ("online", "split_kv", "two_phase", "split_d"):
+        raise ValueError(f"--variant {args.variant!r} is unknown; expected online, split_kv, two_phase or split_d")
+    if args.db is not None and not os.path.isfile(args.db):
+        raise ValueError(f"--db {args.db}: no such file" + (" (it is a directory)" if os.path.isdir(args.db) else ""))
+    result = explain(args.gpu, args.head_dim, args.dtype, args.causal, args.seqlen, args.seqlen_k, args.gqa,
+                     args.variant, args.db, check=not args.no_compile, cache_dir=args.cache_dir)
+    if args.json:
+        import json
+
+        print(json.dumps(result, indent=1, default=str))
+        return 0
+    from rich.console import Console
+
+    print_explanation(result, Console())
+    return 0
 
 
 def _gpus(args: argparse.Namespace) -> int:

@@ -62,7 +62,7 @@ import json
 import os
 import tempfile
 import warnings
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, normalize_dtype
 
@@ -388,7 +388,7 @@ _INDEX: dict = {}
 def clear_cache() -> None:
     """Forget every loaded database and cached lookup (called after every save in this process)."""
     _INDEX.clear()
-    _lookup_cached.cache_clear()
+    lookup_match.cache_clear()
 
 
 def _index(path: str) -> dict:
@@ -420,24 +420,63 @@ def _pick(entry: dict, variant: Optional[str]) -> Optional[dict]:
     return per["config"] if per else None
 
 
-@functools.lru_cache(maxsize=4096)
-def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path):
+class DBMatch(NamedTuple):
+    """The entry a lookup chose: its config, key, bucket, distance from the asked bucket, file."""
+
+    config: KernelConfig
+    key: str
+    bucket: int
+    bucket_distance: int  #: |log2(entry bucket) - log2(asked bucket)|: 0 = the asked bucket itself
+    path: str
+    measured: bool
+
+
+def entries_for(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int,
+                db_path: Optional[str] = None) -> list:
+    """``[(path, bucket, entry), ...]`` of every entry with this head dim, dtype, causal flag and GQA
+    ratio, in the files a lookup reads (user's first)."""
     paths = [db_path] if db_path else database_paths(gpu_name)
     group_key = (int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio))
-    candidates = [(bucket, rank, entry) for rank, path in enumerate(paths)
-                  for bucket, entry in _index(path).get(group_key, ())]
+    return [(path, bucket, entry) for path in paths for bucket, entry in _index(path).get(group_key, ())]
+
+
+def groups_for(gpu_name: str, db_path: Optional[str] = None) -> dict:
+    """``{(head_dim, dtype, causal, gqa_ratio): [bucket, ...]}`` held in the files a lookup reads."""
+    out: dict = {}
+    for path in ([db_path] if db_path else database_paths(gpu_name)):
+        for group, items in _index(path).items():
+            out.setdefault(group, []).extend(b for b, _ in items)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def lookup_match(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,
+                 variant: Optional[str] = None, measured_only: bool = False,
+                 db_path: Optional[str] = None) -> Optional[DBMatch]:
+    """What :func:`lookup` chose and where from (None: no usable entry); same rules, same cache life."""
+    candidates = [(bucket, rank, path, entry) for rank, path in enumerate([db_path] if db_path else
+                                                                          database_paths(gpu_name))
+                  for bucket, entry in _index(path).get((int(head_dim), normalize_dtype(dtype), bool(causal),
+                                                         int(gqa_ratio)), ())]
     target = seqlen_bucket(seqlen).bit_length()
     # nearest bucket first (ties: the larger), then the user's file before the shipped one
-    for bucket, _, entry in sorted(candidates, key=lambda c: (abs(c[0].bit_length() - target), -c[0], c[1])):
+    for bucket, _, path, entry in sorted(candidates, key=lambda c: (abs(c[0].bit_length() - target), -c[0], c[1])):
         if measured_only and (not entry.get("measured") or entry.get("timing") == "interpreter"):
             continue
         cfg = _pick(entry, variant)
         if cfg is not None:
             try:
-                return KernelConfig.from_dict(cfg)
+                config = KernelConfig.from_dict(cfg)
             except (TypeError, ValueError):  # an entry this rocmflash cannot read: skip it
                 continue
+            return DBMatch(config, problem_key(head_dim, dtype, causal, gqa_ratio, bucket), bucket,
+                           abs(bucket.bit_length() - target), path, bool(entry.get("measured")))
     return None
+
+
+def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path):
+    match = lookup_match(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path)
+    return match.config if match is not None else None
 
 
 def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,

@@ -23,6 +23,7 @@ repeat call is one dict lookup (well under a microsecond; see
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Optional
@@ -30,6 +31,7 @@ from typing import Optional
 from rocmflash.config import KernelConfig, default_config
 
 NO_DB_ENV = "ROCMFLASH_NO_DB"
+_log = logging.getLogger("rocmflash.selection")
 
 _DEVICE: dict = {}  # device key -> (gpu catalog name or None, arch or None)
 _FWD: dict = {}  # problem key -> KernelConfig
@@ -92,7 +94,8 @@ def _identify(dev_type: str, index, interp: bool) -> tuple:
     return (match.gpu.name if match.gpu is not None else None, match.arch or None)
 
 
-def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant) -> Optional[KernelConfig]:
+def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant):
+    """The database's match for this problem (:class:`rocmflash.db.DBMatch`), or None."""
     if gpu_name is None or os.environ.get(NO_DB_ENV, "0") not in ("", "0"):
         return None
     try:
@@ -100,25 +103,21 @@ def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant) ->
     except ImportError:
         return None
     try:
-        cfg = db.lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant=variant,
-                        measured_only=True)
-    except TypeError:  # an older lookup without these keywords
-        cfg = db.lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen)
+        match = db.lookup_match(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant=variant,
+                                measured_only=True)
     except Exception as err:  # a broken database must not break attention: warn, use the default
         warnings.warn(f"rocmflash: config database lookup failed ({err}); using the default config",
                       RuntimeWarning, stacklevel=4)
         return None
-    if cfg is None:
+    if match is None:
         return None
-    if isinstance(cfg, dict):
-        cfg = KernelConfig.from_dict(cfg)
     try:
-        cfg.validate()
+        match.config.validate()
     except (ValueError, TypeError):
         return None
-    if cfg.variant != variant:
+    if match.config.variant != variant:
         return None
-    return cfg
+    return match
 
 
 def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_q: int,
@@ -130,19 +129,47 @@ def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, se
     if cfg is not None:
         return cfg
     gpu_name, arch = device_identity(device)
-    cfg = _db_lookup(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1), variant)
-    _LAST_SOURCE[key] = "db" if cfg is not None else "default"
-    if cfg is None:
-        cfg = default_config(arch, int(head_dim), variant)
+    match = _db_lookup(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1), variant)
+    cfg = match.config if match is not None else default_config(arch, int(head_dim), variant)
+    _LAST_SOURCE[key] = _describe(match, gpu_name, arch, int(head_dim), dtype, bool(causal), int(gqa_ratio),
+                                  int(seqlen_k), cfg)
+    _log.info("rocmflash: %s", _LAST_SOURCE[key]["text"])
     _FWD[key] = cfg
     return cfg
 
 
-def selection_source(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant="online") -> Optional[str]:
-    """``"db"`` or ``"default"`` for a problem already selected, else None (introspection)."""
+def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:
+    """What a selection chose and how far it is from the problem asked (logged once per problem)."""
+    dt = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(dtype), str(dtype))
+    bucket = _bucket(seqlen_k)
+    asked = f"d{head_dim}-{dt}-{'causal' if causal else 'full'}-gqa{gqa_ratio}-s{bucket}"  # rocmflash.db's key
+    if match is None:
+        why = ("no GPU in the catalog" if gpu_name is None else
+               f"no measured {gpu_name} entry for d{head_dim}/{dtype}/{'causal' if causal else 'full'}/"
+               f"gqa{gqa_ratio}" if os.environ.get(NO_DB_ENV, "0") in ("", "0") else f"{NO_DB_ENV} is set")
+        return {"source": "default", "asked": asked, "entry": None, "bucket_distance": None, "path": None,
+                "config": cfg.to_dict(),
+                "text": f"{asked}: per-arch default for {arch or 'no GPU'} ({why}): {cfg.to_json()}"}
+    off = ("the asked bucket" if match.bucket_distance == 0 else
+           f"{match.bucket_distance} bucket(s) ({2 ** match.bucket_distance}x in length) from s{bucket}")
+    return {"source": "db", "asked": asked, "entry": match.key, "bucket_distance": match.bucket_distance,
+            "path": match.path, "config": cfg.to_dict(),
+            "text": f"{asked}: database entry {match.key} ({off}) of {match.path}: {cfg.to_json()}"}
+
+
+def selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant="online") -> Optional[dict]:
+    """For a problem already selected on ``device``: ``{"source": "db" | "default", "asked", "entry",
+    "bucket_distance", "path", "config", "text"}``, else None. The same text is logged once per
+    problem at INFO level on the ``rocmflash.selection`` logger."""
     key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
            int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), variant)
     return _LAST_SOURCE.get(key)
+
+
+def selection_source(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant="online") -> Optional[str]:
+    """``"db"`` or ``"default"`` for a problem already selected, else None (introspection)."""
+    details = selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant)
+    return details["source"] if details else None
 
 
 def select_bwd_config(device, head_dim: int):
@@ -162,4 +189,5 @@ def _bucket(seqlen: int) -> int:
     return 1 << (s - 1).bit_length()
 
 
-__all__ = ["select_config", "select_bwd_config", "clear_cache", "device_identity", "selection_source"]
+__all__ = ["select_config", "select_bwd_config", "clear_cache", "device_identity", "selection_source",
+           "selection_details"]

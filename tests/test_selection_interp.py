@@ -119,3 +119,25 @@ def test_selection_never_tunes(monkeypatch):
         monkeypatch.delitem(sys.modules, mod, raising=False)
     selection.select_config(torch.device("cpu"), 128, torch.bfloat16, False, 1, 512, 512)
     assert "rocmflash.tune" not in sys.modules and "rocmflash.live" not in sys.modules
+
+
+def test_selection_says_which_entry_it_used_and_how_far_it_is(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import torch
+
+    tuned = KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    db = _write_db(tmp_path, monkeypatch, {(128, "bf16", True, 4, 2048): (tuned, True)})
+    _fake_gpu(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="rocmflash.selection"):
+        assert selection.select_config(_Dev(), 128, torch.bfloat16, True, 4, 7000, 7000) == tuned
+        selection.select_config(_Dev(), 128, torch.bfloat16, True, 4, 7000, 7000)  # cached: logged once
+    d = selection.selection_details(_Dev(), 128, torch.bfloat16, True, 4, 7000)
+    assert d["source"] == "db" and d["entry"] == "d128-bf16-causal-gqa4-s2048" and d["bucket_distance"] == 2
+    assert d["asked"] == "d128-bf16-causal-gqa4-s8192" and d["path"] == str(tmp_path / "h100.json")
+    assert "2 bucket(s) (4x in length) from s8192" in d["text"]
+    assert [r.getMessage() for r in caplog.records].count("rocmflash: " + d["text"]) == 1
+    selection.select_config(_Dev(), 64, torch.bfloat16, True, 4, 2048, 2048)
+    d = selection.selection_details(_Dev(), 64, torch.bfloat16, True, 4, 2048)
+    assert d["source"] == "default" and "no measured h100 entry for d64/" in d["text"]
+    assert db.lookup_match("h100", 128, "bf16", True, 4, 2048).bucket_distance == 0
