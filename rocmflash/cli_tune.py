@@ -50,6 +50,8 @@ def add_tune_parsers(subparsers) -> None:
                            "what is recorded)")
     tune.add_argument("--top-k", type=int, default=None, metavar="K",
                       help="configs the pruned strategy times (default 15%% of the space, at least 4)")
+    tune.add_argument("--no-seeds", action="store_true",
+                      help="do not add the AMD-published configs of the GPU's arch to the configs timed")
     tune.add_argument("--variant", nargs="+", default=None, metavar="NAME",
                       help="limit the space to these variants: online split_kv two_phase split_d")
     tune.add_argument("--timeout", type=float, default=120.0, metavar="SEC",
@@ -87,7 +89,7 @@ def run_tune(args: argparse.Namespace) -> int:
                         causal=args.causal, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                         strategy=args.strategy, top_k=args.top_k, db_path=args.db, resume=args.resume,
                         cache_dir=args.cache_dir, workers=args.workers, variants=args.variant,
-                        live_settings=LiveSettings(timeout_s=args.timeout),
+                        live_settings=LiveSettings(timeout_s=args.timeout), seeds=not args.no_seeds,
                         inject=parse_inject(os.environ.get(INJECT_ENV)))
         runner = None
         if args.replay:

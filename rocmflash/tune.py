@@ -65,6 +65,7 @@ from rocmflash.prune import PruneSettings, prune
 from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
 from rocmflash.race import advancing, final_round_records
 from rocmflash.roofline import Shape, roofline, tflops
+from rocmflash.seeds import reference_seeds
 
 STRATEGIES = ("race", "pruned", "exhaustive")
 NEAR_BEST_PCT = 3.0
@@ -106,6 +107,7 @@ class TuneSpec:
     live_settings: LiveSettings = LiveSettings()
     inject: dict = dataclasses.field(default_factory=dict)  #: test mode {mode: timed position}
     prewarm: bool = True
+    seeds: bool = True  #: always time the AMD-published configs of the GPU's arch (:mod:`rocmflash.seeds`)
 
     def validate(self) -> "TuneSpec":
         self.dtype = normalize_dtype(self.dtype)
@@ -188,6 +190,7 @@ class Candidate:
     reason: Optional[str]
     detail: str
     static_rank: Optional[int] = None  #: 0-based rank among survivors (None: pruned)
+    seed: Optional[str] = None  #: the AMD-published reference id this config is (always timed; :mod:`rocmflash.seeds`)
 
     def summary(self) -> dict:
         k = self.observation["kernels"][0] if self.observation.get("kernels") else {}
@@ -209,13 +212,22 @@ class StaticResult:
 
 
 def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None,
-                 settings: PruneSettings = PruneSettings(), on_result: Optional[Callable] = None) -> StaticResult:
+                 settings: PruneSettings = PruneSettings(), on_result: Optional[Callable] = None,
+                 seeds: tuple = ()) -> StaticResult:
+    """Compile and prune the space (plus ``seeds``: ``(reference id, config)`` pairs, added when
+    the space lacks them) and rank the survivors by the static score."""
     from rocmflash.compile import sweep
 
     configs = space.configs(problem, gpu)
+    seed_of = {}
+    for ref_id, cfg in seeds:
+        if cfg not in configs:
+            configs.append(cfg)
+        seed_of.setdefault(configs.index(cfg), ref_id)
     observations, stats = sweep(configs, problem, gpu, cache_dir=cache_dir, workers=workers, on_result=on_result)
     verdicts = prune(observations, settings)
-    cands = [Candidate(cfg, obs, v.kept, v.reason, v.detail) for cfg, obs, v in zip(configs, observations, verdicts)]
+    cands = [Candidate(cfg, obs, v.kept, v.reason, v.detail, seed=seed_of.get(i))
+             for i, (cfg, obs, v) in enumerate(zip(configs, observations, verdicts))]
     survivors = sorted((i for i, c in enumerate(cands) if c.kept),
                        key=lambda i: static_key(cands[i].config, cands[i].observation, i))
     for rank, i in enumerate(survivors):
@@ -232,7 +244,13 @@ def choose(strategy: str, static: StaticResult, top_k: Optional[int]) -> list:
     if strategy == "exhaustive":
         return list(static.candidates)
     k = top_k or default_top_k(len(static.candidates))
-    return static.ranked[:k]
+    top = static.ranked[:k]
+    return top + [c for c in seeded(static) if c not in top]
+
+
+def seeded(static: StaticResult) -> list:
+    """The seed candidates that compiled (kept or not): every strategy times them."""
+    return [c for c in static.candidates if c.seed and c.reason != "compile_failed"]
 
 
 # ====================================================================== runners
@@ -323,6 +341,8 @@ def measured_entry(gpu: GPU, shape: Shape, records: list, static: StaticResult, 
               "to_time": timed_total, "timed": len(latest)}
     if rounds is not None:
         counts["rounds"] = [len(by_config) for by_config in rounds]
+    seeds = [{"id": r["seed"], "config": r["config"], "status": r["status"], "tflops": r.get("tflops"),
+              "round": r.get("round"), "reason": r.get("reason")} for r in latest if r.get("seed")]
     for status in ("ok", "incorrect", "failed", "timeout", "crashed"):
         counts[status] = sum(1 for r in latest if r["status"] == status)
     roof = roofline(gpu, shape)
@@ -330,6 +350,8 @@ def measured_entry(gpu: GPU, shape: Shape, records: list, static: StaticResult, 
              "complete": complete, "best": None, "tflops": None, "time_ms": None, "near_best": [],
              "near_best_pct": NEAR_BEST_PCT, "best_per_variant": {}, "roofline": roof.to_dict(), "efficiency": None,
              "counts": counts, "when": now_iso(), "fingerprint": env}
+    if seeds:
+        entry["seeds"] = seeds
     if any(r.get("interpreted") for r in records):
         entry["timing"] = "interpreter"
         entry["note"] = ("timed in Triton's CPU interpreter (TRITON_INTERPRET=1) at a tiny shape: the ranking says "
@@ -361,6 +383,8 @@ def static_entry(gpu: GPU, shape: Shape, static: StaticResult, why: str, env: di
             "ranked": [c.summary() for c in ranked[:8]], "roofline": roofline(gpu, shape).to_dict(),
             "efficiency": None,
             "counts": {"space": len(static.candidates), "survivors": len(ranked), "to_time": 0, "timed": 0},
+            "seeds": [{"id": c.seed, "config": c.config.to_dict(), "kept": c.kept, "reason": c.reason,
+                       "static_rank": c.static_rank} for c in static.candidates if c.seed],
             "note": f"UNMEASURED: static ranking only, nothing was benchmarked ({why}). {STATIC_SCORE_DOC}.",
             "when": now_iso(), "fingerprint": env}
 
@@ -425,7 +449,7 @@ def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optiona
             record = {"key": ctx.key, "shape": ctx.shape.to_dict(), "env": ctx.eid, "config": cand.config.to_dict(),
                       "strategy": ctx.spec.strategy, "static_rank": cand.static_rank,
                       "verdict": "kept" if cand.kept else "pruned", "reason": cand.reason,
-                      "when": now_iso(), "injected": mode}
+                      "when": now_iso(), "injected": mode, "seed": cand.seed}
             if rnd is not None:
                 record.update(round=rnd, budget=budget)
             for field in ("status", "median_ms", "times_ms", "tflops", "rel_err", "error", "wall_s",
@@ -455,7 +479,7 @@ def _single_round(ctx: _LiveProblem, chosen: list) -> None:
 
 def _race(ctx: _LiveProblem, static: "StaticResult") -> None:
     """``race``: every static survivor, successive rounds (:mod:`rocmflash.race`); resumable per round."""
-    field = static.ranked
+    field = static.ranked + [c for c in seeded(static) if not c.kept]  # pruned seeds are timed too
     done = ctx.results(0)
     _prewarm(ctx, [c for c in field if c.config.to_json() not in done])
     last = len(RACE_ROUNDS) - 1
@@ -670,16 +694,20 @@ class _Output:
             self.console.print(text, highlight=False)
 
     def static(self, gpu, problem, space, spec) -> StaticResult:
-        n = len(space.configs(problem, gpu))
+        seeds = tuple(reference_seeds(gpu, problem, spec.variants)) if spec.seeds else ()
+        if seeds:
+            self.note(f"seeds: {len(seeds)} AMD-published {gpu.arch} config(s) always timed: "
+                      + ", ".join(ref_id for ref_id, _ in seeds))
+        n = len(space.configs(problem, gpu)) + len(seeds)
         if not self.progress:
-            return static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings)
+            return static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings, seeds=seeds)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(TextColumn(f"[bold]static sweep for {gpu.arch}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=self.console, transient=True) as bar:
             task = bar.add_task("static", total=n)
             st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
-                              on_result=lambda _: bar.advance(task))
+                              on_result=lambda _: bar.advance(task), seeds=seeds)
         s = st.stats
         kept = sum(c.kept for c in st.candidates)
         self.note(f"static phase D={problem.head_dim} {problem.dtype}{' causal' if problem.causal else ''}: "
