@@ -17,7 +17,7 @@ Its guarantee: a config is eliminated only by being slower than ``keep`` of its 
 field *and* more than ``margin_pct`` slower than the round's best, as measured. The
 static score only orders the work (and ties).
 
-Pure functions here; :func:`rocmflash.tune.tune` runs the rounds (journal, resume,
+Pure functions here; :mod:`rocmflash.tuning.strategies` runs the rounds (journal, resume,
 progress) with them.
 """
 

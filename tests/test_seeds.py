@@ -39,7 +39,7 @@ def three_seeds(monkeypatch):
     outside = [s for s in real if s[1] not in in_space][:2]
     assert inside and len(outside) == 2
     picked = inside + outside
-    monkeypatch.setattr("rocmflash.tune.reference_seeds", lambda gpu, problem, variants=None: picked)
+    monkeypatch.setattr("rocmflash.tuning.output.reference_seeds", lambda gpu, problem, variants=None: picked)
     return picked
 
 

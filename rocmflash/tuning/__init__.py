@@ -1,0 +1,69 @@
+"""``rocmflash tune``: static phase, live phase, journal, database (the tuning package).
+
+Flow for one tune (one GPU, head dim, dtype, causal flag, one or more sequence lengths):
+
+1. **Static phase** (always): the config space (:func:`rocmflash.space.default_space`)
+   is cross-compiled on the CPU (:func:`rocmflash.compile.sweep`, cached) and pruned
+   (:func:`rocmflash.prune.prune`). Survivors are ranked by the static score below.
+2. **Live phase**, only when the live GPU is the one asked for: the strategy picks the
+   configs to time, each is gated and timed in an isolated worker
+   (:mod:`rocmflash.live`), every result is appended to the journal as it arrives, and
+   the database entry is rebuilt from the journal (:mod:`rocmflash.db`).
+3. Without a matching live GPU the static ranking is written with ``"measured": false``
+   and the output says that nothing was benchmarked, and why.
+
+Strategies
+----------
+``race`` (default): every static survivor, in successive rounds (:mod:`rocmflash.race`):
+  a short ungated screen of all, then the fastest quarter (and near-ties) measured
+  longer with the gate, then the fastest third of those with the full settings. The
+  static score orders the work; it never decides alone what is not timed.
+``exhaustive``: time every config of the space, in space order, pruned or not (the
+  baseline; the static verdicts are still recorded beside each result).
+``pruned``: time only the top ``K`` survivors of the static pruner by static score
+  (``--top-k``; default 15% of the space, at least 4). If fewer survive, all are timed.
+
+Static score (the ranking when nothing is measured, the order of ``pruned`` and ``race``)
+--------------------------------------------------------------------------------
+Survivors are sorted by this key, smallest first:
+
+1. the variant's **work factor**: matrix FLOPs relative to ``online`` (``online`` 1,
+   ``split_kv`` 1.05 for its partial writes and combine launch, ``split_d`` (c+1)/2
+   for c head-dim chunks recomputing QKᵀ, ``two_phase`` 1.5 for its second QKᵀ pass);
+2. **rows per warp** ``BLOCK_M / num_warps`` of at least 16 first: the warps of a
+   program split its query rows, and fewer than 16 rows per warp leaves the matrix
+   instruction's M dimension (16) part empty (on AMD the default space already
+   excludes such configs);
+3. **occupancy**: waves per SIMD (AMD) or warps per scheduler (NVIDIA), more first;
+4. fewer **allocated VGPRs** (registers per thread on NVIDIA): headroom before the
+   next cliff;
+5. larger ``BLOCK_N`` (fewer loop trips), then more ``num_stages``, then space order.
+
+It uses compiler truth only (the code object's registers and LDS), never a timing.
+History: the first version ranked ``min(BLOCK_M, 128)`` (K/V reuse) before occupancy;
+on the H100 it missed the ``64x64, 4 warps`` winner of 9 of 16 benchmark problems
+(reports/tune-2026-11-21-h100.md), which this key ranks in its top 13.
+
+Modules, in the order data flows: :mod:`~rocmflash.tuning.spec` (what is asked),
+:mod:`~rocmflash.tuning.static` (compile, prune, rank), :mod:`~rocmflash.tuning.strategies`
+(what is timed, in which rounds), :mod:`~rocmflash.tuning.runners` (what times it: replay;
+the live GPU runner is :class:`rocmflash.live.LiveRunner`), :mod:`~rocmflash.tuning.entries`
+(database entries), :mod:`~rocmflash.tuning.output` (console observer) and
+:mod:`~rocmflash.tuning.run` (the tune). ``rocmflash.tune`` re-exports them.
+"""
+
+from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
+from rocmflash.tuning.output import print_summary
+from rocmflash.tuning.run import ProblemOutcome, TuneInterrupted, TuneResult, resolve_gpu, tune
+from rocmflash.tuning.runners import ReplayRunner
+from rocmflash.tuning.spec import (DEFAULT_TOP_K_FRACTION, HEADS_TIMES_D, INJECT_ENV, NEAR_BEST_PCT,
+                                   STATIC_SCORE_DOC, STRATEGIES, TOKENS_PER_BATCH, NoLiveGPUError, TuneSpec,
+                                   parse_inject, static_problem)
+from rocmflash.tuning.static import Candidate, StaticResult, default_top_k, static_key, static_phase, work_factor
+from rocmflash.tuning.strategies import choose, seeded
+
+__all__ = ["tune", "TuneSpec", "TuneResult", "TuneInterrupted", "ProblemOutcome", "NoLiveGPUError", "ReplayRunner",
+           "static_phase", "static_problem", "static_key", "work_factor", "Candidate", "StaticResult", "choose",
+           "seeded", "default_top_k", "measured_entry", "static_entry", "shape_key", "resolve_gpu", "print_summary",
+           "parse_inject", "STRATEGIES", "NEAR_BEST_PCT", "DEFAULT_TOP_K_FRACTION", "INJECT_ENV",
+           "TOKENS_PER_BATCH", "HEADS_TIMES_D", "STATIC_SCORE_DOC"]

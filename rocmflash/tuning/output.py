@@ -1,0 +1,151 @@
+"""Console output of a tune, an observer of its progress: static bar, timing bar, final table."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Optional
+
+from rocmflash.seeds import reference_seeds
+from rocmflash.tuning.static import StaticResult, static_phase
+
+if TYPE_CHECKING:
+    from rocmflash.tuning.run import TuneResult
+
+
+class _Output:
+    """Rich progress (static sweep bar, timing bar with ETA and best-so-far) or nothing."""
+
+    def __init__(self, console, progress: bool):
+        self.console = console
+        self.progress = progress and console is not None
+
+    def note(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text, highlight=False)
+
+    def static(self, gpu, problem, space, spec) -> StaticResult:
+        seeds = tuple(reference_seeds(gpu, problem, spec.variants)) if spec.seeds else ()
+        if seeds:
+            self.note(f"seeds: {len(seeds)} AMD-published {gpu.arch} config(s) always timed: "
+                      + ", ".join(ref_id for ref_id, _ in seeds))
+        n = len(space.configs(problem, gpu)) + len(seeds)
+        if not self.progress:
+            return static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings, seeds=seeds)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn(f"[bold]static sweep for {gpu.arch}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, transient=True) as bar:
+            task = bar.add_task("static", total=n)
+            st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
+                              on_result=lambda _: bar.advance(task), seeds=seeds)
+        s = st.stats
+        kept = sum(c.kept for c in st.candidates)
+        self.note(f"static phase D={problem.head_dim} {problem.dtype}{' causal' if problem.causal else ''}: "
+                  f"{s.configs} configs ({s.compiled} compiled, {s.cache_hits} cached, {s.failed} failed) in "
+                  f"{s.seconds:.1f} s; {kept} survive the pruner")
+        return st
+
+    def spinner(self, text: str):
+        import contextlib
+
+        if not self.progress:
+            return contextlib.nullcontext()
+        return self.console.status(text)
+
+    def bar(self, key: str, total: int, done: int, best: Optional[float]):
+        return _Bar(self, key, total, done, best)
+
+
+class _Bar:
+    def __init__(self, out: _Output, key: str, total: int, done: int, best):
+        self.out, self.key, self.total, self.done, self.best = out, key, total, done, best
+        self.progress = None
+
+    def __enter__(self):
+        if self.out.progress:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.progress = Progress(TextColumn(f"[bold]{self.key}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                     TextColumn("{task.fields[best]}"), console=self.out.console)
+            self.progress.__enter__()
+            self.task = self.progress.add_task(self.key, total=self.total, completed=self.done,
+                                               best=self._best_text())
+        return self
+
+    def _best_text(self) -> str:
+        return "best: -" if self.best is None else f"best: {self.best:.1f} TFLOP/s"
+
+    def advance(self, best, record: dict) -> None:
+        self.best = best
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, best=self._best_text())
+            if record["status"] != "ok":
+                self.progress.console.print(f"  {record['status']}: {_label(record['config'])}: "
+                                            f"{(record.get('error') or '')[:160]}", highlight=False)
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+        return False
+
+
+def _label(cfg: dict) -> str:
+    c = cfg
+    parts = [c["variant"], f"{c['BLOCK_M']}x{c['BLOCK_N']}", f"w{c['num_warps']}", f"s{c['num_stages']}"]
+    if c.get("waves_per_eu"):
+        parts.append(f"wpe{c['waves_per_eu']}")
+    if c.get("matrix_instr_nonkdim"):
+        parts.append(f"mfma{c['matrix_instr_nonkdim']}")
+    if c.get("kpack", 1) != 1:
+        parts.append(f"kp{c['kpack']}")
+    if c.get("PRE_LOAD_V"):
+        parts.append("plv")
+    if c["variant"] == "split_d":
+        parts.append(f"c{c['d_chunks']}")
+    return " ".join(parts)
+
+
+def print_summary(result: TuneResult, console) -> None:
+    """The final table: winners beside their roofline floor and the efficiency reached."""
+    from rich.table import Table
+
+    title = f"rocmflash tune: {result.gpu.name} ({result.gpu.arch}) -> {result.db_path}"
+    table = Table(title=title)
+    for col in ("problem", "B x H", "measured", "best config", "TFLOP/s", "ms", "floor ms (compute / memory)",
+                "efficiency", "timed / space"):
+        table.add_column(col)
+    for o in result.outcomes:
+        e = o.entry
+        if not e:
+            continue
+        roof = e["roofline"]
+        floor = f"{roof['floor_ms']:.3f} ({roof['compute_ms']:.3f} / {roof['memory_ms']:.3f})"
+        counts = e["counts"]
+        table.add_row(o.key, f"{o.shape.batch} x {o.shape.heads_q}/{o.shape.heads_kv}",
+                      "yes" if e["measured"] else "NO (static rank)",
+                      _label(e["best"]) if e.get("best") else "-",
+                      f"{e['tflops']:.1f}" if e.get("tflops") else "-",
+                      f"{e['time_ms']:.3f}" if e.get("time_ms") else "-", floor,
+                      f"{100 * e['efficiency']:.0f}%" if e.get("efficiency") else "-",
+                      f"{counts['timed']} / {counts['space']}"
+                      + (" (rounds " + " > ".join(map(str, counts["rounds"])) + ")" if counts.get("rounds") else ""))
+    console.print(table)
+    if not result.measured:
+        console.print(f"[bold]Nothing was benchmarked[/bold]: {result.why_unmeasured}. The static ranking was "
+                      f"written to {result.db_path} with \"measured\": false.", highlight=False)
+    else:
+        timed = sum(o.timed_now for o in result.outcomes)
+        skipped = sum(o.skipped for o in result.outcomes)
+        console.print(f"timed {timed} config(s) this run (race rounds count once each), reused {skipped} "
+                      f"from {result.journal_path}; "
+                      f"{result.seconds:.1f} s in all", highlight=False)
+        stale = sum(o.stale for o in result.outcomes)
+        if stale:
+            console.print(f"ignored {stale} journal result(s) made under another environment (Triton/torch/device)",
+                          highlight=False)
+
+
+def log(*a) -> None:  # pragma: no cover - debugging aid
+    print(*a, file=sys.stderr, flush=True)

@@ -1,0 +1,88 @@
+"""The static phase of a tune: compile and prune the space, rank the survivors (no GPU, no timing).
+
+The static score is documented in :mod:`rocmflash.tuning` (and ``STATIC_SCORE_DOC``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+from rocmflash.config import KernelConfig, Problem
+from rocmflash.gpus import GPU
+from rocmflash.prune import PruneSettings, prune
+from rocmflash.tuning.spec import DEFAULT_TOP_K_FRACTION
+
+def work_factor(cfg: KernelConfig) -> float:
+    if cfg.variant == "split_kv":
+        return 1.05
+    if cfg.variant == "two_phase":
+        return 1.5
+    if cfg.variant == "split_d":
+        return (cfg.d_chunks + 1) / 2
+    return 1.0
+
+
+def static_key(cfg: KernelConfig, obs: dict, index: int = 0) -> tuple:
+    """Sort key of the static score (smaller is better); see the module docstring."""
+    k = obs["kernels"][0] if obs.get("kernels") else {}
+    return (work_factor(cfg), cfg.BLOCK_M // cfg.num_warps < 16, -(k.get("waves_per_simd") or 0),
+            k.get("allocated_vgprs") or k.get("vgpr_count") or 10**6, -cfg.BLOCK_N, -cfg.num_stages, index)
+
+
+@dataclasses.dataclass
+class Candidate:
+    config: KernelConfig
+    observation: dict
+    kept: bool
+    reason: Optional[str]
+    detail: str
+    static_rank: Optional[int] = None  #: 0-based rank among survivors (None: pruned)
+    seed: Optional[str] = None  #: the AMD-published reference id this config is (always timed; :mod:`rocmflash.seeds`)
+
+    def summary(self) -> dict:
+        k = self.observation["kernels"][0] if self.observation.get("kernels") else {}
+        return {"config": self.config.to_dict(), "static_rank": self.static_rank,
+                "waves_per_simd": k.get("waves_per_simd"), "allocated_vgprs": k.get("allocated_vgprs"),
+                "lds_bytes": (k.get("lds_bytes") or 0) + (k.get("dynamic_lds_bytes") or 0) if k else None}
+
+
+@dataclasses.dataclass
+class StaticResult:
+    problem: Problem
+    candidates: list  #: every config of the space, space order
+    stats: object
+
+    @property
+    def ranked(self) -> list:
+        """Survivors, best static score first."""
+        return sorted((c for c in self.candidates if c.kept), key=lambda c: c.static_rank)
+
+
+def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None,
+                 settings: PruneSettings = PruneSettings(), on_result: Optional[Callable] = None,
+                 seeds: tuple = ()) -> StaticResult:
+    """Compile and prune the space (plus ``seeds``: ``(reference id, config)`` pairs, added when
+    the space lacks them) and rank the survivors by the static score."""
+    from rocmflash.compile import sweep
+
+    configs = space.configs(problem, gpu)
+    seed_of = {}
+    for ref_id, cfg in seeds:
+        if cfg not in configs:
+            configs.append(cfg)
+        seed_of.setdefault(configs.index(cfg), ref_id)
+    observations, stats = sweep(configs, problem, gpu, cache_dir=cache_dir, workers=workers, on_result=on_result)
+    verdicts = prune(observations, settings)
+    cands = [Candidate(cfg, obs, v.kept, v.reason, v.detail, seed=seed_of.get(i))
+             for i, (cfg, obs, v) in enumerate(zip(configs, observations, verdicts))]
+    survivors = sorted((i for i, c in enumerate(cands) if c.kept),
+                       key=lambda i: static_key(cands[i].config, cands[i].observation, i))
+    for rank, i in enumerate(survivors):
+        cands[i].static_rank = rank
+    return StaticResult(problem, cands, stats)
+
+
+def default_top_k(space_size: int) -> int:
+    return max(4, math.ceil(DEFAULT_TOP_K_FRACTION * space_size))

@@ -1,0 +1,134 @@
+"""Strategies: which candidates are timed, in what rounds (``race``, ``pruned``, ``exhaustive``).
+
+Each strategy is a function over a problem's live context (runner, journal, output); every
+measurement is appended to the journal as it arrives, and a re-run resumes from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Optional
+
+from rocmflash.config import KernelConfig
+from rocmflash.db import Journal, now_iso
+from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
+from rocmflash.race import advancing
+from rocmflash.roofline import Shape
+from rocmflash.tuning.static import StaticResult, default_top_k
+
+if TYPE_CHECKING:
+    from rocmflash.tuning.output import _Output
+    from rocmflash.tuning.run import ProblemOutcome
+    from rocmflash.tuning.spec import TuneSpec
+
+def choose(strategy: str, static: StaticResult, top_k: Optional[int]) -> list:
+    """The candidates a strategy times, in timing order."""
+    if strategy == "exhaustive":
+        return list(static.candidates)
+    k = top_k or default_top_k(len(static.candidates))
+    top = static.ranked[:k]
+    return top + [c for c in seeded(static) if c not in top]
+
+
+def seeded(static: StaticResult) -> list:
+    """The seed candidates that compiled (kept or not): every strategy times them."""
+    return [c for c in static.candidates if c.seed and c.reason != "compile_failed"]
+
+
+@dataclasses.dataclass
+class _LiveProblem:
+    """What timing one problem needs: runner, journal, output, and where its records go."""
+
+    runner: object
+    journal: Journal
+    out: "_Output"
+    spec: "TuneSpec"
+    key: str
+    shape: Shape
+    eid: str
+    inject: dict  #: test mode {mode: timed position}, consumed as positions are reached
+    outcome: "ProblemOutcome"
+
+    def results(self, rnd: Optional[int] = None) -> dict:
+        """``{config json: latest record}`` of this problem: single-round strategies (``rnd`` None)
+        or one race round."""
+        shape = self.shape.to_dict()
+        out = {}
+        for r in self.journal.records:
+            if r["key"] == self.key and r.get("shape") == shape and r.get("env") == self.eid \
+                    and r.get("round") == rnd:
+                out[KernelConfig.from_dict(r["config"]).to_json()] = r
+        return out
+
+    def recorded(self, cands: list, rnd: Optional[int] = None) -> list:
+        keys = {c.config.to_json() for c in cands}
+        return [r for k, r in self.results(rnd).items() if k in keys]
+
+
+def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optional[dict], label: str) -> None:
+    """Time the candidates that have no record yet (for this round), appending each result to the journal."""
+    done = ctx.results(rnd)
+    todo = [c for c in cands if c.config.to_json() not in done]
+    skipped = len(cands) - len(todo)
+    ctx.outcome.skipped += skipped
+    if skipped:
+        ctx.out.note(f"{label}: {skipped} of {len(cands)} config(s) already in the journal, skipped")
+    best = max((r["tflops"] for r in ctx.recorded(cands, rnd) if r["status"] == "ok"), default=None)
+    with ctx.out.bar(label, len(cands), skipped, best) as bar:
+        for cand in todo:
+            pos = ctx.outcome.timed_now
+            mode = next((m for m, p in ctx.inject.items() if p == pos), None)
+            if mode:
+                ctx.inject.pop(mode)
+            result = ctx.runner.measure(cand.config, ctx.shape, inject=mode, **({"budget": budget} if budget else {}))
+            record = {"key": ctx.key, "shape": ctx.shape.to_dict(), "env": ctx.eid, "config": cand.config.to_dict(),
+                      "strategy": ctx.spec.strategy, "static_rank": cand.static_rank,
+                      "verdict": "kept" if cand.kept else "pruned", "reason": cand.reason,
+                      "when": now_iso(), "injected": mode, "seed": cand.seed}
+            if rnd is not None:
+                record.update(round=rnd, budget=budget)
+            for field in ("status", "median_ms", "times_ms", "tflops", "rel_err", "error", "wall_s",
+                          "worker_s", "gate_s", "device_env"):
+                record[field] = result.get(field)
+            if result.get("interpreted"):  # CPU interpreter timings (CI): never a GPU's
+                record.update(interpreted=True, timed_shape=result.get("timed_shape"))
+            ctx.journal.append(record)
+            ctx.outcome.timed_now += 1
+            if record["status"] == "ok" and (best is None or record["tflops"] > best):
+                best = record["tflops"]
+            bar.advance(best, record)
+
+
+def _prewarm(ctx: _LiveProblem, cands: list) -> None:
+    if ctx.spec.prewarm and cands and hasattr(ctx.runner, "prewarm"):
+        with ctx.out.spinner(f"{ctx.key}: compiling {len(cands)} config(s) in parallel"):
+            ctx.runner.prewarm([c.config for c in cands], ctx.shape)
+
+
+def _single_round(ctx: _LiveProblem, chosen: list) -> None:
+    """``pruned`` / ``exhaustive``: time the chosen configs once, with the full live settings."""
+    done = ctx.results()
+    _prewarm(ctx, [c for c in chosen if c.config.to_json() not in done])
+    _measure(ctx, chosen, None, None, ctx.key)
+
+
+def _race(ctx: _LiveProblem, static: "StaticResult") -> None:
+    """``race``: every static survivor, successive rounds (:mod:`rocmflash.race`); resumable per round."""
+    field = static.ranked + [c for c in seeded(static) if not c.kept]  # pruned seeds are timed too
+    done = ctx.results(0)
+    _prewarm(ctx, [c for c in field if c.config.to_json() not in done])
+    last = len(RACE_ROUNDS) - 1
+    for rnd, spec_round in enumerate(RACE_ROUNDS):
+        if not field:
+            return
+        budget = None if rnd == last else spec_round.budget()  # the last round: the full live settings
+        _measure(ctx, field, rnd, budget, f"{ctx.key} round {rnd + 1}/{len(RACE_ROUNDS)}")
+        if rnd == last:
+            return
+        results = ctx.results(rnd)
+        timings = []
+        for c in field:
+            r = results.get(c.config.to_json()) or {}
+            timings.append((c.config.to_json(), r.get("median_ms") if r.get("status") == "ok" else None))
+        keep = set(advancing(timings, spec_round.keep))
+        field = [c for c in field if c.config.to_json() in keep]  # static order: deterministic on resume
