@@ -129,3 +129,18 @@ def test_amd_default_tile_fits_without_spills(arch, D, causal, nonkdim):
     regs = _amd_regs(k)
     assert regs["vgpr_spill_count"] == 0
     assert "scratch_" not in k.asm["amdgcn"]
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
+@pytest.mark.parametrize("D", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_amd_forward_defaults_do_not_spill(arch, D, causal):
+    """The shipped per-arch forward default (what run-time selection serves without a database entry)
+    compiles without scratch at every head-dim class (64x64 spilled at D = 192/256 before)."""
+    from isa_tools import read_code_object
+
+    k = get_variant("online").compile_for(arch, default_config(arch, D), Problem(head_dim=D, causal=causal,
+                                                                                  dtype="bf16"))[0]
+    (res,) = read_code_object(k.asm["hsaco"])
+    assert res.arch == arch
+    assert (res.vgpr_spill_count, res.sgpr_spill_count, res.scratch_bytes) == (0, 0, 0), res
