@@ -58,15 +58,6 @@ def _indices(text: str) -> list:
     return out
 
 
-def _spearman(xs, ys):
-    import numpy as np
-
-    if len(xs) < 3:
-        return None
-    rx, ry = np.argsort(np.argsort(xs)), np.argsort(np.argsort(ys))
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def run(args) -> int:
     import torch
 
@@ -151,6 +142,8 @@ def _static_correlation(work: str, key: str):
         if r.get("key") == key and r.get("status") == "ok" and r.get("static_rank") is not None:
             ranks.append(r["static_rank"])
             speeds.append(-r["tflops"])  # rank 0 = best static = should be fastest
+    from tune_efficiency import _spearman  # bench/ is this script's directory
+
     rho = _spearman(ranks, speeds)
     return None if rho is None else round(rho, 3)
 
