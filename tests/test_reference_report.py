@@ -68,21 +68,22 @@ def test_ranks_twins_and_would_be_places(fake_sweep):
     rows = {("top" if r.is_top else r.refs[0].id): r for r in result.rows}
     assert len(result.rows) == 6  # the two copies of the AMD default share one row
     assert [ref.id for ref in rows["amd-default"].refs] == ["amd-default", "amd-default-copy"]
+    # the AMD static key: tiles keeping 2 waves, then larger BLOCK_M, BLOCK_N (128-row tiles first here)
     top = rows["top"]
-    assert top.rank == 1 and top.config.BLOCK_N == 64 and top.config.BLOCK_M == 64
+    assert top.rank == 1 and (top.config.BLOCK_M, top.config.BLOCK_N, top.config.matrix_instr_nonkdim) == (128, 64, 16)
     assert result.rows[0] is top
-    assert rows["in-space"].rank == 2 and rows["in-space"].in_space
+    assert rows["in-space"].rank == 5 and rows["in-space"].in_space
     dup = rows["in-space-duplicate"]
-    assert dup.verdict.reason == "duplicate_binary" and dup.rank == 1 and dup.twin.matrix_instr_nonkdim == 16
+    assert dup.verdict.reason == "duplicate_binary" and dup.rank == 4 and dup.twin.matrix_instr_nonkdim == 16
     default = rows["amd-default"]
     assert not default.in_space and default.verdict.reason == "spills" and default.rank is None
-    assert default.twin.matrix_instr_nonkdim == 32 and default.siblings == [("16/1", "#4"), ("32/1", "spills")]
+    assert default.twin.matrix_instr_nonkdim == 32 and default.siblings == [("16/1", "#1"), ("32/1", "spills")]
     assert reference_report.rank_text(default, 6) == "not in space; pruned (same code object as mfma32)"
-    assert rows["twin-kept"].rank == 6
-    assert reference_report.rank_text(rows["twin-kept"], 6) == "not in space; = #6 of 6 (same code object as mfma32)"
-    stages = rows["three-stages"]
-    assert stages.twin is None and stages.would_rank == 5 and stages.siblings == []
-    assert reference_report.rank_text(stages, 6) == "not in space; would be #5 of 6 + 1"
+    assert rows["twin-kept"].rank == 3 and rows["twin-kept"].siblings == [("16/1", "#2"), ("32/1", "#3")]
+    assert reference_report.rank_text(rows["twin-kept"], 6) == "not in space; = #3 of 6 (same code object as mfma32)"
+    stages = rows["three-stages"]  # more stages sort first among equal tiles
+    assert stages.twin is None and stages.would_rank == 2 and stages.siblings == []
+    assert reference_report.rank_text(stages, 6) == "not in space; would be #2 of 6 + 1"
     records = reference_report.to_records(result)
     assert json.loads(json.dumps(records)) == records and records[0]["static_top"]
     md = reference_report.markdown(result)

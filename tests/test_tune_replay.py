@@ -200,3 +200,21 @@ def test_injected_failures_in_replay(tmp_path, cache_dir):
     recs = journal(tmp_path)
     assert [r["status"] for r in recs] == ["crashed", "ok", "timeout", "ok"]
     assert [r["injected"] for r in recs] == ["crash", None, "hang", None]
+
+
+def test_static_key_on_amd_prefers_the_larger_tile_at_two_waves():
+    """AMD: among tiles that keep 2 waves/SIMD, larger BLOCK_M then BLOCK_N first (AMD's published defaults
+    choose 128x64 at 2 waves over a third wave); a tile below 2 waves still sorts after every one at 2."""
+    def obs(waves, vgprs, arch="gfx942"):
+        return {"kernels": [{"waves_per_simd": waves, "allocated_vgprs": vgprs, "arch": arch}]}
+
+    aiter_default = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2)
+    third_wave = KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=3)
+    one_wave = KernelConfig(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=1, waves_per_eu=1)
+    ranked = sorted([(third_wave, obs(3, 168)), (one_wave, obs(1, 400)), (aiter_default, obs(2, 256))],
+                    key=lambda co: static_key(*co))
+    assert [c for c, _ in ranked] == [aiter_default, third_wave, one_wave]
+    # the same observations on NVIDIA (no gfx arch): occupancy first, as fitted on the H100
+    nv = sorted([(third_wave, obs(3, 168, "sm_90")), (aiter_default, obs(2, 256, "sm_90"))],
+                key=lambda co: static_key(*co))
+    assert [c for c, _ in nv] == [third_wave, aiter_default]

@@ -34,15 +34,26 @@ Survivors are sorted by this key, smallest first:
    program split its query rows, and fewer than 16 rows per warp leaves the matrix
    instruction's M dimension (16) part empty (on AMD the default space already
    excludes such configs);
-3. **occupancy**: waves per SIMD (AMD) or warps per scheduler (NVIDIA), more first;
-4. fewer **allocated VGPRs** (registers per thread on NVIDIA): headroom before the
-   next cliff;
+NVIDIA (fitted on H100 timings):
+
+3. **occupancy**: warps per scheduler, more first;
+4. fewer **registers** per thread: headroom before the next cliff;
 5. larger ``BLOCK_N`` (fewer loop trips), then more ``num_stages``, then space order.
 
+AMD (fitted on AMD's published defaults; no AMD timing here):
+
+3. tiles that keep **2 waves/SIMD** first (AMD's defaults run at ``waves_per_eu=2``);
+4. larger ``BLOCK_M`` up to 128, then larger ``BLOCK_N`` up to 64 (K/V and Q reuse per
+   wave, which AMD's defaults choose over a third wave);
+5. occupancy, fewer allocated VGPRs, more ``num_stages``, then space order.
+
 It uses compiler truth only (the code object's registers and LDS), never a timing.
-History: the first version ranked ``min(BLOCK_M, 128)`` (K/V reuse) before occupancy;
-on the H100 it missed the ``64x64, 4 warps`` winner of 9 of 16 benchmark problems
-(reports/tune-2026-11-21-h100.md), which this key ranks in its top 13.
+History: the first version ranked ``min(BLOCK_M, 128)`` (K/V reuse) before occupancy
+everywhere; on the H100 it missed the ``64x64, 4 warps`` winner of 9 of 16 benchmark
+problems (reports/tune-2026-11-21-h100.md), so NVIDIA ranks occupancy first. On AMD the
+occupancy-first key put aiter's MI300X default 128x64 at #111 of 185 survivors; the
+tile-first AMD key puts it at #23 (reports/reference-2026-11-23/README.md). Under the
+default ``race`` strategy the score only orders the work.
 
 Modules, in the order data flows: :mod:`~rocmflash.tuning.spec` (what is asked),
 :mod:`~rocmflash.tuning.static` (compile, prune, rank), :mod:`~rocmflash.tuning.strategies`

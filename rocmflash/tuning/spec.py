@@ -18,9 +18,10 @@ TOKENS_PER_BATCH = 16384  # default batch: 16k tokens (B = 16384 // S), as in re
 HEADS_TIMES_D = 2048  # default heads: H x D = 2048
 
 STATIC_SCORE_DOC = ("static score (no timing): variant work factor (online 1, split_kv 1.05, split_d (c+1)/2, "
-                    "two_phase 1.5), then BLOCK_M/num_warps >= 16 rows per warp first, then occupancy "
-                    "(waves/SIMD or warps/scheduler) higher first, then fewer allocated VGPRs/registers, then "
-                    "larger BLOCK_N, more num_stages")
+                    "two_phase 1.5), then BLOCK_M/num_warps >= 16 rows per warp first; NVIDIA: occupancy "
+                    "(warps/scheduler) higher first, then fewer registers, larger BLOCK_N, more num_stages; AMD: "
+                    "tiles keeping 2 waves/SIMD first, then larger BLOCK_M (to 128) and BLOCK_N (to 64), then "
+                    "occupancy, fewer VGPRs, more num_stages")
 
 
 class NoLiveGPUError(ValueError):

@@ -24,11 +24,26 @@ def work_factor(cfg: KernelConfig) -> float:
     return 1.0
 
 
+#: the occupancy a tile must keep on AMD before a larger tile is preferred (AMD's published defaults run at 2)
+AMD_TILE_WAVES = 2
+
+
 def static_key(cfg: KernelConfig, obs: dict, index: int = 0) -> tuple:
-    """Sort key of the static score (smaller is better); see the module docstring."""
+    """Sort key of the static score (smaller is better); see :mod:`rocmflash.tuning`.
+
+    NVIDIA: occupancy, then fewer registers, then larger ``BLOCK_N`` (fitted on H100 timings).
+    AMD (gfx*): among tiles that keep :data:`AMD_TILE_WAVES` waves/SIMD, larger ``BLOCK_M`` (up
+    to 128) then larger ``BLOCK_N`` (up to 64) first, then occupancy and registers (fitted on the
+    aiter MI300X/MI350X defaults; ``reports/reference-2026-11-23/README.md``).
+    """
     k = obs["kernels"][0] if obs.get("kernels") else {}
-    return (work_factor(cfg), cfg.BLOCK_M // cfg.num_warps < 16, -(k.get("waves_per_simd") or 0),
-            k.get("allocated_vgprs") or k.get("vgpr_count") or 10**6, -cfg.BLOCK_N, -cfg.num_stages, index)
+    waves = k.get("waves_per_simd") or 0
+    vgprs = k.get("allocated_vgprs") or k.get("vgpr_count") or 10**6
+    head = (work_factor(cfg), cfg.BLOCK_M // cfg.num_warps < 16)
+    if str(k.get("arch") or obs.get("arch") or "").startswith("gfx"):
+        return head + (waves < AMD_TILE_WAVES, -min(cfg.BLOCK_M, 128), -min(cfg.BLOCK_N, 64), -waves, vgprs,
+                       -cfg.num_stages, index)
+    return head + (-waves, vgprs, -cfg.BLOCK_N, -cfg.num_stages, index)
 
 
 @dataclasses.dataclass
