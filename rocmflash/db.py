@@ -353,11 +353,12 @@ class Journal:
         self._write_line(record)
         self.records.append(record)
 
-    def results(self, key: str, shape: dict, env: str) -> dict:
-        """``{config json: record}`` for one problem key, shape and environment (the latest wins)."""
+    def results(self, key: str, shape: dict, env: str, rnd: Optional[int] = None) -> dict:
+        """``{config json: record}`` for one problem key, shape and environment (the latest wins):
+        records of race round ``rnd``, or (None) those of single-round strategies."""
         out = {}
         for r in self.records:
-            if r["key"] == key and r.get("shape") == shape and r.get("env") == env:
+            if r["key"] == key and r.get("shape") == shape and r.get("env") == env and r.get("round") == rnd:
                 out[KernelConfig.from_dict(r["config"]).to_json()] = r
         return out
 
@@ -449,19 +450,22 @@ def groups_for(gpu_name: str, db_path: Optional[str] = None) -> dict:
     return out
 
 
+def servable(entry: dict) -> bool:
+    """Whether run-time selection may serve an entry: measured on a GPU (not static-ranked, not
+    timed in the CPU interpreter)."""
+    return bool(entry.get("measured")) and entry.get("timing") != "interpreter"
+
+
 @functools.lru_cache(maxsize=4096)
 def lookup_match(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,
                  variant: Optional[str] = None, measured_only: bool = False,
                  db_path: Optional[str] = None) -> Optional[DBMatch]:
     """What :func:`lookup` chose and where from (None: no usable entry); same rules, same cache life."""
-    candidates = [(bucket, rank, path, entry) for rank, path in enumerate([db_path] if db_path else
-                                                                          database_paths(gpu_name))
-                  for bucket, entry in _index(path).get((int(head_dim), normalize_dtype(dtype), bool(causal),
-                                                         int(gqa_ratio)), ())]
+    candidates = entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, db_path)  # user's file first
     target = seqlen_bucket(seqlen).bit_length()
-    # nearest bucket first (ties: the larger), then the user's file before the shipped one
-    for bucket, _, path, entry in sorted(candidates, key=lambda c: (abs(c[0].bit_length() - target), -c[0], c[1])):
-        if measured_only and (not entry.get("measured") or entry.get("timing") == "interpreter"):
+    # nearest bucket first (ties: the larger), then the user's file before the shipped one (stable sort)
+    for path, bucket, entry in sorted(candidates, key=lambda c: (abs(c[1].bit_length() - target), -c[1])):
+        if measured_only and not servable(entry):
             continue
         cfg = _pick(entry, variant)
         if cfg is not None:
@@ -472,11 +476,6 @@ def lookup_match(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_rat
             return DBMatch(config, problem_key(head_dim, dtype, causal, gqa_ratio, bucket), bucket,
                            abs(bucket.bit_length() - target), path, bool(entry.get("measured")))
     return None
-
-
-def _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path):
-    match = lookup_match(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path)
-    return match.config if match is not None else None
 
 
 def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,
@@ -493,4 +492,5 @@ def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: in
     argument tuple (a repeat call costs well under a microsecond); saving a database in
     this process clears the cache, :func:`clear_cache` does it by hand.
     """
-    return _lookup_cached(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path)
+    match = lookup_match(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path)
+    return match.config if match is not None else None

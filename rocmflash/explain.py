@@ -21,13 +21,14 @@ from typing import Optional
 
 from rocmflash.config import KernelConfig, Problem, default_config, normalize_dtype
 from rocmflash.gpus import GPU, get_gpu
+from rocmflash.selection import NO_DB_ENV, db_disabled
 
 
 def _entry_row(path: str, bucket: int, entry: dict, target_bits: int, variant: str) -> dict:
-    from rocmflash.db import _pick
+    from rocmflash.db import _pick, servable
 
     cfg = _pick(entry, variant)
-    served = bool(entry.get("measured")) and entry.get("timing") != "interpreter"
+    served = servable(entry)
     why_not = None
     if not entry.get("measured"):
         why_not = "unmeasured (static ranking): never served at run time"
@@ -60,7 +61,7 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
     rows = [_entry_row(p, b, e, target_bits, variant)
             for p, b, e in db.entries_for(gpu.name, head_dim, dtype, causal, gqa_ratio, db_path)]
     rows.sort(key=lambda r: (r["distance"], -r["bucket"]))
-    match = None if os.environ.get("ROCMFLASH_NO_DB", "0") not in ("", "0") else \
+    match = None if db_disabled() else \
         db.lookup_match(gpu.name, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant=variant, measured_only=True,
                         db_path=db_path)
     if match is not None:
@@ -71,7 +72,7 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
     else:
         cfg = default_config(gpu.arch, head_dim, variant)
         choice = {"source": "default", "entry": None, "bucket_distance": None, "path": None, "config": cfg.to_dict(),
-                  "why": "ROCMFLASH_NO_DB is set" if os.environ.get("ROCMFLASH_NO_DB", "0") not in ("", "0") else
+                  "why": f"{NO_DB_ENV} is set" if db_disabled() else
                   f"no measured {gpu.name} entry for {asked.rsplit('-s', 1)[0]}"}
     others = [{"head_dim": g[0], "dtype": g[1], "causal": g[2], "gqa_ratio": g[3], "buckets": sorted(set(bs))}
               for g, bs in db.groups_for(gpu.name, db_path).items()

@@ -28,7 +28,7 @@ import os
 import warnings
 from typing import Optional
 
-from rocmflash.config import KernelConfig, default_config
+from rocmflash.config import KernelConfig, default_config, normalize_dtype
 
 NO_DB_ENV = "ROCMFLASH_NO_DB"
 _log = logging.getLogger("rocmflash.selection")
@@ -94,9 +94,14 @@ def _identify(dev_type: str, index, interp: bool) -> tuple:
     return (match.gpu.name if match.gpu is not None else None, match.arch or None)
 
 
+def db_disabled() -> bool:
+    """Whether ``ROCMFLASH_NO_DB`` asks for the per-arch defaults only."""
+    return os.environ.get(NO_DB_ENV, "0") not in ("", "0")
+
+
 def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant):
     """The database's match for this problem (:class:`rocmflash.db.DBMatch`), or None."""
-    if gpu_name is None or os.environ.get(NO_DB_ENV, "0") not in ("", "0"):
+    if gpu_name is None or db_disabled():
         return None
     try:
         from rocmflash import db
@@ -140,13 +145,13 @@ def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, se
 
 def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:
     """What a selection chose and how far it is from the problem asked (logged once per problem)."""
-    dt = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(dtype), str(dtype))
+    dt = normalize_dtype(dtype)
     bucket = _bucket(seqlen_k)
     asked = f"d{head_dim}-{dt}-{'causal' if causal else 'full'}-gqa{gqa_ratio}-s{bucket}"  # rocmflash.db's key
     if match is None:
         why = ("no GPU in the catalog" if gpu_name is None else
                f"no measured {gpu_name} entry for d{head_dim}/{dtype}/{'causal' if causal else 'full'}/"
-               f"gqa{gqa_ratio}" if os.environ.get(NO_DB_ENV, "0") in ("", "0") else f"{NO_DB_ENV} is set")
+               f"gqa{gqa_ratio}" if not db_disabled() else f"{NO_DB_ENV} is set")
         return {"source": "default", "asked": asked, "entry": None, "bucket_distance": None, "path": None,
                 "config": cfg.to_dict(),
                 "text": f"{asked}: per-arch default for {arch or 'no GPU'} ({why}): {cfg.to_json()}"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
-from rocmflash.config import KernelConfig
 from rocmflash.db import Journal, now_iso
 from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
 from rocmflash.race import advancing
@@ -52,13 +51,7 @@ class _LiveProblem:
     def results(self, rnd: Optional[int] = None) -> dict:
         """``{config json: latest record}`` of this problem: single-round strategies (``rnd`` None)
         or one race round."""
-        shape = self.shape.to_dict()
-        out = {}
-        for r in self.journal.records:
-            if r["key"] == self.key and r.get("shape") == shape and r.get("env") == self.eid \
-                    and r.get("round") == rnd:
-                out[KernelConfig.from_dict(r["config"]).to_json()] = r
-        return out
+        return self.journal.results(self.key, self.shape.to_dict(), self.eid, rnd)
 
     def recorded(self, cands: list, rnd: Optional[int] = None) -> list:
         keys = {c.config.to_json() for c in cands}
@@ -73,7 +66,8 @@ def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optiona
     ctx.outcome.skipped += skipped
     if skipped:
         ctx.out.note(f"{label}: {skipped} of {len(cands)} config(s) already in the journal, skipped")
-    best = max((r["tflops"] for r in ctx.recorded(cands, rnd) if r["status"] == "ok"), default=None)
+    best = max((done[c.config.to_json()]["tflops"] for c in cands
+                if done.get(c.config.to_json(), {}).get("status") == "ok"), default=None)
     with ctx.out.bar(label, len(cands), skipped, best) as bar:
         for cand in todo:
             pos = ctx.outcome.timed_now
