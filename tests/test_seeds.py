@@ -87,3 +87,23 @@ def test_pruned_strategy_and_static_entries_carry_the_seeds(tmp_path, cache_dir,
     assert entry["measured"] is False
     assert sorted(s["id"] for s in entry["seeds"]) == sorted(i for i, _ in three_seeds)
     assert all("kept" in s and "reason" in s for s in entry["seeds"])
+
+
+def test_race_times_and_counts_a_seed_the_pruner_rejects(tmp_path, cache_dir, three_seeds, monkeypatch):
+    """A seed the pruner rejects is still timed in the race's first round, and counted in ``to_time``."""
+    from rocmflash.prune import Verdict
+    from rocmflash.tuning import static as static_mod
+
+    real_prune = static_mod.prune
+
+    def prune_last_seed(observations, settings):  # seeds the space lacks are appended last
+        verdicts = real_prune(observations, settings)
+        return verdicts[:-1] + [Verdict(False, "spills", "test: a pruned seed")]
+
+    monkeypatch.setattr(static_mod, "prune", prune_last_seed)
+    runner = ReplayRunner.from_function(lambda cfg, shape: {"status": "ok", "median_ms": 1.0, "times_ms": [1.0]})
+    tune(spec(tmp_path, cache_dir), runner=runner)
+    assert three_seeds[-1][1] in {c for c, _ in runner.calls}
+    entry = D.ConfigDB.read(str(tmp_path / "mi300x.json"))["entries"]["d64-fp16-full-gqa1-s2048"]
+    counts = entry["counts"]
+    assert counts["to_time"] == counts["rounds"][0] > counts["survivors"]  # survivors plus the pruned seeds

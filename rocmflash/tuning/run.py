@@ -15,7 +15,7 @@ from rocmflash.roofline import Shape
 from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
 from rocmflash.tuning.output import _Output
 from rocmflash.tuning.spec import NoLiveGPUError, TuneSpec, static_problem
-from rocmflash.tuning.strategies import RACE_ROUNDS, _LiveProblem, _race, _single_round, choose
+from rocmflash.tuning.strategies import RACE_ROUNDS, _LiveProblem, _race, _single_round, choose, race_field
 
 @dataclasses.dataclass
 class ProblemOutcome:
@@ -169,7 +169,7 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
                 if chosen is None:
                     by_round = [ctx.results(rnd) for rnd in range(len(RACE_ROUNDS))]
                     records, rounds = final_round_records(dict(enumerate(by_round)))[1], by_round
-                    to_time = len(static.ranked)
+                    to_time = len(race_field(static))
                 else:
                     records, rounds, to_time = ctx.recorded(chosen), None, len(chosen)
                 outcome.entry = measured_entry(gpu, shape, records, static, spec.strategy, to_time, complete, env,

@@ -34,6 +34,11 @@ def seeded(static: StaticResult) -> list:
     return [c for c in static.candidates if c.seed and c.reason != "compile_failed"]
 
 
+def race_field(static: StaticResult) -> list:
+    """What a race's first round times: every survivor in static order, then the pruned seeds."""
+    return static.ranked + [c for c in seeded(static) if not c.kept]
+
+
 @dataclasses.dataclass
 class _LiveProblem:
     """What timing one problem needs: runner, journal, output, and where its records go."""
@@ -108,7 +113,7 @@ def _single_round(ctx: _LiveProblem, chosen: list) -> None:
 
 def _race(ctx: _LiveProblem, static: "StaticResult") -> None:
     """``race``: every static survivor, successive rounds (:mod:`rocmflash.race`); resumable per round."""
-    field = static.ranked + [c for c in seeded(static) if not c.kept]  # pruned seeds are timed too
+    field = race_field(static)
     done = ctx.results(0)
     _prewarm(ctx, [c for c in field if c.config.to_json() not in done])
     last = len(RACE_ROUNDS) - 1
