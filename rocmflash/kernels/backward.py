@@ -490,28 +490,38 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     return dq, dk, dv
 
 
+class _Operand(C.Ptr):
+    """A compile-only stand-in for a tensor argument: element type, shape, contiguous strides."""
+
+    def __init__(self, ty: str, shape: tuple):
+        super().__init__(ty)
+        self.shape = tuple(shape)
+        strides, step = [], 1
+        for extent in reversed(self.shape):
+            strides.append(step)
+            step *= extent
+        self._strides = tuple(reversed(strides))
+
+    def stride(self) -> tuple:
+        return self._strides
+
+
 def compile_for(target, config: BwdConfig, problem: Problem):
-    """Cross-compile the dK/dV and dQ kernels for ``target`` without tensors (register studies)."""
+    """Cross-compile the dK/dV and dQ kernels for ``target`` without tensors (register studies).
+
+    The arguments are built by :func:`dkdv_call` / :func:`dq_call`, as for a launch on
+    contiguous ``(B, H, S, D)`` tensors, so a compile-only build specialises exactly like one.
+    """
     config.validate()
     check_head_dim(problem.head_dim)
-    g = C.Geometry.from_problem(problem)
-    t = "*" + g.dtype
-    P = C.Ptr
-    BD = block_d(g.head_dim)
-
-    named = _named_strides
-    common = dict(Q=P(t), K=P(t), V=P(t), DO=P(t), LSE=P("*fp32"), Delta=P("*fp32"), sm_scale=1.0, qk_scale=1.0)
-    a1 = dict(common, DK=P(t), DV=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
-              **named("v", g.v_strides), **named("do", g.q_strides), **named("dk", g.k_strides),
-              **named("dv", g.v_strides), H_Q=g.heads_q, H_KV=g.heads_kv, GROUP=g.group,
-              HEAD_SPLITS=config.head_splits or 1, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
-    a2 = dict(common, O=P(t), DLSE=P("*fp32"), DQ=P(t), **named("q", g.q_strides), **named("k", g.k_strides),
-              **named("v", g.v_strides), **named("o", g.q_strides), **named("do", g.q_strides),
-              **named("dq", g.q_strides), H_Q=g.heads_q, GROUP=g.group, SEQ_Q=g.seqlen_q, SEQ_K=g.seqlen_k)
-    k1 = C.compile_kernel(_bwd_dkdv, target, a1, dict(HEAD_DIM=g.head_dim, BLOCK_M=config.dkdv.BLOCK_M,
-                                                      BLOCK_N=config.dkdv.BLOCK_N, BLOCK_D=BD,
-                                                      CAUSAL=problem.causal), config.dkdv)
-    k2 = C.compile_kernel(_bwd_dq, target, a2, dict(HEAD_DIM=g.head_dim, BLOCK_M=config.dq.BLOCK_M,
-                                                    BLOCK_N=config.dq.BLOCK_N, BLOCK_D=BD,
-                                                    CAUSAL=problem.causal, HAS_DLSE=False), config.dq)
-    return k1, k2
+    p = problem
+    t = "*" + p.dtype
+    q_like = (p.batch, p.heads_q, p.seqlen_q, p.head_dim)
+    kv_like = (p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
+    q, out, do, dq = (_Operand(t, q_like) for _ in range(4))
+    k, v, dk, dv = (_Operand(t, kv_like) for _ in range(4))
+    lse, delta = (_Operand("*fp32", q_like[:3]) for _ in range(2))
+    _, a1, c1 = dkdv_call(q, k, v, do, lse, delta, dk, dv, p.causal, 1.0, config.dkdv, config.head_splits or 1)
+    _, a2, c2 = dq_call(q, k, v, out, do, lse, None, delta, dq, p.causal, 1.0, config.dq)
+    return (C.compile_kernel(_bwd_dkdv, target, a1, c1, config.dkdv),
+            C.compile_kernel(_bwd_dq, target, a2, c2, config.dq))
