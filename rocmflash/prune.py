@@ -120,7 +120,7 @@ def harmless_spill(obs: dict, settings: PruneSettings) -> Optional[str]:
     notes = []
     for kernel in obs["kernels"]:
         if _spilled(kernel) and _spill_harm(kernel, settings) is None:
-            notes.append(f"{kernel['name']}: {_spill_counts(kernel)}; {_why_harmless(kernel)}")
+            notes.append(f"{kernel['name']}: {_spill_counts(kernel)}; {_why_harmless(kernel, settings)}")
     return "; ".join(notes) or None
 
 
@@ -161,10 +161,10 @@ def _spill_harm(kernel: dict, settings: PruneSettings) -> Optional[str]:
     return None
 
 
-def _why_harmless(kernel: dict) -> str:
+def _why_harmless(kernel: dict, settings: PruneSettings) -> str:
     use = ScratchUse.from_dict(kernel)
     if not use.known and kernel.get("arch") in NVIDIA_ARCHS:
-        return (f"NVIDIA local-memory spill (L1-cached) within the {HARMLESS_SPILL_BYTES} B/thread budget: kept "
+        return (f"NVIDIA local-memory spill (L1-cached) within the {settings.harmless_spill_bytes} B/thread budget: kept "
                 "for measurement (H100: such a config won a held-out tune by 8%, "
                 "reports/race-heldout-2026-11-23-h100.md)")
     parts = []
