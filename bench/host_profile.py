@@ -4,9 +4,16 @@ Tiny shapes (B1, 2 heads, S=16, D=64, bf16) so the GPU work is negligible; the p
 shows the Python cost per call of ``rocmflash.attention`` forward and forward+backward,
 split by function (``tottime``: time in the function itself).
 
-Usage (on a GPU)::
+``--cpu-stub`` runs on a machine without a GPU: CPU tensors, Triton's launcher replaced
+by a no-op, so what is timed is rocmflash's own Python (checks, selection, autograd
+Function, argument building, launch-cache key) plus torch's allocations and autograd
+engine, next to SDPA's whole CPU call on the same tensors (which includes its tiny
+compute). It measures the layers above Triton, not a launch.
 
-    python bench/host_profile.py --calls 300 --out $OUT
+Usage::
+
+    python bench/host_profile.py --calls 300 --out $OUT          # on a GPU
+    python bench/host_profile.py --cpu-stub --calls 2000         # on a CPU
 """
 
 from __future__ import annotations
@@ -17,43 +24,79 @@ import io
 import os
 import pstats
 import sys
+import time
+
+
+def _stub_launches():
+    """CPU tensors through the compiled-launch path, with Triton's launcher replaced by a no-op."""
+    import rocmflash.api as api
+    from rocmflash.kernels import common as C
+
+    C.interpreting = lambda: False
+    api._interpreting = lambda: True  # accept CPU tensors at the API's device check
+    C._launch_cached = lambda *a, **k: None
+    C.FAST_LAUNCH = True
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--top", type=int, default=35)
+    ap.add_argument("--cpu-stub", action="store_true", help="no GPU: CPU tensors, launches stubbed out")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     import torch
+    import torch.nn.functional as F
 
     import rocmflash
 
-    q, k, v = (torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    device = "cpu" if args.cpu_stub else "cuda"
+    if args.cpu_stub:
+        _stub_launches()
+    q, k, v = (torch.randn(1, 2, 16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     do = torch.randn_like(q)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     def fwd():
         with torch.no_grad():
             rocmflash.attention(q, k, v, causal=True)
 
     def fwd_bwd():
-        rocmflash.attention(q, k, v, causal=True).backward(do)
+        torch.autograd.grad(rocmflash.attention(q, k, v, causal=True), (q, k, v), do)
+
+    def sdpa_fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def sdpa_fwd_bwd():
+        torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
 
     report = io.StringIO()
-    for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
-        for _ in range(20):
+    report.write(f"torch {torch.__version__}; device {device}{' (launches stubbed)' if args.cpu_stub else ''}; "
+                 f"{args.calls} calls per loop\n\n| call | µs per call (no profiler) |\n|---|---|\n")
+    for name, fn in (("rocmflash forward", fwd), ("rocmflash forward+backward", fwd_bwd),
+                     ("SDPA forward", sdpa_fwd), ("SDPA forward+backward", sdpa_fwd_bwd)):
+        for _ in range(50):
             fn()
-        torch.cuda.synchronize()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            fn()
+        sync()
+        report.write(f"| {name} | {(time.perf_counter() - t0) / args.calls * 1e6:.1f} |\n")
+    for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.calls):
             fn()
         prof.disable()
-        torch.cuda.synchronize()
+        sync()
         stats = pstats.Stats(prof, stream=report)
-        total = stats.total_tt / args.calls * 1e6
-        report.write(f"\n===== {name}: {total:.1f} us of profiled host time per call ({args.calls} calls)\n")
+        report.write(f"\n===== {name}: {stats.total_tt / args.calls * 1e6:.1f} us of profiled host time per call\n")
         stats.sort_stats("tottime").print_stats(args.top)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host-profile.txt"), "w") as f:
