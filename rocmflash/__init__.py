@@ -2,12 +2,13 @@
 
 ``import rocmflash`` is cheap: the attention API (which imports torch and triton)
 is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`` /
-``rocmflash.patch_sdpa``.
+``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``.
 """
 
 __version__ = "0.1.0"
 
 _LAZY = {"attention": "rocmflash.api", "flash_attn_func": "rocmflash.api",
+         "flash_attn_varlen_func": "rocmflash.varlen", "flash_attn_with_kvcache": "rocmflash.kvcache",
          "patch_sdpa": "rocmflash.sdpa", "unpatch_sdpa": "rocmflash.sdpa"}
 
 
@@ -21,4 +22,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'rocmflash' has no attribute {name!r}")
 
 
-__all__ = ["attention", "flash_attn_func", "patch_sdpa", "unpatch_sdpa", "__version__"]
+__all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "patch_sdpa", "unpatch_sdpa", "__version__"]

@@ -1,0 +1,53 @@
+"""fp64 reference for packed (varlen) attention with bands and soft-capping, in plain torch."""
+
+import torch
+
+
+def band_mask(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple) -> torch.Tensor:
+    """``[Sq, Sk]`` bool: query i sees key j (bottom-right aligned, flash-attn's window rule)."""
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(seqlen_q)[:, None]
+    j = torch.arange(seqlen_k)[None, :]
+    shift = seqlen_k - seqlen_q
+    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
+    if left >= 0:
+        keep &= j >= i + shift - left
+    if right >= 0:
+        keep &= j <= i + shift + right
+    return keep
+
+
+def attention_fp64(q, k, v, scale: float, causal: bool = False, window: tuple = (-1, -1), softcap: float = 0.0):
+    """One sequence: q ``(Sq, Hq, D)``, k/v ``(Sk, Hkv, D)`` -> out ``(Sq, Hq, D)``, lse ``(Hq, Sq)`` (fp64)."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, 1)
+    v = v.repeat_interleave(group, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~band_mask(q.shape[0], k.shape[0], causal, window), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)  # rows that see nothing: 0
+    return torch.einsum("hqk,khd->qhd", p, v), lse
+
+
+def varlen_fp64(q, k, v, cu_q, cu_k, scale, causal=False, window=(-1, -1), softcap=0.0):
+    """Packed reference: ``(total_q, Hq, D)`` output and ``(Hq, total_q)`` LSE."""
+    cu_q, cu_k = [int(x) for x in cu_q], [int(x) for x in cu_k]
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        o, lse = attention_fp64(q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:cu_k[b + 1]], v[cu_k[b]:cu_k[b + 1]],
+                                scale, causal, window, softcap)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses, 1)
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b| (0 when both are all zero)."""
+    a, b = a.double(), b.double()
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / scale if scale > 0 else (a - b).abs().max().item()
