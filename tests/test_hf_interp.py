@@ -65,22 +65,94 @@ def test_tiny_llama_logits_and_gradients_match_sdpa(dtype):
         assert _rel(grads[name], ref_grads[name]) < TOL[dtype], name
 
 
-def test_padding_mask_goes_to_sdpa_unchanged():
-    """A real mask (left padding) is not something rocmflash computes: the SDPA path runs, same bits."""
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_runs_varlen_and_matches_sdpa(side):
+    """Padding masks go through the varlen kernel: logits on real tokens and gradients match SDPA."""
     rf_hf.register()
     model = _tiny_llama(torch.bfloat16, seed=1)
-    ids = torch.randint(0, 96, (2, 12))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[0, :5] = 0
+    ids = torch.randint(0, 96, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    if side == "left":
+        mask[0, :5] = 0
+        mask[2, :1] = 0
+    else:
+        mask[0, 7:] = 0
+        mask[1, 11:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def run(impl):
+        model.set_attn_implementation(impl)
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        return out.logits.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                             if p.grad is not None}
+
+    ref, ref_grads = run("sdpa")
+    before = rf_hf.stats()
+    out, grads = run("rocmflash")
+    after = rf_hf.stats()
+    assert after["rocmflash"] - before["rocmflash"] == 2 and after["sdpa"] == before["sdpa"]
+    real = mask.bool()
+    assert _rel(out[real], ref[real]) < TOL[torch.bfloat16]
+    for name in ref_grads:
+        assert _rel(grads[name], ref_grads[name]) < 2 * TOL[torch.bfloat16], name
+
+
+def test_padded_layout_rejects_other_masks():
+    """A mask that is not padding + causal (here: one query may not see its own token) is refused."""
+    B, S = 2, 6
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    mask = causal.expand(B, 1, S, S).clone()
+    assert rf_hf.padded_layout(mask, S, S, True, -1) is not None
+    assert rf_hf.padded_layout(mask, S, S, False, -1) is None  # bidirectional asked, causal given
+    holes = mask.clone()
+    holes[1, 0, 4, 2] = False
+    assert rf_hf.padded_layout(holes, S, S, True, -1) is None
+    window = mask & torch.ones(S, S, dtype=torch.bool).triu(-2)
+    assert rf_hf.padded_layout(window, S, S, True, 2) is not None
+    assert rf_hf.padded_layout(window, S, S, True, -1) is None
+    assert rf_hf.padded_layout(mask.float(), S, S, True, -1) is None  # additive masks: not read
+
+
+def test_custom_mask_falls_back_with_one_warning():
+    """A 4-D mask rocmflash cannot express runs transformers' SDPA, same bits, with a warning naming why."""
+    rf_hf.register()
+    rf_hf._WARNED.clear()
+    model = _tiny_llama(torch.float16, seed=4)
+    ids = torch.randint(0, 96, (1, 8))
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
+    mask[0, 0, 5, 1] = False  # a hole: not padding, not a window
     model.set_attn_implementation("sdpa")
     with torch.no_grad():
         ref = model(input_ids=ids, attention_mask=mask).logits
     model.set_attn_implementation("rocmflash")
+    with pytest.warns(RuntimeWarning, match="not padding"):
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(out, ref)
+
+
+def test_generate_with_left_padding_gives_sdpa_tokens():
+    """Greedy generate() of a left-padded batch: the same tokens as attn_implementation="sdpa"."""
+    rf_hf.register()
+    model = _tiny_llama(torch.float32, seed=5).to(torch.bfloat16)
+    ids = torch.randint(1, 96, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0
+    ids[1, :3] = 0
+
+    def gen(impl):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                  pad_token_id=0)
+
+    ref = gen("sdpa")
     before = rf_hf.stats()
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask).logits
+    out = gen("rocmflash")
     after = rf_hf.stats()
-    assert after["rocmflash"] == before["rocmflash"] and after["sdpa"] - before["sdpa"] == 2
+    assert after["sdpa"] == before["sdpa"] and after["rocmflash"] - before["rocmflash"] == 2 * 8
     assert torch.equal(out, ref)
 
 
