@@ -138,10 +138,15 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
 
 
 # ----------------------------------------------------------------------------- configs
-def _configs(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int):
-    from rocmflash.selection import select_bwd_config, select_config
+def _configs(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, softcap: float,
+             window_left: int):
+    """Forward and backward configs: the dense problem's (database entry or per-arch default), with
+    the AMD tile the varlen kernel needs when a cap or a left window adds registers."""
+    from rocmflash.selection import device_identity, select_bwd_config, select_config
 
     fwd = select_config(device, head_dim, dtype, causal, group, max(1, max_seqlen_k), max(1, max_seqlen_k), "online")
+    _, arch = device_identity(device)
+    fwd = VK.amd_forward_tile(fwd, arch, head_dim, softcap > 0, window_left < M.UNBOUNDED)
     return fwd, select_bwd_config(device, head_dim)
 
 
@@ -210,7 +215,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_seqlen_q), int(max_seqlen_k), scale,
                          float(softcap), left, right)
-    fwd_cfg, bwd_cfg = _configs(q.device, D, q.dtype, right == 0, call.group, int(max_seqlen_k))
+    fwd_cfg, bwd_cfg = _configs(q.device, D, q.dtype, right == 0, call.group, int(max_seqlen_k), float(softcap), left)
     out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, fwd_cfg, bwd_cfg, bool(return_lse))
     return (out, lse) if return_lse else out
 

@@ -423,6 +423,24 @@ def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, b
     return dq, dk, dv
 
 
+def amd_forward_tile(cfg: KernelConfig, arch: Optional[str], head_dim: int, softcap: bool,
+                     window: bool) -> KernelConfig:
+    """The forward tile on AMD CDNA when soft-capping or a left window adds live registers.
+
+    The tanh of the cap and the window's second compare (plus its masked loop) push the
+    dense kernel's tiles over the 256 registers of ``waves_per_eu=2``: cross-compiled with
+    Triton 3.6, 128x64 at D=128 spills 13 VGPRs on gfx90a with a cap and 2 on gfx942 with a
+    window; 64x32 at D=256 spills 22-41 with a cap. 128x32 (D <= 128) and 32x32 (D > 128)
+    compile with no VGPR spill and no scratch on gfx90a, gfx942 and gfx950
+    (``tests/test_varlen_amd_registers.py``). Chosen from register counts, not timed.
+    Other architectures, and plain causal/full masks, keep ``cfg``.
+    """
+    if not (arch or "").startswith("gfx9") or not (softcap or window):
+        return cfg
+    block_m, block_n = (128, 32) if head_dim <= 128 else (32, 32)
+    return dataclasses.replace(cfg, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, PRE_LOAD_V=False)
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return max(1, (int(a) + b - 1) // b)
 
