@@ -74,7 +74,9 @@ def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, sm_scale, qk_scale, softcap,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, PRE_LOAD_V: tl.constexpr,
                 STORE_LSE: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+    # causal / right-bounded bands: launch the longest rows (last query blocks) first, so the
+    # short diagonal blocks fill the tail of the grid instead of the long ones
+    start_m = C.query_block(BOUNDED_RIGHT) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = off_bh // H_Q
     off_h = off_bh % H_Q
@@ -162,7 +164,7 @@ def _varlen_bwd_dq(Q, K, V, O, DO, LSE, DLSE, Delta, DQ, CU_Q, CU_K, sm_scale, q
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, HAS_DLSE: tl.constexpr,
                    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = C.query_block(BOUNDED_RIGHT) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = off_bh // H_Q
     off_h = off_bh % H_Q
