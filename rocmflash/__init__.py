@@ -8,7 +8,7 @@ is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`
 __version__ = "0.1.0"
 
 _LAZY = {"attention": "rocmflash.api", "flash_attn_func": "rocmflash.api",
-         "flash_attn_varlen_func": "rocmflash.varlen", "flash_attn_with_kvcache": "rocmflash.kvcache",
+         "flash_attn_varlen_func": "rocmflash.varlen", "flash_attn_with_kvcache": "rocmflash.decode",
          "patch_sdpa": "rocmflash.sdpa", "unpatch_sdpa": "rocmflash.sdpa"}
 
 

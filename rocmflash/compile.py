@@ -164,14 +164,20 @@ def observe(task: dict) -> dict:
     from rocmflash.gpus import get_gpu
     from rocmflash.kernels import get_variant
 
-    cfg = KernelConfig.from_dict(task["config"])
-    problem = Problem.from_dict(task["problem"])
     gpu = get_gpu(task["gpu"])
     record = {"fingerprint": task["fingerprint"], "config": task["config"], "problem": task["problem"],
               "gpu": gpu.name, "arch": gpu.arch}
+    if task.get("family"):
+        record["family"] = task["family"]
     start = time.perf_counter()
     try:
-        compiled = get_variant(cfg.variant).compile_for(gpu.triton_target(), cfg, problem)
+        if task.get("family"):  # another kernel family (decode, backward): its own compile entry
+            from rocmflash.families import get_family
+
+            compiled = get_family(task["family"]).compile_task(gpu.triton_target(), task["config"], task["problem"])
+        else:
+            cfg = KernelConfig.from_dict(task["config"])
+            compiled = get_variant(cfg.variant).compile_for(gpu.triton_target(), cfg, Problem.from_dict(task["problem"]))
     except Exception as err:  # a failed compile is data: record it and move on
         text = str(err).strip().splitlines()
         record.update(status="failed", error=f"{type(err).__name__}: {text[0][:300] if text else ''}",
@@ -218,21 +224,48 @@ def sweep(configs: list[KernelConfig], problem: Problem, gpu: GPU, cache_dir: Op
     config as its observation becomes available (cache hits first), e.g. to advance a
     progress bar.
     """
+    keys = [fingerprint(cfg, problem, gpu) for cfg in configs]
+    tasks = [{"config": cfg.to_dict(), "problem": problem.to_dict()} for cfg in configs]
+    return _observe_all(keys, tasks, gpu, cache_dir, workers, timeout_s, on_result)
+
+
+def family_fingerprint(family, config: dict, problem: dict, gpu: GPU) -> str:
+    """Cache key of one compile of a kernel family: its sources, Triton, target, options, config, problem."""
+    import triton
+
+    target = gpu.triton_target()
+    key = {"schema": CACHE_SCHEMA, "family": family.name, "source": family.source_hash(),
+           "triton": triton.__version__, "target": [target.backend, str(target.arch), target.warp_size],
+           "options": family.compile_options(config, target.backend), "config": config, "problem": problem}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def sweep_family(family_name: str, configs: list[dict], problem: dict, gpu: GPU, cache_dir: Optional[str] = None,
+                 workers: Optional[int] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_result: Optional[Callable[[dict], None]] = None) -> tuple[list[dict], SweepStats]:
+    """:func:`sweep` for a kernel family of :mod:`rocmflash.families` (configs and problem as dicts)."""
+    from rocmflash.families import get_family
+
+    family = get_family(family_name)
+    keys = [family_fingerprint(family, cfg, problem, gpu) for cfg in configs]
+    tasks = [{"family": family_name, "config": cfg, "problem": problem} for cfg in configs]
+    return _observe_all(keys, tasks, gpu, cache_dir, workers, timeout_s, on_result)
+
+
+def _observe_all(keys: list, tasks: list, gpu: GPU, cache_dir, workers, timeout_s, on_result):
+    """Observations for ``tasks`` (cache first, the rest compiled in a pool), in order, with stats."""
     start = time.perf_counter()
     cache = ObservationCache(cache_dir or default_cache_dir())
-    stats = SweepStats(configs=len(configs))
-    keys = [fingerprint(cfg, problem, gpu) for cfg in configs]
+    stats = SweepStats(configs=len(tasks))
     results: list[Optional[dict]] = [cache.get(key) for key in keys]
     for record in results:
         if record is not None:
             stats.cache_hits += 1
             if on_result:
                 on_result(record)
-    missing = [i for i, record in enumerate(results) if record is None]
+    missing = {i: dict(tasks[i], fingerprint=keys[i], gpu=gpu.name) for i, r in enumerate(results) if r is None}
     if missing:
-        tasks = {i: {"fingerprint": keys[i], "config": configs[i].to_dict(), "problem": problem.to_dict(),
-                     "gpu": gpu.name} for i in missing}
-        for i, record in _compile_in_pool(tasks, cache.base, workers, timeout_s):
+        for i, record in _compile_in_pool(missing, cache.base, workers, timeout_s):
             if not record.get("transient"):  # a timeout or a dead worker may not recur: retry next time
                 cache.put(keys[i], record)
             results[i] = record

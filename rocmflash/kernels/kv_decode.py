@@ -1,0 +1,371 @@
+"""KV-cache decode: split-KV attention of a few new query tokens over a (paged) cache, then a combine.
+
+Decode is bandwidth-bound: each step reads the whole K/V cache of every sequence once and
+does two tiny matrix products per key block. Two choices follow from that.
+
+* **One program per (sequence, K/V head, split), holding every query row of its GQA
+  group.** With ``GROUP = Hq / Hkv`` query heads and ``Sq`` new tokens, the program's
+  rows are the ``Sq * GROUP`` (token, head) pairs that read the same K/V head, padded to
+  ``BLOCK_M >= 16`` (``tl.dot`` needs 16). K and V are then loaded once per K/V head
+  instead of once per query head (8x less traffic at GQA 8:1).
+* **Split-KV.** ``B * Hkv`` programs are far too few to keep a GPU's memory system busy
+  at small batches (B=1, Hkv=8: 8 programs on 132 SMs / 304 CUs), so the key range of each
+  sequence is cut into ``num_splits`` chunks of whole key blocks. Each program writes a
+  normalised fp32 partial output and its log2 LSE; :func:`_decode_combine` merges the
+  chunks per row: ``L = log2(sum_s 2^L_s)``, ``O = sum_s 2^(L_s - L) O_s``.
+
+The cache is contiguous ``(B, S_max, Hkv, D)`` or paged ``(num_blocks, page_size, Hkv,
+D)`` with a block table: a key's physical row is ``block_table[b, j // page_size]`` at
+offset ``j % page_size``, looked up per key (any page size). Masks are the bands of
+:mod:`rocmflash.kernels.masks` with the query token index as the row (bottom-right:
+token ``t`` sits at position ``L - Sq + t``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import triton.language as tl
+
+from rocmflash.config import KernelConfig
+from rocmflash.kernels import common as C
+from rocmflash.kernels import masks as M
+from rocmflash.kernels.common import kernel_jit
+
+
+# ----------------------------------------------------------------------------- kernels
+@kernel_jit
+def _key_rows(BT_row, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED: tl.constexpr):
+    """Element offsets (before the head/dim terms) of keys ``offs_n`` of sequence ``off_b``."""
+    if PAGED:
+        page = tl.load(BT_row + offs_n // PAGE_SIZE)
+        rows = page.to(tl.int64) * stride_kb + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kn
+    else:
+        rows = off_b.to(tl.int64) * stride_kb + offs_n.to(tl.int64) * stride_kn
+    return rows
+
+
+@kernel_jit
+def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K, lo_off, hi_off,
+                 qk_scale, sm_scale, softcap, stride_kb, stride_kn, stride_kh, stride_kd,
+                 stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
+                 SOFTCAP: tl.constexpr, MASK: tl.constexpr, LOWER: tl.constexpr, UPPER: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    nmask = offs_n < SEQ_K
+    if MASK:  # keys past the end have no page: read page 0 / row 0 instead (masked out below)
+        offs_safe = tl.where(nmask, offs_n, 0)
+    else:
+        offs_safe = offs_n
+    k_rows = _key_rows(BT_row, offs_safe, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED)
+    v_rows = _key_rows(BT_row, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, PAGED)
+    k = C.load_2d(K + off_hk * stride_kh + k_rows[None, :] + offs_d[:, None] * stride_kd,
+                  offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK)
+    x = M.log2_scores(tl.dot(q, k), qk_scale, sm_scale, softcap, SOFTCAP)
+    if MASK:
+        x = tl.where(M.band_keep(offs_t, offs_n, SEQ_K, lo_off, hi_off, LOWER, UPPER), x, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        m_use = m_new
+    p = tl.math.exp2(x - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
+                  nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@kernel_jit
+def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, sm_scale, qk_scale, softcap,
+                  stride_qb, stride_qt, stride_qh, stride_qd,
+                  stride_kb, stride_kn, stride_kh, stride_kd,
+                  stride_vb, stride_vn, stride_vh, stride_vd,
+                  stride_btb, PAGE_SIZE, H_KV, GROUP, SEQ_Q, NUM_SPLITS, WIN_LEFT, WIN_RIGHT,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  PAGED: tl.constexpr, SOFTCAP: tl.constexpr,
+                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
+    split = tl.program_id(0)
+    off_bhk = tl.program_id(1)
+    off_b = off_bhk // H_KV
+    off_hk = off_bhk % H_KV
+    SEQ_K = tl.load(SEQLENS + off_b)
+    # rows r = (token t, group head g): t = r // GROUP, query head = hk * GROUP + g
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_t = offs_r // GROUP
+    offs_h = off_hk * GROUP + offs_r % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_r < SEQ_Q * GROUP
+    q = C.load_2d(Q + off_b.to(tl.int64) * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
+                  + offs_d[None, :] * stride_qd, rmask, offs_d < HEAD_DIM, True, BLOCK_D > HEAD_DIM)
+    BT_row = BT + off_b.to(tl.int64) * stride_btb
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    shift = SEQ_K - SEQ_Q
+    lo_off = shift - WIN_LEFT
+    hi_off = shift + WIN_RIGHT
+    lo, full_lo, full_hi, hi = M.band_bounds(0, SEQ_Q, SEQ_K, lo_off, hi_off, BLOCK_M, BLOCK_N)
+    # this split's chunk of whole key blocks of [lo, hi)
+    blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS)
+    s_lo = lo + split * blocks_per_split * BLOCK_N
+    s_hi = tl.minimum(hi, s_lo + blocks_per_split * BLOCK_N)
+    if BOUNDED_LEFT:
+        for start_n in range(s_lo, tl.minimum(s_hi, full_lo), BLOCK_N):
+            acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
+                                         lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                         stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                                         HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, SOFTCAP, True, BOUNDED_LEFT,
+                                         BOUNDED_RIGHT)
+    for start_n in range(tl.maximum(s_lo, full_lo), tl.minimum(s_hi, full_hi), BLOCK_N):
+        acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
+                                     lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                     stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT)
+    for start_n in range(tl.maximum(s_lo, full_hi), s_hi, BLOCK_N):
+        acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
+                                     lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                     stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT)
+
+    # normalised partial output and log2 LSE (an empty chunk: 0 and -inf); padded tiles, stored whole
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    row = off_bhk.to(tl.int64) * NUM_SPLITS + split
+    tl.store(PO + row * (BLOCK_M * BLOCK_D) + offs_r[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None])
+    tl.store(PL + row * BLOCK_M + offs_r, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe)))
+
+
+@kernel_jit
+def _decode_combine(PO, PL, O, LSE, stride_ob, stride_ot, stride_oh, stride_od,
+                    H_KV, GROUP, SEQ_Q, NUM_SPLITS,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
+    off_bhk = tl.program_id(0)
+    off_b = off_bhk // H_KV
+    off_hk = off_bhk % H_KV
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    base = off_bhk.to(tl.int64) * NUM_SPLITS
+    for s in range(0, NUM_SPLITS):
+        l_s = tl.load(PL + (base + s) * BLOCK_M + offs_r)
+        o_s = tl.load(PO + (base + s) * (BLOCK_M * BLOCK_D) + offs_r[:, None] * BLOCK_D + offs_d[None, :])
+        m_new = tl.maximum(m, l_s)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        w = tl.math.exp2(l_s - m_use)
+        acc = acc * alpha[:, None] + o_s * w[:, None]
+        total = total * alpha + w
+        m = m_new
+    t_safe = tl.where(total == 0.0, 1.0, total)
+    offs_t = offs_r // GROUP
+    offs_h = off_hk * GROUP + offs_r % GROUP
+    rmask = offs_r < SEQ_Q * GROUP
+    tl.store(O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
+             + offs_d[None, :] * stride_od, (acc / t_safe[:, None]).to(O.dtype.element_ty),
+             mask=rmask[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if STORE_LSE:  # (B, Hq, Sq) natural log
+        lse = tl.where(total == 0.0, float("-inf"), (m + tl.math.log2(t_safe)) * 0.6931471805599453)
+        Hq = H_KV * GROUP
+        tl.store(LSE + (off_b.to(tl.int64) * Hq + offs_h) * SEQ_Q + offs_t, lse, mask=rmask)
+
+
+KERNELS = ("_decode_split", "_decode_combine")
+
+
+# ----------------------------------------------------------------------------- configs
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Tiles and options of the decode kernels. ``num_splits=0``: chosen per call (:func:`choose_num_splits`)."""
+
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    waves_per_eu: int = 0
+    num_splits: int = 0
+
+    def validate(self) -> "DecodeConfig":
+        if self.BLOCK_N not in (16, 32, 64, 128, 256):
+            raise ValueError(f"DecodeConfig.BLOCK_N={self.BLOCK_N!r} is invalid; expected one of 16, 32, 64, 128, 256")
+        if not 0 <= int(self.num_splits) <= 128:
+            raise ValueError(f"DecodeConfig.num_splits={self.num_splits!r} is invalid; expected 0..128 (0 = automatic)")
+        self.kernel_config().validate()
+        return self
+
+    def kernel_config(self) -> KernelConfig:
+        """The compile options as a :class:`KernelConfig` (what :func:`rocmflash.kernels.common.launch_kernel` takes)."""
+        return _kernel_config(self.BLOCK_N, self.num_warps, self.num_stages, self.waves_per_eu)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DecodeConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in fields}).validate()
+
+
+_KCFG: dict = {}
+
+
+def _kernel_config(block_n, num_warps, num_stages, waves_per_eu) -> KernelConfig:
+    key = (block_n, num_warps, num_stages, waves_per_eu)
+    cfg = _KCFG.get(key)
+    if cfg is None:
+        cfg = _KCFG[key] = KernelConfig(BLOCK_M=16, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+                                        waves_per_eu=waves_per_eu)
+    return cfg
+
+
+def default_decode_config(arch: Optional[str], head_dim: int) -> DecodeConfig:
+    """Per-arch starting point until a tuned entry exists.
+
+    AMD CDNA: one stage (AMD's guidance for these loops), 4 waves, ``waves_per_eu=2``.
+    NVIDIA sm_90: 4 warps, 2 stages so the next K/V block's loads are in flight.
+    Wide head dims halve the key block to keep the K and V tiles in registers.
+    """
+    arch = arch or "generic"
+    block_n = 64 if head_dim <= 128 else 32
+    if arch.startswith("gfx9"):
+        return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=1, waves_per_eu=2)
+    if arch.startswith("sm_"):
+        return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=2)
+    return DecodeConfig(BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+def choose_num_splits(batch: int, heads_kv: int, max_seqlen_k: int, block_n: int, compute_units: int) -> int:
+    """KV splits per (sequence, K/V head): enough programs for about two per CU/SM, each split
+    at least 256 keys (or one key block) long, at most 64 and at most the number of key blocks.
+
+    ``max_seqlen_k`` is the cache capacity, known without reading lengths from the GPU.
+    """
+    programs = max(1, batch * heads_kv)
+    want = -(-2 * compute_units // programs)
+    blocks = max(1, -(-max_seqlen_k // block_n))
+    min_keys = max(256, block_n)
+    longest = max(1, max_seqlen_k // min_keys)
+    return int(max(1, min(want, longest, 64, blocks)))
+
+
+# ----------------------------------------------------------------------------- host side
+@dataclasses.dataclass(frozen=True)
+class DecodeCall:
+    batch: int
+    seqlen_q: int
+    heads_kv: int
+    group: int
+    head_dim: int
+    paged: bool
+    page_size: int
+    sm_scale: float
+    softcap: float
+    win_left: int
+    win_right: int
+
+    @property
+    def block_m(self) -> int:
+        return max(16, C.next_pow2(self.seqlen_q * self.group))
+
+    @property
+    def block_d(self) -> int:
+        return max(16, C.next_pow2(self.head_dim))
+
+
+def _split_constexprs(call: DecodeCall, cfg: DecodeConfig) -> dict:
+    return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
+                PAGED=call.paged, SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
+                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED)
+
+
+def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int) -> dict:
+    sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
+    softcap = float(call.softcap)
+    return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens, PO=po, PL=pl,
+                sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
+                softcap=softcap if softcap > 0 else 1.0,
+                stride_qb=sq[0], stride_qt=sq[1], stride_qh=sq[2], stride_qd=sq[3],
+                stride_kb=sk[0], stride_kn=sk[1], stride_kh=sk[2], stride_kd=sk[3],
+                stride_vb=sv[0], stride_vn=sv[1], stride_vh=sv[2], stride_vd=sv[3],
+                stride_btb=block_table.stride(0) if call.paged else 0, PAGE_SIZE=call.page_size if call.paged else 1,
+                H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits,
+                WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
+
+
+def combine_args(call: DecodeCall, po, pl, out, lse, num_splits: int) -> dict:
+    so = out.stride()
+    return dict(PO=po, PL=pl, O=out, LSE=lse, stride_ob=so[0], stride_ot=so[1], stride_oh=so[2], stride_od=so[3],
+                H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits)
+
+
+def _combine_constexprs(call: DecodeCall, store_lse: bool) -> dict:
+    return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_D=call.block_d, STORE_LSE=bool(store_lse))
+
+
+def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
+           out, lse=None, workspace: Optional[tuple] = None) -> None:
+    """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
+
+    ``seqlens`` is int32 ``(B,)``: the key length of each sequence (cache + appended keys);
+    ``block_table`` an int32 ``(B, max_blocks)`` tensor when ``call.paged``, else any int32 tensor.
+    ``workspace``: optional preallocated ``(partial_o, partial_lse)`` buffers of at least the
+    sizes this call needs (reused by benchmarks; a fresh pair otherwise).
+    """
+    rows = call.batch * call.heads_kv * num_splits
+    if workspace is None:
+        po = torch.empty(rows * call.block_m * call.block_d, dtype=torch.float32, device=q.device)
+        pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
+    else:
+        po, pl = workspace
+    backend = C.torch_backend()
+    kcfg = cfg.kernel_config()
+    C.launch_kernel(_decode_split, (num_splits, call.batch * call.heads_kv),
+                    split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
+                    _split_constexprs(call, cfg), kcfg, backend)
+    C.launch_kernel(_decode_combine, (call.batch * call.heads_kv,),
+                    combine_args(call, po, pl, out, lse if lse is not None else C.dummy_lse(q.device), num_splits),
+                    _combine_constexprs(call, lse is not None), _kernel_config(16, 4, 1, 0), backend)
+
+
+class _StridedPtr(C.Ptr):
+    def __init__(self, ty: str, strides: tuple):
+        super().__init__(ty)
+        self._strides = tuple(strides)
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+
+def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
+                seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
+                softcap: bool = False, window: bool = False):
+    """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
+    ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them)."""
+    hkv, smax = 8, 4096
+    call = DecodeCall(8, seqlen_q, hkv, group, head_dim, paged, page_size, 0.125, 30.0 if softcap else 0.0,
+                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED)
+    t = "*" + dtype
+    hq = hkv * group
+    q = _StridedPtr(t, (seqlen_q * hq * head_dim, hq * head_dim, head_dim, 1))
+    rows = page_size if paged else smax
+    kv = _StridedPtr(t, (rows * hkv * head_dim, hkv * head_dim, head_dim, 1))
+    bt = _StridedPtr("*i32", (smax // max(1, page_size), 1))
+    f32 = _StridedPtr("*fp32", (1,))
+    splits = 4
+    kcfg = cfg.kernel_config()
+    main = C.compile_kernel(_decode_split, target,
+                            split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits),
+                            _split_constexprs(call, cfg), kcfg)
+    combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
+                               _combine_constexprs(call, True), _kernel_config(16, 4, 1, 0))
+    return main, combine
+
+
+__all__ = ["DecodeConfig", "DecodeCall", "default_decode_config", "choose_num_splits", "launch", "compile_for",
+           "KERNELS"]

@@ -1,0 +1,206 @@
+"""``rocmflash tune --mode decode``: tune the KV-cache decode kernels (split-KV + combine).
+
+Same shape as the forward tune: the config space (``BLOCK_N``, warps, stages, AMD
+``waves_per_eu``) is cross-compiled for the target arch on the CPU and pruned on compiler
+truth (:mod:`rocmflash.prune`: spills, LDS, occupancy, duplicate binaries); only on the
+live GPU are the survivors gated against an fp32 reference and timed, each at every split
+count of :func:`split_choices` (a launch argument: one binary serves all). Decode problems
+are small and cheap to time, so every survivor is measured -- no ranking decides alone.
+
+Database entries live in the GPU's config database under keys
+``decode-d{D}-{dtype}-gqa{G}-kv{bucket}-b{batch bucket}[-p{page size}]`` (buckets: next
+power of two) with ``"mode": "decode"``; forward lookups skip them. At run time
+:func:`lookup_decode` serves the measured entry of the same head dim, dtype and GQA ratio
+(and page size) with the nearest KV-length bucket, then the nearest batch bucket.
+Without a live GPU of the named kind, the static #1 is written with ``"measured": false``
+and ``num_splits = 0`` (chosen per call), and never served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from typing import Optional
+
+from rocmflash.config import normalize_dtype
+
+#: key prefix of decode entries in a config database
+PREFIX = "decode"
+
+
+# ----------------------------------------------------------------------------- problem
+@dataclasses.dataclass(frozen=True)
+class DecodeProblem:
+    """One decode step to tune: ``batch`` sequences of ``seqlen_k`` cached keys, ``seqlen_q`` new tokens."""
+
+    head_dim: int = 128
+    dtype: str = "bf16"
+    heads_q: int = 32
+    heads_kv: int = 8
+    batch: int = 32
+    seqlen_k: int = 4096
+    seqlen_q: int = 1
+    page_size: int = 0  #: 0: contiguous cache
+
+    def validate(self) -> "DecodeProblem":
+        if not 16 <= self.head_dim <= 256:
+            raise ValueError(f"--head-dim {self.head_dim} is invalid; expected 16..256")
+        if self.heads_kv < 1 or self.heads_q % self.heads_kv:
+            raise ValueError(f"--heads {self.heads_q} must be a multiple of --kv-heads {self.heads_kv}")
+        for name, value in (("--batch", self.batch), ("--seqlen", self.seqlen_k), ("--seqlen-q", self.seqlen_q)):
+            if value < 1:
+                raise ValueError(f"{name} {value} is invalid; expected >= 1")
+        if self.page_size < 0:
+            raise ValueError(f"--page-size {self.page_size} is invalid; expected >= 0 (0 = contiguous)")
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        return self
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def key(self) -> str:
+        return decode_key(self.head_dim, self.dtype, self.group, self.seqlen_k, self.batch, self.page_size)
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V one step reads: ``2 * B * L * Hkv * D * 2``."""
+        return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * 2
+
+
+def _bucket(n: int) -> int:
+    return 1 << (max(1, int(n)) - 1).bit_length()
+
+
+def decode_key(head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0) -> str:
+    key = f"{PREFIX}-d{int(head_dim)}-{normalize_dtype(dtype)}-gqa{int(group)}-kv{_bucket(seqlen_k)}-b{_bucket(batch)}"
+    return key + (f"-p{int(page_size)}" if page_size else "")
+
+
+def parse_decode_key(key: str) -> Optional[dict]:
+    parts = key.split("-")
+    if len(parts) not in (6, 7) or parts[0] != PREFIX:
+        return None
+    try:
+        return {"head_dim": int(parts[1][1:]), "dtype": parts[2], "group": int(parts[3][3:]),
+                "kv_bucket": int(parts[4][2:]), "batch_bucket": int(parts[5][1:]),
+                "page_size": int(parts[6][1:]) if len(parts) == 7 else 0}
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------- space and compile
+def decode_space(arch: str) -> list:
+    """The decode configs for an arch, as :class:`~rocmflash.kernels.kv_decode.DecodeConfig` dicts."""
+    amd = arch.startswith("gfx")
+    stages = (1, 2) if amd else (1, 2, 3, 4)
+    waves = (0, 1, 2, 4) if amd else (0,)
+    return [dict(BLOCK_N=bn, num_warps=w, num_stages=s, waves_per_eu=wpe, num_splits=0)
+            for bn in (16, 32, 64, 128) for w in (1, 2, 4, 8) for s in stages for wpe in waves
+            if not (bn == 16 and w == 8)]
+
+
+def task_compile_options(config: dict, backend: str) -> dict:
+    from rocmflash.kernels.kv_decode import DecodeConfig
+
+    return DecodeConfig.from_dict(config).kernel_config().compile_options(backend)
+
+
+def compile_task(target, config: dict, problem: dict):
+    """Family entry for :func:`rocmflash.compile.sweep_family`: both decode kernels for ``target``."""
+    from rocmflash.kernels.kv_decode import DecodeConfig, compile_for
+
+    p = DecodeProblem(**problem)
+    return compile_for(target, DecodeConfig.from_dict(config), p.head_dim, p.dtype, p.group, p.seqlen_q,
+                       paged=p.page_size > 0, page_size=p.page_size or 256, causal=True)
+
+
+def _static_key(config: dict, obs: dict, index: int) -> tuple:
+    """Static order (smaller first): occupancy, then fewer registers, then larger key blocks.
+
+    Decode streams K/V: resident waves hide memory latency, so occupancy comes first.
+    """
+    k = obs["kernels"][0] if obs.get("kernels") else {}
+    return (-(k.get("waves_per_simd") or 0), k.get("allocated_vgprs") or k.get("vgpr_count") or 10**6,
+            -config["BLOCK_N"], index)
+
+
+@dataclasses.dataclass
+class DecodeStatic:
+    problem: DecodeProblem
+    rows: list  #: per config: {"config", "kept", "reason", "detail", "static_rank", "kernel": summary}
+    stats: object
+
+    @property
+    def ranked(self) -> list:
+        return sorted((r for r in self.rows if r["kept"]), key=lambda r: r["static_rank"])
+
+
+def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, settings=None,
+                 configs: Optional[list] = None) -> DecodeStatic:
+    """Cross-compile the decode space for ``gpu``'s arch, prune, rank (no GPU)."""
+    from rocmflash.compile import sweep_family
+    from rocmflash.prune import PruneSettings, prune
+
+    configs = configs if configs is not None else decode_space(gpu.arch)
+    observations, stats = sweep_family("decode", configs, problem.to_dict(), gpu, cache_dir, workers)
+    verdicts = prune(observations, settings or PruneSettings())
+    rows = []
+    for i, (cfg, obs, verdict) in enumerate(zip(configs, observations, verdicts)):
+        kernel = obs["kernels"][0] if obs.get("kernels") else {}
+        rows.append({"config": cfg, "kept": verdict.kept, "reason": verdict.reason, "detail": verdict.detail,
+                     "static_rank": None, "kernel": kernel, "combine": obs["kernels"][1] if len(obs.get("kernels") or ()) > 1 else {},
+                     "_key": _static_key(cfg, obs, i)})
+    for rank, row in enumerate(sorted((r for r in rows if r["kept"]), key=lambda r: r["_key"])):
+        row["static_rank"] = rank
+    for row in rows:
+        row.pop("_key")
+    return DecodeStatic(problem, rows, stats)
+
+
+# ----------------------------------------------------------------------------- run-time lookup
+@functools.lru_cache(maxsize=1024)
+def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0):
+    """The measured decode entry nearest to this problem (KV bucket first, then batch bucket), as a DecodeConfig.
+
+    Entries of another page size are used only when none of this page size exists. None when
+    the GPU's databases hold no measured decode entry of this head dim, dtype and GQA ratio.
+    """
+    from rocmflash.db import ConfigDB, DBError, database_paths, servable
+    from rocmflash.kernels.kv_decode import DecodeConfig
+
+    want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
+    best = None
+    for order, path in enumerate(database_paths(gpu_name)):
+        if not os.path.exists(path):
+            continue
+        try:
+            entries = ConfigDB.read(path)["entries"]
+        except (DBError, OSError):
+            continue
+        for key, entry in entries.items():
+            p = parse_decode_key(key)
+            if p is None or (p["head_dim"], p["dtype"], p["group"]) != (head_dim, normalize_dtype(dtype), group):
+                continue
+            if not servable(entry) or not entry.get("best"):
+                continue
+            rank = (p["page_size"] != page_size, abs(p["kv_bucket"].bit_length() - want_kv),
+                    abs(p["batch_bucket"].bit_length() - want_b), order)
+            if best is None or rank < best[0]:
+                try:
+                    best = (rank, DecodeConfig.from_dict(entry["best"]))
+                except (TypeError, ValueError):
+                    continue
+    return best[1] if best else None
+
+
+def clear_cache() -> None:
+    lookup_decode.cache_clear()
+
+
+__all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "static_phase", "lookup_decode"]
