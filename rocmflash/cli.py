@@ -62,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "(rocmflash/reference/amd_published.json) and show their registers, verdict and static "
                              "rank next to the static #1; adds a 'Reference configs' section to report.md "
                              "(with --json: prints {\"configs\": [...], \"reference\": [...]})")
+    report.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
+                        help="prefill: the attention forward space (default); decode: the KV-cache decode kernels "
+                             "(split-KV + combine) of flash_attn_with_kvcache")
+    report.add_argument("--batch", type=int, default=None, metavar="B", help="--mode decode: batch (default 32)")
+    report.add_argument("--seqlen", type=int, default=None, metavar="S", help="--mode decode: cached keys (default 4096)")
+    report.add_argument("--heads", type=int, default=None, metavar="H", help="--mode decode: query heads (default 32)")
+    report.add_argument("--kv-heads", type=int, default=None, metavar="H", help="--mode decode: KV heads (default 8)")
+    report.add_argument("--page-size", type=int, default=0, metavar="P",
+                        help="--mode decode: paged cache with this page size (default 0: contiguous)")
     report.add_argument("--reference-file", metavar="PATH", default=None,
                         help="a reference file of the same format to use instead of the packaged one "
                              "(implies --reference)")
@@ -116,6 +125,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_tune(args) if args.command == "tune" else run_export(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "vgpr-report" and args.mode == "decode":
+            from rocmflash import decode_report
+
+            return decode_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
         if args.command == "vgpr-report":
             from rocmflash import vgpr_report
 

@@ -59,6 +59,14 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--cache-dir", default=None, metavar="DIR",
                       help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
     tune.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
+    tune.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
+                      help="prefill: the attention forward (default); decode: flash_attn_with_kvcache's split-KV "
+                           "kernels at --seqlen cached keys, --batch sequences (default 32), --heads/--kv-heads "
+                           "(default 32/8): BLOCK_N, warps, stages (AMD waves_per_eu) and num_splits, every "
+                           "static survivor timed")
+    tune.add_argument("--seqlen-q", type=int, default=1, metavar="N", help="--mode decode: new tokens per step (default 1)")
+    tune.add_argument("--page-size", type=int, default=0, metavar="P",
+                      help="--mode decode: tune for a paged cache with this page size (default 0: contiguous)")
     tune.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # test mode: a recorded journal as the GPU
 
     export = subparsers.add_parser("export", help="print a GPU's tuned configs as triton.Config list or JSON",
@@ -82,6 +90,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from rocmflash.tune import INJECT_ENV, ReplayRunner, TuneInterrupted, TuneSpec, parse_inject, print_summary, tune
 
     console = make_console()
+    if getattr(args, "mode", "prefill") == "decode":
+        return _run_decode_tune(args, console)
     try:
         if args.timeout is not None and not args.timeout > 0:
             raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
@@ -112,6 +122,29 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_decode_tune(args: argparse.Namespace, console) -> int:
+    from rocmflash.db import DBError
+    from rocmflash.tuning.decode import DecodeProblem
+    from rocmflash.tuning.decode_run import print_decode_summary, tune_decode
+    from rocmflash.tuning.spec import NoLiveGPUError
+
+    try:
+        if args.timeout is not None and not args.timeout > 0:
+            raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
+        for seqlen in args.seqlen:
+            problem = DecodeProblem(head_dim=args.head_dim, dtype=args.dtype, heads_q=args.heads or 32,
+                                    heads_kv=args.kv_heads or 8, batch=args.batch or 32, seqlen_k=seqlen,
+                                    seqlen_q=args.seqlen_q, page_size=args.page_size).validate()
+            result = tune_decode(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout)
+            print_decode_summary(result, console)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (UnknownGPUError, DBError, NoLiveGPUError, ValueError) as err:
+        return _error(str(err))
+    return 0
+
+
 # ---------------------------------------------------------------------- export
 def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
     kwargs = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "PRE_LOAD_V": cfg["PRE_LOAD_V"]}
@@ -124,7 +157,7 @@ def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
 def export_json(data: dict, vendor: str) -> dict:
     entries = {}
     for key, e in data["entries"].items():
-        if not e.get("best"):
+        if not e.get("best") or e.get("mode") == "decode":
             continue
         online = e["best"] if e["best"]["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
         item = {"measured": e["measured"], "tflops": e.get("tflops"), "best": e["best"], "when": e.get("when")}
@@ -146,7 +179,7 @@ def export_triton(data: dict, vendor: str) -> str:
     unique = []
     for key, e in data["entries"].items():
         best = e.get("best")
-        if not best:
+        if not best or e.get("mode") == "decode":
             continue
         cfg = best if best["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
         if not cfg:

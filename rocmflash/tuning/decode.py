@@ -204,3 +204,125 @@ def clear_cache() -> None:
 
 
 __all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "static_phase", "lookup_decode"]
+
+
+# ----------------------------------------------------------------------------- live phase (worker side)
+def split_choices(problem: DecodeProblem, block_n: int, compute_units: int) -> list:
+    """Split counts timed per config: powers of two up to 64 (and the heuristic's own choice),
+    at most one split per key block."""
+    from rocmflash.kernels.kv_decode import choose_num_splits
+
+    blocks = max(1, -(-problem.seqlen_k // block_n))
+    auto = choose_num_splits(problem.batch, problem.heads_kv, problem.seqlen_k, block_n, compute_units)
+    return sorted({s for s in (1, 2, 4, 8, 16, 32, 64, auto) if s <= blocks})
+
+
+_INPUTS: dict = {}
+
+
+def _decode_inputs(p: DecodeProblem, device):
+    """q, caches (with a shuffled block table when paged), lengths and an L2 flush buffer; kept per problem."""
+    import torch
+
+    if _INPUTS.get("problem") != p:
+        _INPUTS.clear()
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        gen = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device=device, dtype=dtype, generator=gen)
+        if p.page_size:
+            pages = -(-p.seqlen_k // p.page_size)
+            shape = (p.batch * pages, p.page_size, p.heads_kv, p.head_dim)
+            table = torch.randperm(p.batch * pages, device=device, generator=gen).view(p.batch, pages).to(torch.int32)
+        else:
+            shape, table = (p.batch, p.seqlen_k, p.heads_kv, p.head_dim), None
+        k = torch.randn(shape, device=device, dtype=dtype, generator=gen)
+        v = torch.randn(shape, device=device, dtype=dtype, generator=gen)
+        lens = torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device=device)
+        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        _INPUTS.update(problem=p, q=q, k=k, v=v, table=table, lens=lens, flush=flush)
+    return _INPUTS
+
+
+def _reference(inp, p: DecodeProblem, rows: int):
+    """fp32 attention of the first ``rows`` sequences (non-causal over every cached key)."""
+    import torch
+
+    outs = []
+    for b in range(rows):
+        if inp["table"] is not None:
+            idx = torch.arange(p.seqlen_k, device=inp["q"].device)
+            phys = inp["table"][b][idx // p.page_size].long()
+            k, v = inp["k"][phys, idx % p.page_size], inp["v"][phys, idx % p.page_size]
+        else:
+            k, v = inp["k"][b], inp["v"][b]
+        q = inp["q"][b].float().transpose(0, 1)  # (Hq, Sq, D)
+        k = k.float().repeat_interleave(p.group, 1).transpose(0, 1)
+        v = v.float().repeat_interleave(p.group, 1).transpose(0, 1)
+        s = q @ k.transpose(1, 2) / math.sqrt(p.head_dim)
+        outs.append((torch.softmax(s, -1) @ v).transpose(0, 1))
+    return torch.stack(outs)
+
+
+def measure_decode(task: dict) -> dict:
+    """Gate one decode config, then time it at every split count (runs in the live worker)."""
+    import torch
+
+    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.common import interpreting, num_compute_units
+
+    p = DecodeProblem(**task["problem"])
+    result = {"config": task["config"], "status": "failed", "error": None, "times_ms": {}}
+    try:
+        cfg = KD.DecodeConfig.from_dict(task["config"])
+        device = torch.device("cpu" if interpreting() else "cuda")
+        inp = _decode_inputs(p, device)
+        call = KD.DecodeCall(p.batch, p.seqlen_q, p.heads_kv, p.group, p.head_dim, p.page_size > 0,
+                             p.page_size, 1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
+        table = inp["table"] if inp["table"] is not None else inp["lens"]
+        out = torch.empty_like(inp["q"])
+        splits = split_choices(p, cfg.BLOCK_N, num_compute_units(device))
+
+        def run(n):
+            KD.launch(call, inp["q"], inp["k"], inp["v"], table, inp["lens"], cfg, n, out)
+
+        rows = min(p.batch, 2)
+        ref = _reference(inp, p, rows)
+        for n in (splits[0], splits[-1]):  # the gate: fewest and most splits
+            out.fill_(float("nan"))
+            run(n)
+            err = ((out[:rows].float() - ref).norm() / ref.norm()).item()
+            if not math.isfinite(err) or err > (1e-2 if p.dtype == "fp16" else 2e-2):
+                result.update(status="incorrect", error=f"relative error {err:.3g} at num_splits={n}")
+                return result
+        for n in splits:
+            result["times_ms"][str(n)] = _time_one(lambda n=n: run(n), inp["flush"], task.get("reps", 30))
+        result["status"] = "ok"
+    except Exception as err:  # compile error, out of resources, launch failure
+        lines = str(err).strip().splitlines()
+        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+    return result
+
+
+def _time_one(fn, flush, reps: int) -> float:
+    """Median ms of ``reps`` runs, the L2 flushed before each (events on a GPU, wall clock in the interpreter)."""
+    import statistics
+
+    import torch
+
+    fn()
+    if flush is None:  # interpreter: the times measure the interpreter, never a GPU
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    for _ in range(3):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))

@@ -1,0 +1,159 @@
+"""The decode tune end to end: static phase, live phase on a matching GPU, database entry, summary.
+
+Kept apart from :mod:`rocmflash.tuning.decode` (problem, space, kernels' compile entry, worker
+measurement, run-time lookup) so the orchestration reads on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Optional
+
+from rocmflash.tuning.decode import DecodeProblem, DecodeStatic, lookup_decode, measure_decode, static_phase
+
+#: entries within this many percent of the best time are listed as near-best
+NEAR_BEST_PCT = 3.0
+
+
+@dataclasses.dataclass
+class DecodeTuneResult:
+    gpu: object
+    problem: DecodeProblem
+    static: DecodeStatic
+    key: str
+    entry: dict
+    db_path: str
+    measured: bool
+    why_unmeasured: Optional[str]
+    results: list
+    seconds: float
+
+
+def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, interpret: bool, on_result=None) -> list:
+    """Every survivor in one isolated worker pinned to the current device (a crash or hang costs that config)."""
+    import pebble
+    import torch
+    from pebble import ProcessExpired
+
+    from rocmflash.live import worker_env, worker_init
+
+    env = worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
+    results = []
+    pool = None
+    try:
+        for row in survivors:
+            if pool is None:
+                pool = pebble.ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
+                                          initializer=worker_init, initargs=(None, env, interpret))
+            future = pool.schedule(measure_decode, args=({"config": row["config"], "problem": problem.to_dict()},),
+                                   timeout=timeout_s)
+            try:
+                result = future.result()
+            except FutureTimeout:
+                result = {"config": row["config"], "status": "timeout", "error": f"no result after {timeout_s:g} s"}
+            except ProcessExpired as err:
+                result = {"config": row["config"], "status": "crashed", "error": f"worker died (exit code {err.exitcode})"}
+            if result["status"] in ("timeout", "crashed"):
+                pool.stop()
+                pool.join(timeout=30)
+                pool = None
+            results.append(result)
+            if on_result:
+                on_result(result)
+    finally:
+        if pool is not None:
+            pool.stop()
+            pool.join(timeout=30)
+    return results
+
+
+def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: list, env: dict,
+                   interpret: bool) -> dict:
+    timed = [(t, int(n), r["config"]) for r in results if r["status"] == "ok" for n, t in r["times_ms"].items()]
+    counts = {"space": len(static.rows), "survivors": len(static.ranked), "timed": len(results),
+              **{s: sum(1 for r in results if r["status"] == s) for s in ("ok", "incorrect", "failed", "timeout",
+                                                                         "crashed")}}
+    entry = {"mode": "decode", "problem": problem.to_dict(), "measured": bool(timed), "strategy": "all-survivors",
+             "counts": counts, "timing": "interpreter" if interpret else "gpu", "fingerprint": env,
+             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not timed:
+        entry.update(best=None, time_ms=None)
+        return entry
+    timed.sort(key=lambda x: x[0])
+    best_t, best_n, best_cfg = timed[0]
+    gbs = problem.kv_bytes() / (best_t * 1e-3) / 1e9
+    entry.update(best=dict(best_cfg, num_splits=best_n), time_ms=round(best_t, 5), kv_gbs=round(gbs, 1),
+                 hbm_efficiency=round(gbs / (gpu.hbm_tbs * 1e3), 3),
+                 near_best=[dict(c, num_splits=n, time_ms=round(t, 5)) for t, n, c in timed[1:]
+                            if t <= best_t * (1 + NEAR_BEST_PCT / 100)][:10])
+    return entry
+
+
+def static_entry(problem: DecodeProblem, static: DecodeStatic, why: str, env: dict) -> dict:
+    top = static.ranked[0]["config"] if static.ranked else None
+    return {"mode": "decode", "problem": problem.to_dict(), "measured": False, "why_unmeasured": why,
+            "strategy": "static", "best": dict(top, num_splits=0) if top else None, "time_ms": None,
+            "counts": {"space": len(static.rows), "survivors": len(static.ranked), "timed": 0},
+            "fingerprint": env, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = None, cache_dir=None, workers=None,
+                timeout_s: float = 120.0, on_result=None, configs: Optional[list] = None) -> DecodeTuneResult:
+    """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor is gated and timed; the
+    entry is written to the database (atomically, under the tune lock). ``configs`` replaces the
+    default space (a list of DecodeConfig dicts)."""
+    from rocmflash.db import ConfigDB, default_db_path, environment, tune_lock
+    from rocmflash.kernels.common import interpreting
+    from rocmflash.tuning.run import _no_live_reason, resolve_gpu
+
+    start = time.perf_counter()
+    problem.validate()
+    gpu, live = resolve_gpu(gpu_name)
+    static = static_phase(gpu, problem, cache_dir, workers, configs=configs)
+    measuring = live is not None and live.name == gpu.name
+    interpret = interpreting()
+    device_name = None
+    if measuring:
+        import torch
+
+        device_name = torch.cuda.get_device_properties(torch.cuda.current_device()).name
+    env = environment(device_name)
+    results, why = [], None
+    if measuring:
+        results = _measure_all(static.ranked, problem, timeout_s, interpret, on_result)
+        entry = measured_entry(gpu, problem, static, results, env, interpret)
+    else:
+        why = _no_live_reason(gpu)
+        entry = static_entry(problem, static, why, env)
+    path = db_path or default_db_path(gpu.name)
+    lock = tune_lock(path)
+    try:
+        db = ConfigDB.open(path, gpu.name, gpu.arch, env, gpu.compute_units)
+        db.put(problem.key(), entry)
+        db.save(env if measuring else None)
+    finally:
+        lock.release()
+    lookup_decode.cache_clear()
+    return DecodeTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
+                            time.perf_counter() - start)
+
+
+def print_decode_summary(result: DecodeTuneResult, console) -> None:
+    e = result.entry
+    s = result.static
+    console.print(f"decode tune {result.gpu.name} ({result.gpu.arch}) {result.key}: {len(s.rows)} configs, "
+                  f"{len(s.ranked)} survive the static phase")
+    if result.measured:
+        c = e["counts"]
+        console.print(f"timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
+                      f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+        if e.get("best"):
+            console.print(f"best: {e['best']}  {e['time_ms'] * 1e3:.1f} µs, K/V read at {e['kv_gbs']:.0f} GB/s "
+                          f"({100 * e['hbm_efficiency']:.0f}% of {result.gpu.name}'s HBM peak)")
+    else:
+        console.print(f"not measured ({result.why_unmeasured}); static #1 written with \"measured\": false: "
+                      f"{e.get('best')}")
+    console.print(f"database: {result.db_path}")

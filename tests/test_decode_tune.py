@@ -1,0 +1,119 @@
+"""Decode tuning: keys, split choices, the static phase for gfx942, the live phase (fake ROCm, interpreter),
+database entries and their run-time lookup, and the CLI (`vgpr-report --mode decode`, `tune --mode decode`)."""
+
+import json
+import os
+
+import pytest
+
+from rocmflash import db as D
+from rocmflash.tuning import decode as TD
+
+
+def test_keys_round_trip_and_forward_keys_are_not_decode():
+    key = TD.decode_key(128, "bfloat16", 8, 3000, 24, 256)
+    assert key == "decode-d128-bf16-gqa8-kv4096-b32-p256"
+    assert TD.parse_decode_key(key) == {"head_dim": 128, "dtype": "bf16", "group": 8, "kv_bucket": 4096,
+                                        "batch_bucket": 32, "page_size": 256}
+    assert TD.parse_decode_key(TD.decode_key(64, "fp16", 1, 2048, 1)) ["page_size"] == 0
+    assert TD.parse_decode_key("d128-bf16-causal-gqa1-s2048") is None
+
+
+def test_split_choices_respect_blocks_and_include_the_heuristic():
+    p = TD.DecodeProblem(batch=1, heads_q=32, heads_kv=8, seqlen_k=32768)
+    choices = TD.split_choices(p, 64, 132)
+    assert choices[0] == 1 and choices[-1] == 64 and choices == sorted(set(choices))
+    short = TD.DecodeProblem(batch=64, seqlen_k=100)
+    assert TD.split_choices(short, 64, 132) == [1, 2]  # 2 key blocks at most
+
+
+def _entry(cfg, measured=True, timing="gpu"):
+    return {"mode": "decode", "measured": measured, "timing": timing, "best": cfg}
+
+
+def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    data = D.ConfigDB.new_data("h100", "sm_90", {})
+    near = dict(BLOCK_N=32, num_warps=4, num_stages=2, waves_per_eu=0, num_splits=8)
+    far = dict(BLOCK_N=128, num_warps=8, num_stages=3, waves_per_eu=0, num_splits=1)
+    data["entries"] = {
+        TD.decode_key(128, "bf16", 8, 8192, 8): _entry(near),
+        TD.decode_key(128, "bf16", 8, 65536, 8): _entry(far),
+        TD.decode_key(128, "bf16", 8, 4096, 8): _entry(far, measured=False),  # static: never served
+        TD.decode_key(128, "bf16", 8, 16384, 8): _entry(far, timing="interpreter"),  # interpreter: never served
+        "d128-bf16-causal-gqa8-s4096": {"measured": True, "best": {"variant": "online", "BLOCK_M": 64, "BLOCK_N": 64,
+                                                                    "num_warps": 4, "num_stages": 2}},
+    }
+    D.atomic_write_json(str(tmp_path / "h100.json"), data)
+    D.clear_cache()
+    TD.clear_cache()
+    got = TD.lookup_decode("h100", 128, "bf16", 8, 5000, 8)
+    assert got is not None and got.BLOCK_N == 32 and got.num_splits == 8
+    assert TD.lookup_decode("h100", 128, "bf16", 8, 60000, 8).BLOCK_N == 128
+    assert TD.lookup_decode("h100", 64, "bf16", 8, 5000, 8) is None  # other head dim: nothing
+    # the forward lookup reads the same file and ignores the decode entries
+    assert D.lookup("h100", 128, "bf16", True, 8, 4096).BLOCK_M == 64
+    TD.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("decode-cache"))
+
+
+def test_cli_vgpr_report_decode_mi300x(cache_dir, tmp_path, capsys):
+    """The decode kernels cross-compiled for gfx942: registers read from the code objects, a verdict per config."""
+    from rocmflash.cli import main
+
+    out = tmp_path / "rep"
+    code = main(["vgpr-report", "--mode", "decode", "--gpu", "mi300x", "--head-dim", "128", "--dtype", "bf16",
+                 "--out", str(out), "--cache-dir", cache_dir, "--workers", "2", "--json"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == len(TD.decode_space("gfx942"))
+    kept = [r for r in rows if r["kept"]]
+    assert kept and all(r["kernel"]["arch"] == "gfx942" for r in kept)
+    # a kept config spills nothing, or only where the ISA shows it harmless (outside loops), and says so
+    assert all(r["kernel"]["vgpr_spill_count"] == 0 or r["reason"] == "harmless_spill" for r in kept)
+    assert any(r["reason"] == "spills" for r in rows)  # the pruner sees real spills in this space
+    assert [r["static_rank"] for r in kept] == list(range(len(kept)))
+    text = (out / "report.md").read_text()
+    assert "gfx942" in text and "| BN" in text
+
+
+def test_cli_tune_decode_static_only_on_cpu(cache_dir, tmp_path, capsys, monkeypatch):
+    """No live MI300X: the static #1 is written with "measured": false and num_splits 0, and never served."""
+    from rocmflash.cli import main
+
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    code = main(["tune", "--mode", "decode", "--gpu", "mi300x", "--head-dim", "128", "--dtype", "bf16",
+                 "--seqlen", "8192", "--batch", "16", "--cache-dir", cache_dir, "--workers", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "not measured" in out
+    entries = D.ConfigDB.read(str(tmp_path / "mi300x.json"))["entries"]
+    entry = entries["decode-d128-bf16-gqa4-kv8192-b16"]
+    assert entry["measured"] is False and entry["best"]["num_splits"] == 0 and entry["mode"] == "decode"
+    TD.clear_cache()
+    assert TD.lookup_decode("mi300x", 128, "bf16", 4, 8192, 16) is None
+    # export lists forward entries only
+    assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == {}
+
+
+def test_tune_decode_live_phase_under_fake_rocm(fake_rocm, tmp_path):
+    """On a (fake) live MI250 the survivors are gated and timed at every split count in the worker (interpreter)."""
+    from rocmflash.tuning.decode_run import tune_decode
+
+    configs = [dict(BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2, num_splits=0),
+               dict(BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2, num_splits=0)]
+    problem = TD.DecodeProblem(head_dim=32, dtype="fp16", heads_q=4, heads_kv=2, batch=2, seqlen_k=64)
+    db_path = str(tmp_path / "mi250.json")
+    result = tune_decode("mi250", problem, db_path, str(tmp_path / "cache"), 2, 120.0, configs=configs)
+    assert result.measured and [r["status"] for r in result.results] == ["ok"] * len(result.static.ranked)
+    entry = D.ConfigDB.read(db_path)["entries"][problem.key()]
+    assert entry["measured"] and entry["timing"] == "interpreter" and entry["best"]["num_splits"] >= 1
+    assert all(set(r["times_ms"]) == {str(n) for n in TD.split_choices(problem, r["config"]["BLOCK_N"], 132)}
+               for r in result.results)
+    assert entry["counts"]["ok"] == len(result.results)
+    assert os.path.exists(db_path)
