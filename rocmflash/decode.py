@@ -124,22 +124,29 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits)
         if cache_seqlens.shape[0] != B:
             raise ValueError(f"cache_seqlens must be (B={B},), got shape {tuple(cache_seqlens.shape)}")
         lens = cache_seqlens.to(torch.int32)
-    if not _capturing(q.device):
-        values = lens.tolist()
-        for b, n in enumerate(values):
-            if n < 0 or n + new > capacity:
-                raise ValueError(f"cache_seqlens[{b}]={n} plus {new} new key(s) is outside the cache "
-                                 f"(capacity {capacity} keys per sequence)")
-        if paged:
-            num_blocks = k_cache.shape[0]
-            table = block_table.tolist()
-            for b, n in enumerate(values):
-                used = table[b][:-(-(n + new) // page_size)] if n + new else []
-                bad = [p for p in used if not 0 <= p < num_blocks]
-                if bad:
-                    raise ValueError(f"block_table[{b}] points outside the cache: block {bad[0]} "
-                                     f"(the cache has {num_blocks} blocks)")
+    _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, q.device)
     return paged, page_size, capacity, lens, new
+
+
+def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device) -> None:
+    """Values that need a host read: tensor lengths within the cache, used pages inside it (skipped while
+    a graph is captured; a plain int length was checked on the host already)."""
+    if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None):
+        return
+    values = lens.tolist()
+    for b, n in enumerate(values):
+        if n < 0 or n + new > capacity:
+            raise ValueError(f"cache_seqlens[{b}]={n} plus {new} new key(s) is outside the cache "
+                             f"(capacity {capacity} keys per sequence)")
+    if block_table is not None:
+        num_blocks = k_cache.shape[0]
+        table = block_table.tolist()
+        for b, n in enumerate(values):
+            used = table[b][:-(-(n + new) // page_size)] if n + new else []
+            bad = [p for p in used if not 0 <= p < num_blocks]
+            if bad:
+                raise ValueError(f"block_table[{b}] points outside the cache: block {bad[0]} "
+                                 f"(the cache has {num_blocks} blocks)")
 
 
 def _append(k_cache, v_cache, k, v, lens, block_table, page_size) -> None:

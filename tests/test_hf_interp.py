@@ -166,11 +166,12 @@ def test_generate_with_kv_cache_matches_sdpa():
         ref = model(input_ids=ids).logits
         past = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
     model.set_attn_implementation("rocmflash")
-    before = rf_hf.stats()["rocmflash"]
+    before, before_decode = rf_hf.stats()["rocmflash"], rf_hf.stats()["decode"]
     with torch.no_grad():
         out = model(input_ids=ids[:, :-1], use_cache=True)
         step = model(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True).logits
     assert rf_hf.stats()["rocmflash"] - before == 4
+    assert rf_hf.stats()["decode"] - before_decode == 2  # the one-token step ran the decode kernel (2 layers)
     assert _rel(step[:, -1].float(), ref[:, -1].float()) < 1e-2
     assert past is not None
 
@@ -191,3 +192,23 @@ def test_tiny_llama_compiles_fullgraph():
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     finally:
         torch._dynamo.reset()
+
+
+def test_generate_without_padding_uses_the_decode_kernel():
+    """Greedy generate() of an unpadded batch: prefill on the dense kernel, every step on the decode kernel."""
+    rf_hf.register()
+    model = _tiny_llama(torch.float32, seed=8).to(torch.bfloat16)
+    ids = torch.randint(1, 96, (2, 6))
+
+    def gen(impl):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            return model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+
+    ref = gen("sdpa")
+    before = rf_hf.stats()
+    out = gen("rocmflash")
+    after = rf_hf.stats()
+    assert after["decode"] - before["decode"] == 2 * 5  # 5 one-token steps x 2 layers
+    assert after["sdpa"] == before["sdpa"]
+    assert torch.equal(out, ref)

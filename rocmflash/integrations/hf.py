@@ -31,7 +31,9 @@ kernel that computes it identically:
   or without a sliding window: the boolean 4-D mask is checked to be exactly "padding +
   causal/window" (:func:`padded_layout`), then the tokens are unpadded, run through
   :func:`rocmflash.flash_attn_varlen_func` and re-padded (padded query rows get 0);
-* soft-capping (Gemma 2) or a sliding window without a mask: the varlen kernel.
+* soft-capping (Gemma 2) or a sliding window without a mask: the varlen kernel;
+* a ``generate()`` step (one new token, no padding mask): the split-KV decode kernel of
+  :func:`rocmflash.flash_attn_with_kvcache`, reading transformers' cache tensors in place.
 
 Every other call (dropout, fp32, other mask patterns, position bias, attention sinks,
 ``output_attentions``, ...) goes to transformers' own ``sdpa_attention_forward`` with the
@@ -48,7 +50,7 @@ import warnings
 import torch
 
 NAME = "rocmflash"
-_STATS = {"rocmflash": 0, "sdpa": 0}
+_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0}
 
 
 def _interpreting() -> bool:
@@ -182,6 +184,16 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     softcap = kwargs.get("softcap")
     window_left = _window_left(kwargs.get("sliding_window"))
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None and q_len == 1 and kv_len > 1 and not torch.compiler.is_compiling():
+        # a generate() step over the KV cache with no padding: the split-KV decode kernel reads the
+        # cache in place ((B, Hkv, S, D) as a strided (B, S, Hkv, D) view: no copy)
+        from rocmflash.decode import flash_attn_with_kvcache
+
+        _STATS["rocmflash"] += 1
+        _STATS["decode"] += 1
+        out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                      softmax_scale=scale, window_size=(window_left, -1), softcap=softcap or 0.0)
+        return out.contiguous(), None
     needs_varlen = attention_mask is not None or bool(softcap) or window_left >= 0
     if needs_varlen and torch.compiler.is_compiling():
         return _fall_back("torch.compile tracing a padded, windowed or soft-capped call (the varlen path "
@@ -266,7 +278,8 @@ def _skip_flash_preload() -> None:
 
 
 def stats() -> dict:
-    """Calls that ran rocmflash and calls passed to transformers' SDPA path (since import)."""
+    """Calls that ran rocmflash (``decode``: of those, the ones through the KV-cache decode kernel) and calls
+    passed to transformers' SDPA path (since import)."""
     return dict(_STATS)
 
 
