@@ -4,7 +4,8 @@ One new token per sequence (Sq=1), D=128, Hq=32 / Hkv=4 (GQA 8:1), bf16, every s
 ``KV`` cached keys. rocmflash runs through the public API (validation, config selection from the
 GPU's databases -- tuned decode entries when ``rocmflash tune --mode decode`` wrote them -- and
 the split-KV kernels; host time included), on a contiguous cache and on a paged one (pages of
-256, shuffled block table). SDPA gets ``q (B, Hq, 1, D)`` and the dense K/V ``(B, Hkv, KV, D)``
+256, shuffled block table); ``rocmflash unchecked`` passes ``check_values=False`` (no host read of
+the lengths: the call does not wait for the GPU). SDPA gets ``q (B, Hq, 1, D)`` and the dense K/V ``(B, Hkv, KV, D)``
 with ``enable_gqa=True`` (its default backend choice, and the flash / efficient backends where
 they accept the call).
 
@@ -70,6 +71,8 @@ def _paths(torch, B, L, Hq=32, Hkv=4, D=128):
 
     paths = {
         "rocmflash": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens),
+        "rocmflash unchecked": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                                         check_values=False),
         "rocmflash paged": lambda: rocmflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table),
         "sdpa default": lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True),
     }

@@ -61,7 +61,7 @@ def _int_tensor(name: str, t, ndim: int, device, dtypes=(torch.int32,)) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}; all must share a device")
 
 
-def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits):
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, check_values=True):
     """Everything but the options; returns ``(paged, page_size, capacity, seqlens_before (B,) int32 tensor)``."""
     from rocmflash.kernels.common import interpreting
 
@@ -124,7 +124,8 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits)
         if cache_seqlens.shape[0] != B:
             raise ValueError(f"cache_seqlens must be (B={B},), got shape {tuple(cache_seqlens.shape)}")
         lens = cache_seqlens.to(torch.int32)
-    _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, q.device)
+    if check_values:
+        _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, q.device)
     return paged, page_size, capacity, lens, new
 
 
@@ -181,16 +182,21 @@ def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, b
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale: Optional[float] = None, causal: bool = False,
                             window_size: tuple = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
-                            return_lse: bool = False):
+                            return_lse: bool = False, *, check_values: bool = True):
     """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
 
     Returns ``(B, Sq, Hq, D)`` in q's dtype, or ``(out, lse)`` with ``lse`` fp32 ``(B, Hq, Sq)``
     (natural log; rows that see no key: output 0, LSE ``-inf``). Causal masking is bottom-right
     aligned: new token ``t`` sits at position ``L - Sq + t`` of its sequence's ``L`` keys.
     Not differentiable (inference).
+
+    ``check_values=False`` (keyword only, not in flash-attn) skips the host read of the
+    *values* of ``cache_seqlens`` and ``block_table`` -- the one step that makes a call wait
+    for the GPU. Shapes, dtypes and devices are always checked. Use it in a decode loop whose
+    lengths and tables are known to fit the cache (a captured graph skips the read anyway).
     """
     paged, page_size, capacity, lens, new = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                                      num_splits)
+                                                      num_splits, check_values)
     left, right = check_options(softmax_scale, causal, window_size, softcap)
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -209,9 +215,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     out = torch.empty_like(q)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel():
-        table = block_table if paged else seqlens
-        with torch.no_grad():
-            KD.launch(call, q, k_cache, v_cache, table, seqlens, cfg, splits, out, lse)
+        KD.launch(call, q, k_cache, v_cache, block_table if paged else seqlens, seqlens, cfg, splits, out, lse)
     return (out, lse) if return_lse else out
 
 

@@ -37,11 +37,21 @@ from rocmflash.kernels.common import kernel_jit
 
 # ----------------------------------------------------------------------------- kernels
 @kernel_jit
-def _key_rows(BT_row, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED: tl.constexpr):
-    """Element offsets (before the head/dim terms) of keys ``offs_n`` of sequence ``off_b``."""
+def _key_rows(BT_row, start_n, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED: tl.constexpr,
+              WHOLE_PAGES: tl.constexpr):
+    """Element offsets (before the head/dim terms) of keys ``offs_n`` of sequence ``off_b``.
+
+    ``WHOLE_PAGES``: the key block lies inside one page (the page size is a multiple of
+    ``BLOCK_N``), so one page number serves the block -- a scalar load, not a gather. Keys
+    past the sequence's end then still address that page (in bounds; their loads are masked).
+    """
     if PAGED:
-        page = tl.load(BT_row + offs_n // PAGE_SIZE)
-        rows = page.to(tl.int64) * stride_kb + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kn
+        if WHOLE_PAGES:
+            page = tl.load(BT_row + start_n // PAGE_SIZE)
+            rows = page.to(tl.int64) * stride_kb + ((start_n % PAGE_SIZE) + (offs_n - start_n)).to(tl.int64) * stride_kn
+        else:
+            page = tl.load(BT_row + offs_n // PAGE_SIZE)
+            rows = page.to(tl.int64) * stride_kb + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kn
     else:
         rows = off_b.to(tl.int64) * stride_kb + offs_n.to(tl.int64) * stride_kn
     return rows
@@ -52,16 +62,17 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
                  qk_scale, sm_scale, softcap, stride_kb, stride_kn, stride_kh, stride_kd,
                  stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
-                 SOFTCAP: tl.constexpr, MASK: tl.constexpr, LOWER: tl.constexpr, UPPER: tl.constexpr):
+                 WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr, LOWER: tl.constexpr,
+                 UPPER: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nmask = offs_n < SEQ_K
-    if MASK:  # keys past the end have no page: read page 0 / row 0 instead (masked out below)
+    if MASK and not WHOLE_PAGES:  # keys past the end may have no page: address row 0 (masked out below)
         offs_safe = tl.where(nmask, offs_n, 0)
     else:
         offs_safe = offs_n
-    k_rows = _key_rows(BT_row, offs_safe, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED)
-    v_rows = _key_rows(BT_row, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, PAGED)
+    k_rows = _key_rows(BT_row, start_n, offs_safe, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED, WHOLE_PAGES)
+    v_rows = _key_rows(BT_row, start_n, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, PAGED, WHOLE_PAGES)
     k = C.load_2d(K + off_hk * stride_kh + k_rows[None, :] + offs_d[:, None] * stride_kd,
                   offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK)
     x = M.log2_scores(tl.dot(q, k), qk_scale, sm_scale, softcap, SOFTCAP)
@@ -88,7 +99,7 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, sm_scale, qk_scale, softcap,
                   stride_vb, stride_vn, stride_vh, stride_vd,
                   stride_btb, PAGE_SIZE, H_KV, GROUP, SEQ_Q, NUM_SPLITS, WIN_LEFT, WIN_RIGHT,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  PAGED: tl.constexpr, SOFTCAP: tl.constexpr,
+                  PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
@@ -121,18 +132,18 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, sm_scale, qk_scale, softcap,
             acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
                                          lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                          stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                         HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, SOFTCAP, True, BOUNDED_LEFT,
+                                         HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT,
                                          BOUNDED_RIGHT)
     for start_n in range(tl.maximum(s_lo, full_lo), tl.minimum(s_hi, full_hi), BLOCK_N):
         acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
                                      lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT)
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT)
     for start_n in range(tl.maximum(s_lo, full_hi), s_hi, BLOCK_N):
         acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
                                      lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT)
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT)
 
     # normalised partial output and log2 LSE (an empty chunk: 0 and -inf); padded tiles, stored whole
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -280,7 +291,8 @@ class DecodeCall:
 
 def _split_constexprs(call: DecodeCall, cfg: DecodeConfig) -> dict:
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
-                PAGED=call.paged, SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
+                PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
+                SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
                 BOUNDED_RIGHT=call.win_right < M.UNBOUNDED)
 
 
