@@ -4,10 +4,10 @@ One new token per sequence (Sq=1), D=128, Hq=32 / Hkv=4 (GQA 8:1), bf16, every s
 ``KV`` cached keys. rocmflash runs through the public API (validation, config selection from the
 GPU's databases -- tuned decode entries when ``rocmflash tune --mode decode`` wrote them -- and
 the split-KV kernels; host time included), on a contiguous cache and on a paged one (pages of
-256, shuffled block table); ``rocmflash unchecked`` passes ``check_values=False`` (no host read of
-the lengths: the call does not wait for the GPU). SDPA gets ``q (B, Hq, 1, D)`` and the dense K/V ``(B, Hkv, KV, D)``
-with ``enable_gqa=True`` (its default backend choice, and the flash / efficient backends where
-they accept the call).
+256, shuffled block table); ``unchecked`` passes ``check_values=False`` (no host read of the
+lengths: the call does not wait for the GPU); ``graph`` replays the unchecked call (and SDPA's)
+captured in a CUDA/HIP graph, as serving engines run decode: what is left is GPU time. SDPA gets ``q (B, Hq, 1, D)`` and the dense K/V ``(B, Hkv, KV, D)``
+with ``enable_gqa=True`` (its default backend choice, and the flash backend where it accepts the call).
 
 Decode reads every cached key and value once: bandwidth = ``2 * B * KV * Hkv * D * 2`` bytes / time,
 reported against the GPU's HBM peak (``--hbm-peak-gbs``, default from the device name). Timing:
@@ -69,14 +69,30 @@ def _paths(torch, B, L, Hq=32, Hkv=4, D=128):
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
     qs, ks, vs = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)  # SDPA layout, views
 
+    def graphed(fn):
+        """``fn`` captured once into a CUDA/HIP graph; the path replays it (no host work per call but the replay)."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
+    unchecked = lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, check_values=False)  # noqa: E731
     paths = {
         "rocmflash": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens),
-        "rocmflash unchecked": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
-                                                                         check_values=False),
+        "rocmflash unchecked": unchecked,
+        "rocmflash graph": graphed(unchecked),
         "rocmflash paged": lambda: rocmflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table),
+        "rocmflash paged unchecked": lambda: rocmflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens,
+                                                                               block_table=table, check_values=False),
         "sdpa default": lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True),
+        "sdpa default graph": graphed(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)),
     }
-    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION), ("sdpa efficient", SDPBackend.EFFICIENT_ATTENTION)):
+    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),):
         def call(backend=backend):
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)

@@ -131,23 +131,27 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
 
 def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device) -> None:
     """Values that need a host read: tensor lengths within the cache, used pages inside it (skipped while
-    a graph is captured; a plain int length was checked on the host already)."""
+    a graph is captured; a plain int length was checked on the host already). The checks run on the
+    device and come back as two flags in one small copy; details are looked up only on failure."""
     if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None):
         return
-    values = lens.tolist()
-    for b, n in enumerate(values):
-        if n < 0 or n + new > capacity:
-            raise ValueError(f"cache_seqlens[{b}]={n} plus {new} new key(s) is outside the cache "
-                             f"(capacity {capacity} keys per sequence)")
+    bad_len = (lens < 0) | (lens + new > capacity)
+    checks = [bad_len.any()]
     if block_table is not None:
         num_blocks = k_cache.shape[0]
-        table = block_table.tolist()
-        for b, n in enumerate(values):
-            used = table[b][:-(-(n + new) // page_size)] if n + new else []
-            bad = [p for p in used if not 0 <= p < num_blocks]
-            if bad:
-                raise ValueError(f"block_table[{b}] points outside the cache: block {bad[0]} "
-                                 f"(the cache has {num_blocks} blocks)")
+        used = torch.arange(block_table.shape[1], device=device)[None, :] < (
+            (lens.clamp(min=0) + new + page_size - 1) // page_size)[:, None]
+        bad_page = used & ((block_table < 0) | (block_table >= num_blocks))
+        checks.append(bad_page.any())
+    flags = torch.stack(checks).tolist()
+    if flags[0]:
+        b = int(bad_len.nonzero()[0, 0])
+        raise ValueError(f"cache_seqlens[{b}]={int(lens[b])} plus {new} new key(s) is outside the cache "
+                         f"(capacity {capacity} keys per sequence)")
+    if len(flags) > 1 and flags[1]:
+        b, p = (int(x) for x in bad_page.nonzero()[0])
+        raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
+                         f"(the cache has {num_blocks} blocks)")
 
 
 def _append(k_cache, v_cache, k, v, lens, block_table, page_size) -> None:

@@ -50,6 +50,9 @@ def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
     got = TD.lookup_decode("h100", 128, "bf16", 8, 5000, 8)
     assert got is not None and got.BLOCK_N == 32 and got.num_splits == 8
     assert TD.lookup_decode("h100", 128, "bf16", 8, 60000, 8).BLOCK_N == 128
+    # another batch bucket: the tiles carry over, the split count is chosen per call
+    other = TD.lookup_decode("h100", 128, "bf16", 8, 8192, 1)
+    assert other.BLOCK_N == 32 and other.num_splits == 0
     assert TD.lookup_decode("h100", 64, "bf16", 8, 5000, 8) is None  # other head dim: nothing
     # the forward lookup reads the same file and ignores the decode entries
     assert D.lookup("h100", 128, "bf16", True, 8, 4096).BLOCK_M == 64

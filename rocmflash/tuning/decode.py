@@ -166,10 +166,14 @@ def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, sett
 # ----------------------------------------------------------------------------- run-time lookup
 @functools.lru_cache(maxsize=1024)
 def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0):
-    """The measured decode entry nearest to this problem (KV bucket first, then batch bucket), as a DecodeConfig.
+    """The measured decode entry nearest to this problem, as a DecodeConfig.
 
-    Entries of another page size are used only when none of this page size exists. None when
-    the GPU's databases hold no measured decode entry of this head dim, dtype and GQA ratio.
+    Nearest = fewest powers of two away in KV length and batch together (ties: the nearer KV
+    bucket, then the user's file). The entry's split count is kept only for its own buckets;
+    elsewhere ``num_splits`` is 0 (the per-call heuristic), since a split count that fills
+    the GPU at one batch starves or floods it at another. Entries of another page size are
+    used only when none of this page size exists. None when the GPU's databases hold no
+    measured decode entry of this head dim, dtype and GQA ratio.
     """
     from rocmflash.db import ConfigDB, DBError, database_paths, servable
     from rocmflash.kernels.kv_decode import DecodeConfig
@@ -189,13 +193,17 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
                 continue
             if not servable(entry) or not entry.get("best"):
                 continue
-            rank = (p["page_size"] != page_size, abs(p["kv_bucket"].bit_length() - want_kv),
-                    abs(p["batch_bucket"].bit_length() - want_b), order)
+            d_kv = abs(p["kv_bucket"].bit_length() - want_kv)
+            d_b = abs(p["batch_bucket"].bit_length() - want_b)
+            rank = (p["page_size"] != page_size, d_kv + d_b, d_kv, order)
             if best is None or rank < best[0]:
                 try:
-                    best = (rank, DecodeConfig.from_dict(entry["best"]))
+                    cfg = DecodeConfig.from_dict(entry["best"])
                 except (TypeError, ValueError):
                     continue
+                if d_kv or d_b:  # a split count fits the grid it was timed on only: choose per call
+                    cfg = dataclasses.replace(cfg, num_splits=0)
+                best = (rank, cfg)
     return best[1] if best else None
 
 
@@ -301,6 +309,35 @@ def measure_decode(task: dict) -> dict:
         lines = str(err).strip().splitlines()
         result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
     return result
+
+
+def prewarm_decode(task: dict) -> Optional[str]:
+    """Build one config's binaries at the problem's specialisation (runs in a pre-warm worker).
+
+    One launch per distinct specialisation of the split count (Triton makes ``== 1`` a
+    constant and marks multiples of 16), on one sequence with the problem's cache strides,
+    so the timing worker finds every binary in Triton's cache. Returns None or the error.
+    """
+    import torch
+
+    from rocmflash.kernels import kv_decode as KD
+
+    p = DecodeProblem(**task["problem"])
+    try:
+        cfg = KD.DecodeConfig.from_dict(task["config"])
+        one = dataclasses.replace(p, batch=1)
+        inp = _decode_inputs(one, torch.device("cuda"))
+        call = KD.DecodeCall(1, p.seqlen_q, p.heads_kv, p.group, p.head_dim, p.page_size > 0, p.page_size,
+                             1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
+        table = inp["table"] if inp["table"] is not None else inp["lens"]
+        out = torch.empty_like(inp["q"])
+        for n in sorted({1 if s == 1 else (16 if s % 16 == 0 else 2) for s in task["splits"]}):
+            KD.launch(call, inp["q"], inp["k"], inp["v"], table, inp["lens"], cfg, n, out)
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:
+        lines = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def _time_one(fn, flush, reps: int) -> float:

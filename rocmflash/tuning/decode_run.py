@@ -41,6 +41,8 @@ def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, inte
     from rocmflash.live import worker_env, worker_init
 
     env = worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
+    if not interpret:
+        _prewarm(survivors, problem, env, timeout_s)
     results = []
     pool = None
     try:
@@ -68,6 +70,32 @@ def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, inte
             pool.stop()
             pool.join(timeout=30)
     return results
+
+
+def _prewarm(survivors: list, problem: DecodeProblem, env: dict, timeout_s: float) -> None:
+    """Compile every survivor in parallel worker processes first (Triton's disk cache), so the serial
+    timing loop does not pay one JIT compile per config. Errors surface again when timed."""
+    import os
+
+    import pebble
+    import torch
+
+    from rocmflash.kernels.common import num_compute_units
+    from rocmflash.live import worker_init
+    from rocmflash.tuning.decode import prewarm_decode, split_choices
+
+    units = num_compute_units(torch.device("cuda"))
+    workers = max(1, min(len(survivors), (os.cpu_count() or 2) - 1, 8))
+    with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
+                            initializer=worker_init, initargs=(None, env, False)) as pool:
+        futures = [pool.schedule(prewarm_decode, args=({"config": r["config"], "problem": problem.to_dict(),
+                                                        "splits": split_choices(problem, r["config"]["BLOCK_N"], units)},),
+                                 timeout=timeout_s) for r in survivors]
+        for future in futures:
+            try:
+                future.result()
+            except Exception:  # a crash or hang here shows again, isolated, in the timing worker
+                pass
 
 
 def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: list, env: dict,
