@@ -12,7 +12,8 @@ does two tiny matrix products per key block. Two choices follow from that.
   at small batches (B=1, Hkv=8: 8 programs on 132 SMs / 304 CUs), so the key range of each
   sequence is cut into ``num_splits`` chunks of whole key blocks. Each program writes a
   normalised fp32 partial output and its log2 LSE; :func:`_decode_combine` merges the
-  chunks per row: ``L = log2(sum_s 2^L_s)``, ``O = sum_s 2^(L_s - L) O_s``.
+  chunks per row: ``L = log2(sum_s 2^L_s)``, ``O = sum_s 2^(L_s - L) O_s`` -- one program per
+  output row, all splits in one load.
 
 The cache is contiguous ``(B, S_max, Hkv, D)`` or paged ``(num_blocks, page_size, Hkv,
 D)`` with a block table: a key's physical row is ``block_table[b, j // page_size]`` at
@@ -155,37 +156,36 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, sm_scale, qk_scale, softcap,
 @kernel_jit
 def _decode_combine(PO, PL, O, LSE, stride_ob, stride_ot, stride_oh, stride_od,
                     H_KV, GROUP, SEQ_Q, NUM_SPLITS,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr, STORE_LSE: tl.constexpr):
+    # one program per (sequence, K/V head, row): every split of the row is read in one 2-D load
+    # (a loop over splits in a few programs was latency-bound: B=1 has only Hkv of them)
     off_bhk = tl.program_id(0)
+    r = tl.program_id(1)
+    if r >= SEQ_Q * GROUP:  # padding rows of the split kernel's tile
+        return
     off_b = off_bhk // H_KV
     off_hk = off_bhk % H_KV
-    offs_r = tl.arange(0, BLOCK_M)
+    offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    base = off_bhk.to(tl.int64) * NUM_SPLITS
-    for s in range(0, NUM_SPLITS):
-        l_s = tl.load(PL + (base + s) * BLOCK_M + offs_r)
-        o_s = tl.load(PO + (base + s) * (BLOCK_M * BLOCK_D) + offs_r[:, None] * BLOCK_D + offs_d[None, :])
-        m_new = tl.maximum(m, l_s)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_use)
-        w = tl.math.exp2(l_s - m_use)
-        acc = acc * alpha[:, None] + o_s * w[:, None]
-        total = total * alpha + w
-        m = m_new
+    smask = offs_s < NUM_SPLITS
+    rows = off_bhk.to(tl.int64) * NUM_SPLITS + offs_s
+    l_s = tl.load(PL + rows * BLOCK_M + r, mask=smask, other=float("-inf"))
+    m = tl.max(l_s, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(l_s - m_use)  # empty splits (and padding): weight 0
+    o_s = tl.load(PO + rows[:, None] * (BLOCK_M * BLOCK_D) + r * BLOCK_D + offs_d[None, :], mask=smask[:, None],
+                  other=0.0)
+    total = tl.sum(w, 0)
     t_safe = tl.where(total == 0.0, 1.0, total)
-    offs_t = offs_r // GROUP
-    offs_h = off_hk * GROUP + offs_r % GROUP
-    rmask = offs_r < SEQ_Q * GROUP
-    tl.store(O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
-             + offs_d[None, :] * stride_od, (acc / t_safe[:, None]).to(O.dtype.element_ty),
-             mask=rmask[:, None] & (offs_d[None, :] < HEAD_DIM))
+    o = tl.sum(o_s * w[:, None], 0) / t_safe
+    t = r // GROUP
+    h = off_hk * GROUP + r % GROUP
+    tl.store(O + off_b.to(tl.int64) * stride_ob + t * stride_ot + h * stride_oh + offs_d * stride_od,
+             o.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
     if STORE_LSE:  # (B, Hq, Sq) natural log
-        lse = tl.where(total == 0.0, float("-inf"), (m + tl.math.log2(t_safe)) * 0.6931471805599453)
-        Hq = H_KV * GROUP
-        tl.store(LSE + (off_b.to(tl.int64) * Hq + offs_h) * SEQ_Q + offs_t, lse, mask=rmask)
+        lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
+        tl.store(LSE + (off_b.to(tl.int64) * (H_KV * GROUP) + h) * SEQ_Q + t, lse)
 
 
 KERNELS = ("_decode_split", "_decode_combine")
@@ -316,8 +316,9 @@ def combine_args(call: DecodeCall, po, pl, out, lse, num_splits: int) -> dict:
                 H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits)
 
 
-def _combine_constexprs(call: DecodeCall, store_lse: bool) -> dict:
-    return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_D=call.block_d, STORE_LSE=bool(store_lse))
+def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> dict:
+    return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_D=call.block_d,
+                SPLITS_PAD=C.next_pow2(num_splits), STORE_LSE=bool(store_lse))
 
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
@@ -340,9 +341,9 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     C.launch_kernel(_decode_split, (num_splits, call.batch * call.heads_kv),
                     split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
                     _split_constexprs(call, cfg), kcfg, backend)
-    C.launch_kernel(_decode_combine, (call.batch * call.heads_kv,),
+    C.launch_kernel(_decode_combine, (call.batch * call.heads_kv, call.seqlen_q * call.group),
                     combine_args(call, po, pl, out, lse if lse is not None else C.dummy_lse(q.device), num_splits),
-                    _combine_constexprs(call, lse is not None), _kernel_config(16, 4, 1, 0), backend)
+                    _combine_constexprs(call, lse is not None, num_splits), _kernel_config(16, 4, 1, 0), backend)
 
 
 class _StridedPtr(C.Ptr):
@@ -375,7 +376,7 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
                             split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits),
                             _split_constexprs(call, cfg), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
-                               _combine_constexprs(call, True), _kernel_config(16, 4, 1, 0))
+                               _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))
     return main, combine
 
 
