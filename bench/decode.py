@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
+
+from interleaved import MarkdownTable, interleaved_medians
 
 PEAKS_GBS = {"H100": 3350, "H200": 4800, "MI300X": 5300, "MI250": 3277, "MI355": 8000}
 BATCHES = (1, 8, 32, 64)
@@ -37,18 +38,6 @@ def hbm_peak(name: str) -> float:
         if key in name.upper():
             return gbs
     return float("nan")
-
-
-def _timer(torch, fn, n):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n * 1e3
 
 
 def _paths(torch, B, L, Hq=32, Hkv=4, D=128):
@@ -128,29 +117,19 @@ def main(argv=None) -> int:
             "- Sq=1, D=128, Hq=32, Hkv=4 (GQA 8:1), bf16; µs per call (public API, host time included), median of "
             "rounds; GB/s = K+V bytes read / time; ratio = SDPA default time / rocmflash time", "",
             "| B | KV | path | µs | GB/s | % HBM peak | SDPA default / this |", "|---|---|---|---|---|---|---|"]
-    rows = []
-
-    def flush():
-        with open(path, "w") as f:
-            f.write("\n".join(head + rows) + "\n")
-
+    table = MarkdownTable(path, head)
     batches = (1, 8) if args.quick else BATCHES
     lengths = (8192, 32768) if args.quick else LENGTHS
     for B in batches:
         for L in lengths:
             paths = _paths(torch, B, L)
-            times = {p: [] for p in paths}
-            for _ in range(args.rounds):
-                for p, fn in paths.items():
-                    times[p].append(_timer(torch, fn, args.iters))
-            med = {p: statistics.median(t) for p, t in times.items()}
+            med = interleaved_medians(torch, paths, args.rounds, args.iters)
             nbytes = 2 * B * L * 4 * 128 * 2
             for p, t in med.items():
                 gbs = nbytes / (t * 1e-6) / 1e9
-                rows.append(f"| {B} | {L} | {p} | {t:.1f} | {gbs:.0f} | {100 * gbs / peak:.0f}% | "
-                            f"{med['sdpa default'] / t:.2f}x |")
-                print(rows[-1], flush=True)
-            flush()
+                table.add(f"| {B} | {L} | {p} | {t:.1f} | {gbs:.0f} | {100 * gbs / peak:.0f}% | "
+                          f"{med['sdpa default'] / t:.2f}x |")
+            table.flush()
             del paths
             torch.cuda.empty_cache()
     return 0

@@ -22,8 +22,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
+
+from interleaved import MarkdownTable, interleaved_medians
 
 #: name -> (lengths, Hq, Hkv, D)
 def _mixes(torch, quick: bool):
@@ -37,18 +38,6 @@ def _mixes(torch, quick: bool):
     if quick:
         return dict(list(mixes.items())[:2])
     return mixes
-
-
-def _timer(torch, fn, n):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n * 1e3  # µs
 
 
 def _cases(torch, lengths, hq, hkv, d, dtype):
@@ -109,28 +98,18 @@ def main(argv=None) -> int:
             f"- command: `python {' '.join(sys.argv)}`", "- causal, bf16; µs per call (median of rounds), "
             "useful TFLOP/s (padding not counted); ratio = time / rocmflash varlen", "",
             "| mix | pass | path | µs | TFLOP/s | time vs varlen |", "|---|---|---|---|---|---|"]
-    rows = []
-
-    def flush():
-        with open(path, "w") as f:
-            f.write("\n".join(head + rows) + "\n")
-
-    flush()
+    table = MarkdownTable(path, head)
     for name, (lengths, hq, hkv, d) in _mixes(torch, args.quick).items():
         useful = 4.0 * hq * d * sum(n * n for n in lengths) / 2
         cases = _cases(torch, lengths, hq, hkv, d, torch.bfloat16)
         for bwd in (False, True):
-            times = {p: [] for p in cases}
-            for _ in range(args.rounds):
-                for p, fn in cases.items():
-                    times[p].append(_timer(torch, lambda: fn(bwd), args.iters))
-            med = {p: statistics.median(t) for p, t in times.items()}
+            med = interleaved_medians(torch, {p: (lambda fn=fn: fn(bwd)) for p, fn in cases.items()}, args.rounds,
+                                      args.iters)
             for p, t in med.items():
                 flops = useful * (3.5 if bwd else 1.0)
-                rows.append(f"| {name} | {'fwd+bwd' if bwd else 'fwd'} | {p} | {t:.0f} | {flops / t / 1e6:.0f} | "
-                            f"{t / med['rocmflash varlen']:.2f}x |")
-                print(rows[-1], flush=True)
-            flush()
+                table.add(f"| {name} | {'fwd+bwd' if bwd else 'fwd'} | {p} | {t:.0f} | {flops / t / 1e6:.0f} | "
+                          f"{t / med['rocmflash varlen']:.2f}x |")
+            table.flush()
         del cases
         torch.cuda.empty_cache()
     return 0

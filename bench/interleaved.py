@@ -1,0 +1,48 @@
+"""Timing and table helpers shared by the public-API benchmarks run as ``python bench/<name>.py``.
+
+``interleaved_medians`` times every path back to back between two CUDA events, path after path in
+each round (so drift hits all paths alike), and returns the median per path in µs.
+``MarkdownTable`` rewrites its file after every row group, so a killed run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+def back_to_back_us(torch, fn, n: int) -> float:
+    """µs per call of ``n`` back-to-back calls of ``fn`` (after one warm-up call), by CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n * 1e3
+
+
+def interleaved_medians(torch, paths: dict, rounds: int, iters: int) -> dict:
+    """``{path: median µs per call}`` over ``rounds`` interleaved rounds of ``iters`` calls each."""
+    times = {p: [] for p in paths}
+    for _ in range(rounds):
+        for p, fn in paths.items():
+            times[p].append(back_to_back_us(torch, fn, iters))
+    return {p: statistics.median(t) for p, t in times.items()}
+
+
+class MarkdownTable:
+    """A header and table rows written to ``path``; :meth:`flush` rewrites the whole file."""
+
+    def __init__(self, path: str, head: list):
+        self.path, self.head, self.rows = path, list(head), []
+        self.flush()
+
+    def add(self, row: str) -> None:
+        self.rows.append(row)
+        print(row, flush=True)
+
+    def flush(self) -> None:
+        with open(self.path, "w") as f:
+            f.write("\n".join(self.head + self.rows) + "\n")
