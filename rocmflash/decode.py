@@ -172,15 +172,30 @@ def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, b
                   page_size: int = 0) -> "KD.DecodeConfig":
     """The decode config for this problem: the tuned database entry (``rocmflash tune --mode decode``) of the
     nearest KV-length and batch buckets, else the per-arch default."""
-    from rocmflash.selection import device_identity
+    key = (device, head_dim, dtype, group, max_seqlen_k, batch, page_size)
+    cfg = _DECODE_CONFIGS.get(key)
+    if cfg is None:
+        from rocmflash.selection import device_identity
+        from rocmflash.tuning.decode import lookup_decode
+
+        gpu_name, arch = device_identity(device)
+        hit = None
+        if gpu_name is not None:
+            hit = lookup_decode(gpu_name, int(head_dim), dtype, int(group), int(max_seqlen_k), int(batch),
+                                int(page_size))
+        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim))
+    return cfg
+
+
+_DECODE_CONFIGS: dict = {}  #: per (device, problem) choice; cleared with :func:`clear_cache`
+
+
+def clear_cache() -> None:
+    """Forget cached decode choices (after a new tune in this process)."""
     from rocmflash.tuning.decode import lookup_decode
 
-    gpu_name, arch = device_identity(device)
-    if gpu_name is not None:
-        hit = lookup_decode(gpu_name, int(head_dim), dtype, int(group), int(max_seqlen_k), int(batch), int(page_size))
-        if hit is not None:
-            return hit
-    return KD.default_decode_config(arch, int(head_dim))
+    _DECODE_CONFIGS.clear()
+    lookup_decode.cache_clear()
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
@@ -223,4 +238,4 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     return (out, lse) if return_lse else out
 
 
-__all__ = ["flash_attn_with_kvcache", "decode_config"]
+__all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache"]

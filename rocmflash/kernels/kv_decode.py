@@ -25,6 +25,7 @@ token ``t`` sits at position ``L - Sq + t``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -280,15 +281,16 @@ class DecodeCall:
     win_left: int
     win_right: int
 
-    @property
+    @functools.cached_property
     def block_m(self) -> int:
         return max(16, C.next_pow2(self.seqlen_q * self.group))
 
-    @property
+    @functools.cached_property
     def block_d(self) -> int:
         return max(16, C.next_pow2(self.head_dim))
 
 
+@functools.lru_cache(maxsize=1024)
 def _split_constexprs(call: DecodeCall, cfg: DecodeConfig) -> dict:
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
@@ -316,6 +318,7 @@ def combine_args(call: DecodeCall, po, pl, out, lse, num_splits: int) -> dict:
                 H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits)
 
 
+@functools.lru_cache(maxsize=1024)
 def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> dict:
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_D=call.block_d,
                 SPLITS_PAD=C.next_pow2(num_splits), STORE_LSE=bool(store_lse))

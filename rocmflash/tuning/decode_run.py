@@ -165,6 +165,9 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
     finally:
         lock.release()
     lookup_decode.cache_clear()
+    from rocmflash.decode import clear_cache
+
+    clear_cache()
     return DecodeTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
                             time.perf_counter() - start)
 
