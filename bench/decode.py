@@ -7,7 +7,8 @@ the split-KV kernels; host time included), on a contiguous cache and on a paged 
 256, shuffled block table); ``unchecked`` passes ``check_values=False`` (no host read of the
 lengths: the call does not wait for the GPU); ``graph`` replays the unchecked call (and SDPA's)
 captured in a CUDA/HIP graph, as serving engines run decode: what is left is GPU time. SDPA gets ``q (B, Hq, 1, D)`` and the dense K/V ``(B, Hkv, KV, D)``
-with ``enable_gqa=True`` (its default backend choice, and the flash backend where it accepts the call).
+with ``enable_gqa=True`` (its default backend choice, and the flash and memory-efficient backends
+where they accept the call).
 
 Decode reads every cached key and value once: bandwidth = ``2 * B * KV * Hkv * D * 2`` bytes / time,
 reported against the GPU's HBM peak (``--hbm-peak-gbs``, default from the device name). Timing:
@@ -81,7 +82,8 @@ def _paths(torch, B, L, Hq=32, Hkv=4, D=128):
         "sdpa default": lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True),
         "sdpa default graph": graphed(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)),
     }
-    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),):
+    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
+                          ("sdpa efficient", SDPBackend.EFFICIENT_ATTENTION)):
         def call(backend=backend):
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)

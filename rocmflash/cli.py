@@ -65,10 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
                         help="prefill: the attention forward space (default); decode: the KV-cache decode kernels "
                              "(split-KV + combine) of flash_attn_with_kvcache")
+    report.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
+                        help="fwd: the forward space (default); bwd: the backward's dQ and dK/dV kernels "
+                             "(--mode prefill only)")
     report.add_argument("--batch", type=int, default=None, metavar="B", help="--mode decode: batch (default 32)")
     report.add_argument("--seqlen", type=int, default=None, metavar="S", help="--mode decode: cached keys (default 4096)")
-    report.add_argument("--heads", type=int, default=None, metavar="H", help="--mode decode: query heads (default 32)")
-    report.add_argument("--kv-heads", type=int, default=None, metavar="H", help="--mode decode: KV heads (default 8)")
+    report.add_argument("--heads", type=int, default=None, metavar="H",
+                        help="query heads (--mode decode: default 32; --pass bwd: default 16)")
+    report.add_argument("--kv-heads", type=int, default=None, metavar="H",
+                        help="key/value heads (--mode decode: default 8; --pass bwd: default --heads)")
     report.add_argument("--page-size", type=int, default=0, metavar="P",
                         help="--mode decode: paged cache with this page size (default 0: contiguous)")
     report.add_argument("--reference-file", metavar="PATH", default=None,
@@ -125,6 +130,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_tune(args) if args.command == "tune" else run_export(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "vgpr-report" and args.pass_ == "bwd":
+            if args.mode == "decode":
+                raise ValueError("--pass bwd is for --mode prefill (decode has no backward)")
+            from rocmflash import bwd_report
+
+            return bwd_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
         if args.command == "vgpr-report" and args.mode == "decode":
             from rocmflash import decode_report
 

@@ -64,6 +64,9 @@ def add_tune_parsers(subparsers) -> None:
                            "kernels at --seqlen cached keys, --batch sequences (default 32), --heads/--kv-heads "
                            "(default 32/8): BLOCK_N, warps, stages (AMD waves_per_eu) and num_splits, every "
                            "static survivor timed")
+    tune.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "both"), default=None,
+                      help="--mode prefill: which kernels to tune: the forward, the backward's dQ and dK/dV "
+                           "kernels (entries bwd-<key>, used by the autograd backward), or both (default)")
     tune.add_argument("--seqlen-q", type=int, default=1, metavar="N", help="--mode decode: new tokens per step (default 1)")
     tune.add_argument("--page-size", type=int, default=0, metavar="P",
                       help="--mode decode: tune for a paged cache with this page size (default 0: contiguous)")
@@ -90,8 +93,12 @@ def run_tune(args: argparse.Namespace) -> int:
     from rocmflash.tune import INJECT_ENV, ReplayRunner, TuneInterrupted, TuneSpec, parse_inject, print_summary, tune
 
     console = make_console()
+    passes = getattr(args, "pass_", None)
     if getattr(args, "mode", "prefill") == "decode":
+        if passes is not None:
+            return _error(f"--pass {passes} is for --mode prefill (decode has no backward)")
         return _run_decode_tune(args, console)
+    passes = passes or ("fwd" if args.replay else "both")  # a replayed journal holds forward results only
     try:
         if args.timeout is not None and not args.timeout > 0:
             raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
@@ -106,7 +113,15 @@ def run_tune(args: argparse.Namespace) -> int:
             if not os.path.exists(args.replay):
                 raise ValueError(f"--replay {args.replay}: no such file")
             runner = ReplayRunner.from_journal(args.replay)
-        result = tune(spec, runner=runner, console=console, progress=True)
+        if passes != "bwd":
+            result = tune(spec, runner=runner, console=console, progress=True)
+            print_summary(result, console)
+        if passes != "fwd":
+            from rocmflash.tuning.backward_run import print_backward_summary, tune_backward
+
+            if runner is not None:
+                raise ValueError("--replay replays forward journals only; use --pass fwd")
+            print_backward_summary(tune_backward(spec, console=console), console)
     except TuneInterrupted as stop:
         r = stop.result
         kept = sum(o.timed_now for o in r.outcomes)
@@ -118,7 +133,6 @@ def run_tune(args: argparse.Namespace) -> int:
         return 130
     except (UnknownGPUError, DBError, ValueError) as err:
         return _error(str(err))
-    print_summary(result, console)
     return 0
 
 
@@ -157,7 +171,7 @@ def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
 def export_json(data: dict, vendor: str) -> dict:
     entries = {}
     for key, e in data["entries"].items():
-        if not e.get("best") or e.get("mode") == "decode":
+        if not e.get("best") or e.get("mode") in ("decode", "bwd"):
             continue
         online = e["best"] if e["best"]["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
         item = {"measured": e["measured"], "tflops": e.get("tflops"), "best": e["best"], "when": e.get("when")}
@@ -179,7 +193,7 @@ def export_triton(data: dict, vendor: str) -> str:
     unique = []
     for key, e in data["entries"].items():
         best = e.get("best")
-        if not best or e.get("mode") == "decode":
+        if not best or e.get("mode") in ("decode", "bwd"):
             continue
         cfg = best if best["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
         if not cfg:

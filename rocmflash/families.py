@@ -50,6 +50,8 @@ class Family:
 FAMILIES = {
     "decode": Family("decode", "rocmflash.tuning.decode",
                      ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/kv_decode.py", "tuning/decode.py")),
+    "backward": Family("backward", "rocmflash.tuning.backward",
+                       ("config.py", "kernels/common.py", "kernels/backward.py", "tuning/backward.py")),
 }
 
 

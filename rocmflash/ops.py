@@ -84,7 +84,7 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
 
 
 def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float):
-    cfg = select_bwd_config(q.device, q.shape[3])
+    cfg = select_bwd_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], k.shape[2])
     with _device_ctx(q):
         return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
 

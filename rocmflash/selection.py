@@ -52,6 +52,9 @@ def clear_cache() -> None:
     clear = getattr(db, "clear_cache", None)
     if clear is not None:
         clear()
+    from rocmflash.tuning.backward import clear_cache as clear_bwd
+
+    clear_bwd()
 
 
 def _interpreting() -> bool:
@@ -177,16 +180,55 @@ def selection_source(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, varia
     return details["source"] if details else None
 
 
-def select_bwd_config(device, head_dim: int):
-    """The backward config (:class:`rocmflash.kernels.backward.BwdConfig`) for ``device``."""
-    key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(), int(head_dim))
-    cfg = _BWD.get(key)
-    if cfg is None:
-        from rocmflash.kernels.backward import default_bwd_config
+def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, gqa_ratio: int = 1,
+                      seqlen_k: Optional[int] = None):
+    """The backward config (:class:`rocmflash.kernels.backward.BwdConfig`) for this problem on ``device``.
 
-        _, arch = device_identity(device)
-        cfg = _BWD[key] = default_bwd_config(arch, int(head_dim))
+    With ``dtype`` and ``seqlen_k`` given, the nearest measured ``bwd-`` entry of the live
+    GPU's databases (same head dim, dtype, causal flag and GQA ratio; written by
+    ``rocmflash tune --pass bwd``, :func:`rocmflash.tuning.backward.lookup_bwd`), else the
+    per-arch default. Cached per problem; the choice is logged once, like the forward's.
+    """
+    bucket = _bucket(seqlen_k) if seqlen_k is not None else None
+    key = ("bwd", getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+           int(head_dim), str(dtype), bool(causal), int(gqa_ratio), bucket)
+    cfg = _BWD.get(key)
+    if cfg is not None:
+        return cfg
+    from rocmflash.kernels.backward import default_bwd_config
+
+    gpu_name, arch = device_identity(device)
+    match = None
+    if gpu_name is not None and dtype is not None and bucket is not None and not db_disabled():
+        try:
+            from rocmflash.tuning.backward import lookup_bwd
+
+            match = lookup_bwd(gpu_name, int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio),
+                               int(seqlen_k))
+        except Exception as err:  # a broken database must not break training: warn, use the default
+            warnings.warn(f"rocmflash: backward config lookup failed ({err}); using the default config",
+                          RuntimeWarning, stacklevel=3)
+    cfg = match.config if match is not None else default_bwd_config(arch, int(head_dim))
+    if match is not None:
+        text = (f"backward: database entry {match.key} ("
+                f"{'the asked bucket' if match.bucket_distance == 0 else f'{match.bucket_distance} bucket(s) away'}) "
+                f"of {match.path}")
+    else:
+        text = f"backward: per-arch default for {arch or 'no GPU'}"
+    _LAST_SOURCE[key] = {"source": "db" if match is not None else "default", "entry": match and match.key,
+                         "bucket_distance": match and match.bucket_distance, "path": match and match.path,
+                         "config": cfg, "text": text}
+    _log.info("rocmflash: %s", text)
+    _BWD[key] = cfg
     return cfg
+
+
+def bwd_selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) -> Optional[dict]:
+    """For a backward already selected on ``device``: ``{"source": "db" | "default", "entry",
+    "bucket_distance", "path", "config", "text"}``, else None."""
+    key = ("bwd", getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+           int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k))
+    return _LAST_SOURCE.get(key)
 
 
 def _bucket(seqlen: int) -> int:
@@ -194,5 +236,5 @@ def _bucket(seqlen: int) -> int:
     return 1 << (s - 1).bit_length()
 
 
-__all__ = ["select_config", "select_bwd_config", "clear_cache", "device_identity", "selection_source",
+__all__ = ["select_config", "select_bwd_config", "bwd_selection_details", "clear_cache", "device_identity", "selection_source",
            "selection_details"]

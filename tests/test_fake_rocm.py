@@ -240,7 +240,7 @@ def test_cli_tune_mi250_measures_and_builds_gfx90a(fake_rocm, tmp_path, monkeypa
     monkeypatch.setattr("rocmflash.space.default_space", _tiny_space)
     db_path, cache = tmp_path / "mi250.json", tmp_path / "cache"
     code = main(["tune", "--gpu", "mi250", "--head-dim", "64", "--dtype", "fp16", "--seqlen", "128", "--heads", "2",
-                 "--batch", "1", "--strategy", "pruned", "--top-k", "2", "--no-seeds", "--db", str(db_path), "--cache-dir", str(cache), "--workers", "2"])
+                 "--batch", "1", "--strategy", "pruned", "--top-k", "2", "--no-seeds", "--pass", "fwd", "--db", str(db_path), "--cache-dir", str(cache), "--workers", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "timed 2 config(s)" in out and "Nothing was benchmarked" not in out, out

@@ -506,13 +506,15 @@ class _Operand(C.Ptr):
         return self._strides
 
 
-def compile_for(target, config: BwdConfig, problem: Problem):
-    """Cross-compile the dK/dV and dQ kernels for ``target`` without tensors (register studies).
+def compile_kernel_for(target, kernel: str, cfg: KernelConfig, problem: Problem, head_splits: int = 1):
+    """Cross-compile one backward kernel (``"dkdv"`` or ``"dq"``) for ``target`` without tensors.
 
     The arguments are built by :func:`dkdv_call` / :func:`dq_call`, as for a launch on
     contiguous ``(B, H, S, D)`` tensors, so a compile-only build specialises exactly like one.
     """
-    config.validate()
+    if kernel not in ("dkdv", "dq"):
+        raise ValueError(f"backward kernel {kernel!r} is unknown; expected 'dkdv' or 'dq'")
+    cfg.validate()
     check_head_dim(problem.head_dim)
     p = problem
     t = "*" + p.dtype
@@ -521,7 +523,15 @@ def compile_for(target, config: BwdConfig, problem: Problem):
     q, out, do, dq = (_Operand(t, q_like) for _ in range(4))
     k, v, dk, dv = (_Operand(t, kv_like) for _ in range(4))
     lse, delta = (_Operand("*fp32", q_like[:3]) for _ in range(2))
-    _, a1, c1 = dkdv_call(q, k, v, do, lse, delta, dk, dv, p.causal, 1.0, config.dkdv, config.head_splits or 1)
-    _, a2, c2 = dq_call(q, k, v, out, do, lse, None, delta, dq, p.causal, 1.0, config.dq)
-    return (C.compile_kernel(_bwd_dkdv, target, a1, c1, config.dkdv),
-            C.compile_kernel(_bwd_dq, target, a2, c2, config.dq))
+    if kernel == "dkdv":
+        _, args, constexprs = dkdv_call(q, k, v, do, lse, delta, dk, dv, p.causal, 1.0, cfg, head_splits)
+        return C.compile_kernel(_bwd_dkdv, target, args, constexprs, cfg)
+    _, args, constexprs = dq_call(q, k, v, out, do, lse, None, delta, dq, p.causal, 1.0, cfg)
+    return C.compile_kernel(_bwd_dq, target, args, constexprs, cfg)
+
+
+def compile_for(target, config: BwdConfig, problem: Problem):
+    """Cross-compile the dK/dV and dQ kernels of ``config`` for ``target`` (register studies)."""
+    config.validate()
+    return (compile_kernel_for(target, "dkdv", config.dkdv, problem, config.head_splits or 1),
+            compile_kernel_for(target, "dq", config.dq, problem))

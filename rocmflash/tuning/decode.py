@@ -277,6 +277,7 @@ def measure_decode(task: dict) -> dict:
 
     from rocmflash.kernels import kv_decode as KD
     from rocmflash.kernels.common import interpreting, num_compute_units
+    from rocmflash.tuning.isolated import time_flushed
 
     p = DecodeProblem(**task["problem"])
     result = {"config": task["config"], "status": "failed", "error": None, "times_ms": {}}
@@ -303,7 +304,7 @@ def measure_decode(task: dict) -> dict:
                 result.update(status="incorrect", error=f"relative error {err:.3g} at num_splits={n}")
                 return result
         for n in splits:
-            result["times_ms"][str(n)] = _time_one(lambda n=n: run(n), inp["flush"], task.get("reps", 30))
+            result["times_ms"][str(n)] = time_flushed(lambda n=n: run(n), inp["flush"], task.get("reps", 30))
         result["status"] = "ok"
     except Exception as err:  # compile error, out of resources, launch failure
         lines = str(err).strip().splitlines()
@@ -338,28 +339,3 @@ def prewarm_decode(task: dict) -> Optional[str]:
     except Exception as err:
         lines = str(err).strip().splitlines()
         return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
-
-
-def _time_one(fn, flush, reps: int) -> float:
-    """Median ms of ``reps`` runs, the L2 flushed before each (events on a GPU, wall clock in the interpreter)."""
-    import statistics
-
-    import torch
-
-    fn()
-    if flush is None:  # interpreter: the times measure the interpreter, never a GPU
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    for _ in range(3):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))

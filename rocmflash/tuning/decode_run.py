@@ -7,9 +7,7 @@ measurement, run-time lookup) so the orchestration reads on its own.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
 from rocmflash.tuning.decode import DecodeProblem, DecodeStatic, lookup_decode, measure_decode, static_phase
@@ -33,69 +31,22 @@ class DecodeTuneResult:
 
 
 def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, interpret: bool, on_result=None) -> list:
-    """Every survivor in one isolated worker pinned to the current device (a crash or hang costs that config)."""
-    import pebble
-    import torch
-    from pebble import ProcessExpired
+    """Every survivor in one isolated worker pinned to the current device (a crash or hang costs that config);
+    on a GPU every survivor is compiled first, in parallel."""
+    from rocmflash.tuning.isolated import measure_isolated, prewarm_parallel
 
-    from rocmflash.live import worker_env, worker_init
-
-    env = worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
     if not interpret:
-        _prewarm(survivors, problem, env, timeout_s)
-    results = []
-    pool = None
-    try:
-        for row in survivors:
-            if pool is None:
-                pool = pebble.ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
-                                          initializer=worker_init, initargs=(None, env, interpret))
-            future = pool.schedule(measure_decode, args=({"config": row["config"], "problem": problem.to_dict()},),
-                                   timeout=timeout_s)
-            try:
-                result = future.result()
-            except FutureTimeout:
-                result = {"config": row["config"], "status": "timeout", "error": f"no result after {timeout_s:g} s"}
-            except ProcessExpired as err:
-                result = {"config": row["config"], "status": "crashed", "error": f"worker died (exit code {err.exitcode})"}
-            if result["status"] in ("timeout", "crashed"):
-                pool.stop()
-                pool.join(timeout=30)
-                pool = None
-            results.append(result)
-            if on_result:
-                on_result(result)
-    finally:
-        if pool is not None:
-            pool.stop()
-            pool.join(timeout=30)
-    return results
+        import torch
 
+        from rocmflash.kernels.common import num_compute_units
+        from rocmflash.tuning.decode import prewarm_decode, split_choices
 
-def _prewarm(survivors: list, problem: DecodeProblem, env: dict, timeout_s: float) -> None:
-    """Compile every survivor in parallel worker processes first (Triton's disk cache), so the serial
-    timing loop does not pay one JIT compile per config. Errors surface again when timed."""
-    import os
-
-    import pebble
-    import torch
-
-    from rocmflash.kernels.common import num_compute_units
-    from rocmflash.live import worker_init
-    from rocmflash.tuning.decode import prewarm_decode, split_choices
-
-    units = num_compute_units(torch.device("cuda"))
-    workers = max(1, min(len(survivors), (os.cpu_count() or 2) - 1, 8))
-    with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
-                            initializer=worker_init, initargs=(None, env, False)) as pool:
-        futures = [pool.schedule(prewarm_decode, args=({"config": r["config"], "problem": problem.to_dict(),
-                                                        "splits": split_choices(problem, r["config"]["BLOCK_N"], units)},),
-                                 timeout=timeout_s) for r in survivors]
-        for future in futures:
-            try:
-                future.result()
-            except Exception:  # a crash or hang here shows again, isolated, in the timing worker
-                pass
+        units = num_compute_units(torch.device("cuda"))
+        prewarm_parallel([{"config": r["config"], "problem": problem.to_dict(),
+                           "splits": split_choices(problem, r["config"]["BLOCK_N"], units)} for r in survivors],
+                         prewarm_decode, timeout_s)
+    tasks = [{"config": r["config"], "problem": problem.to_dict()} for r in survivors]
+    return measure_isolated(tasks, measure_decode, timeout_s, interpret, on_result)
 
 
 def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: list, env: dict,

@@ -1,0 +1,416 @@
+"""``rocmflash tune --pass bwd``: tune the backward's two kernels (dK/dV and dQ) per problem.
+
+The backward is two independent launches (:mod:`rocmflash.kernels.backward`): ``_bwd_dq``
+(which also writes ``delta``) and ``_bwd_dkdv``. Each gets its own config space -- the
+block a program owns, the block it loops over, warps, stages and, on AMD, ``waves_per_eu``
+-- and the same static phase as the forward: cross-compiled for the target arch on the
+CPU, read by :mod:`isa_tools`, pruned by :mod:`rocmflash.prune` (spills, LDS, occupancy,
+cliffs, duplicate binaries), with a reason per verdict. Only on the live GPU are the
+survivors gated against an fp32 reference gradient and timed, each kernel on its own
+(their times add up: the best pair is the best of each), the dK/dV kernel at every
+``head_splits`` that divides the GQA group (a launch argument: one binary serves all).
+Backward kernels are few and cheap to time, so every survivor is measured -- no ranking
+decides alone -- and the per-arch default is always timed beside them, so each entry
+says what tuning gained.
+
+Entries live in the GPU's config database under ``bwd-<forward key>`` (e.g.
+``bwd-d128-bf16-causal-gqa1-s4096``) with ``"mode": "bwd"``; forward lookups skip them.
+At run time :func:`lookup_bwd` serves the measured entry of the same head dim, dtype,
+causal flag and GQA ratio with the nearest sequence-length bucket; its ``head_splits`` is
+kept only in its own bucket (elsewhere it is chosen per call). Without a live GPU of the
+named kind, the static #1 of each kernel is written with ``"measured": false``, never served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from typing import NamedTuple, Optional
+
+from rocmflash.config import KernelConfig, Problem, normalize_dtype
+
+#: key prefix of backward entries in a config database
+PREFIX = "bwd"
+#: the two kernels, in launch order
+KERNELS = ("dq", "dkdv")
+#: head_splits values timed for the dK/dV kernel (the divisors of the GQA group among these)
+HEAD_SPLIT_CHOICES = (1, 2, 4, 8)
+
+
+# ----------------------------------------------------------------------------- keys
+def bwd_key(head_dim: int, dtype, causal: bool, group: int, seqlen: int) -> str:
+    """``bwd-d128-bf16-causal-gqa1-s4096``: ``bwd-`` and the forward's key of the same problem."""
+    from rocmflash.db import problem_key, seqlen_bucket
+
+    return f"{PREFIX}-{problem_key(head_dim, dtype, causal, group, seqlen_bucket(seqlen))}"
+
+
+def parse_bwd_key(key: str) -> Optional[dict]:
+    """Inverse of :func:`bwd_key` (None for any other key)."""
+    from rocmflash.db import parse_key
+
+    if not key.startswith(PREFIX + "-"):
+        return None
+    try:
+        return parse_key(key[len(PREFIX) + 1:])
+    except (ValueError, IndexError):
+        return None
+
+
+# ----------------------------------------------------------------------------- space and compile
+def owned_and_looped(config: dict) -> tuple:
+    """``(owned block, looped block)``: dK/dV owns keys (``BLOCK_N``), dQ owns queries (``BLOCK_M``)."""
+    if config["kernel"] == "dkdv":
+        return config["BLOCK_N"], config["BLOCK_M"]
+    return config["BLOCK_M"], config["BLOCK_N"]
+
+
+def kernel_config(config: dict) -> KernelConfig:
+    """The :class:`KernelConfig` of one space point (the ``kernel`` key dropped)."""
+    return KernelConfig.from_dict({k: v for k, v in config.items() if k != "kernel"})
+
+
+def space_point(kernel: str, cfg: KernelConfig) -> dict:
+    """A :class:`KernelConfig` as a point of the backward space (the fields the backward uses)."""
+    return dict(kernel=kernel, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, waves_per_eu=cfg.waves_per_eu)
+
+
+def bwd_space(arch: str, head_dim: int) -> list:
+    """The backward space of an arch: per kernel, owned x looped blocks x warps x stages (x AMD waves_per_eu).
+
+    D > 128 halves the owned block (two fp32 ``owned x D`` accumulators live in registers).
+    8 warps only with an owned block of at least 64 rows (fewer leave warps without rows).
+    AMD: ``num_stages=1`` (as its forward space; AMD's guidance for fused GEMM chains) and
+    ``waves_per_eu`` 0 (no hint), 1 and 2.
+    """
+    amd = arch.startswith("gfx")
+    owned = (32, 64, 128) if head_dim <= 128 else (16, 32, 64)
+    stages = (1,) if amd else (1, 2, 3)
+    waves = (0, 1, 2) if amd else (0,)
+    points = []
+    for kernel in KERNELS:
+        for own in owned:
+            for loop in (16, 32, 64):
+                for warps in (4, 8):
+                    if warps == 8 and own < 64:
+                        continue
+                    for s in stages:
+                        for wpe in waves:
+                            m, n = (loop, own) if kernel == "dkdv" else (own, loop)
+                            points.append(dict(kernel=kernel, BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=s,
+                                               waves_per_eu=wpe))
+    return points
+
+
+def task_compile_options(config: dict, backend: str) -> dict:
+    return kernel_config(config).compile_options(backend)
+
+
+def compile_task(target, config: dict, problem: dict):
+    """Family entry for :func:`rocmflash.compile.sweep_family`: the named backward kernel for ``target``."""
+    from rocmflash.kernels.backward import compile_kernel_for
+
+    return (compile_kernel_for(target, config["kernel"], kernel_config(config), Problem.from_dict(problem)),)
+
+
+# ----------------------------------------------------------------------------- static phase
+def _static_key(config: dict, kernel: dict, amd: bool, index: int) -> tuple:
+    """Order of the survivors (smaller first); it orders the timing and picks the unmeasured #1.
+
+    AMD: 2 waves/SIMD first (as AMD's forward defaults), then larger owned and looped blocks
+    (operand reuse), then occupancy. NVIDIA: occupancy, fewer registers, larger owned block.
+    """
+    waves = kernel.get("waves_per_simd") or 0
+    vgprs = kernel.get("allocated_vgprs") or kernel.get("vgpr_count") or 10 ** 6
+    own, loop = owned_and_looped(config)
+    if amd:
+        return (waves < 2, -own, -loop, -waves, vgprs, index)
+    return (-waves, vgprs, -own, -loop, index)
+
+
+@dataclasses.dataclass
+class BwdStatic:
+    problem: Problem
+    rows: list  #: per config: {"config", "kept", "reason", "detail", "static_rank", "kernel": summary}
+    stats: object
+
+    def ranked(self, kernel: str) -> list:
+        """The kept rows of one kernel (``"dkdv"`` or ``"dq"``), best static rank first."""
+        return sorted((r for r in self.rows if r["kept"] and r["config"]["kernel"] == kernel),
+                      key=lambda r: r["static_rank"])
+
+    def of(self, kernel: str) -> list:
+        return [r for r in self.rows if r["config"]["kernel"] == kernel]
+
+
+def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=None,
+                 configs: Optional[list] = None) -> BwdStatic:
+    """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU)."""
+    from rocmflash.compile import sweep_family
+    from rocmflash.prune import PruneSettings, prune
+
+    configs = configs if configs is not None else bwd_space(gpu.arch, problem.head_dim)
+    observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers)
+    amd = gpu.arch.startswith("gfx")
+    rows = []
+    for kernel in KERNELS:  # each kernel pruned on its own: "every config pruned" falls back per kernel
+        index = [i for i, c in enumerate(configs) if c["kernel"] == kernel]
+        verdicts = prune([observations[i] for i in index], settings or PruneSettings())
+        for i, verdict in zip(index, verdicts):
+            obs = observations[i]
+            summary = obs["kernels"][0] if obs.get("kernels") else {}
+            rows.append({"config": configs[i], "kept": verdict.kept, "reason": verdict.reason,
+                         "detail": verdict.detail, "static_rank": None, "kernel": summary,
+                         "_key": _static_key(configs[i], summary, amd, i)})
+    for kernel in KERNELS:
+        kept = sorted((r for r in rows if r["kept"] and r["config"]["kernel"] == kernel), key=lambda r: r["_key"])
+        for rank, row in enumerate(kept):
+            row["static_rank"] = rank
+    for row in rows:
+        row.pop("_key")
+    return BwdStatic(problem, rows, stats)
+
+
+# ----------------------------------------------------------------------------- run-time lookup
+class BwdMatch(NamedTuple):
+    """The entry :func:`lookup_bwd` chose: its config, key, distance from the asked bucket, file."""
+
+    config: object  #: rocmflash.kernels.backward.BwdConfig
+    key: str
+    bucket_distance: int
+    path: str
+
+
+def entry_config(entry: dict):
+    """The :class:`~rocmflash.kernels.backward.BwdConfig` an entry stores (ValueError/TypeError if unreadable)."""
+    from rocmflash.kernels.backward import BwdConfig
+
+    best = entry["best"]
+    return BwdConfig(KernelConfig.from_dict(best["dkdv"]), KernelConfig.from_dict(best["dq"]),
+                     head_splits=int(best.get("head_splits", 0))).validate()
+
+
+@functools.lru_cache(maxsize=1024)
+def lookup_bwd(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, seqlen: int) -> Optional[BwdMatch]:
+    """The measured backward entry nearest to this problem (None: use the per-arch default).
+
+    Same head dim, dtype, causal flag and GQA ratio; the nearest sequence-length bucket
+    (ties: the larger, then the user's file before the shipped one). The entry's
+    ``head_splits`` is kept only for its own bucket: elsewhere it is 0 (chosen per call),
+    since a split that fills the GPU at one length floods it at another.
+    """
+    from rocmflash.db import ConfigDB, DBError, database_paths, seqlen_bucket, servable
+
+    want = seqlen_bucket(seqlen).bit_length()
+    best = None
+    for order, path in enumerate(database_paths(gpu_name)):
+        if not os.path.exists(path):
+            continue
+        try:
+            entries = ConfigDB.read(path)["entries"]
+        except (DBError, OSError):
+            continue
+        for key, entry in entries.items():
+            p = parse_bwd_key(key)
+            if p is None or (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"]) != (
+                    head_dim, normalize_dtype(dtype), bool(causal), group):
+                continue
+            if not servable(entry) or not entry.get("best"):
+                continue
+            distance = abs(p["seqlen_bucket"].bit_length() - want)
+            rank = (distance, -p["seqlen_bucket"], order)
+            if best is None or rank < best[0]:
+                try:
+                    cfg = entry_config(entry)
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if distance:
+                    cfg = dataclasses.replace(cfg, head_splits=0)
+                best = (rank, BwdMatch(cfg, key, distance, path))
+    return best[1] if best else None
+
+
+def clear_cache() -> None:
+    lookup_bwd.cache_clear()
+
+
+# ----------------------------------------------------------------------------- live phase (worker side)
+def split_choices(group: int) -> list:
+    """``head_splits`` timed for the dK/dV kernel: the divisors of the GQA group up to 8."""
+    return [s for s in HEAD_SPLIT_CHOICES if group % s == 0]
+
+
+_INPUTS: dict = {}
+
+
+def reference_grads(q, k, v, do, causal: bool, scale: float):
+    """fp32 dQ of the first batch's first GQA group and dK, dV of its first key/value head.
+
+    One query head at a time (an ``Sq x Sk`` fp32 score matrix each), bottom-right causal;
+    rows that see no key get zero gradients.
+    """
+    import torch
+
+    group = q.shape[1] // k.shape[1]
+    Sq, Sk = q.shape[2], k.shape[2]
+    k0, v0 = k[0, 0].float(), v[0, 0].float()
+    dk, dv = torch.zeros_like(k0), torch.zeros_like(v0)
+    dqs = []
+    mask = None
+    if causal:
+        mask = torch.arange(Sk, device=q.device)[None, :] > torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
+    for h in range(group):
+        qh, doh = q[0, h].float(), do[0, h].float()
+        s = (qh @ k0.T) * scale
+        if mask is not None:
+            s.masked_fill_(mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num_(0.0)
+        del s
+        o = p @ v0
+        dv += p.T @ doh
+        dp = doh @ v0.T
+        ds = p * (dp - (doh * o).sum(-1, keepdim=True))
+        del dp, p
+        dqs.append((ds @ k0) * scale)
+        dk += (ds.T @ qh) * scale
+        del ds
+    return torch.stack(dqs), dk, dv
+
+
+def _bwd_inputs(shape, device):
+    """q, k, v, dO, the forward's out and LSE, delta, the fp32 reference and an L2 flush buffer (per shape)."""
+    import torch
+
+    import rocmflash
+    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.common import torch_backend
+
+    if _INPUTS.get("shape") != shape:
+        _INPUTS.clear()
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
+        gen = torch.Generator(device=device).manual_seed(int.from_bytes(os.urandom(7), "little"))
+
+        def rand(heads, seqlen):
+            return torch.randn(shape.batch, heads, seqlen, shape.head_dim, device=device, dtype=dtype, generator=gen)
+
+        q, do = rand(shape.heads_q, shape.seqlen_q), rand(shape.heads_q, shape.seqlen_q)
+        k, v = rand(shape.heads_kv, shape.seqlen_k), rand(shape.heads_kv, shape.seqlen_k)
+        scale = 1.0 / math.sqrt(shape.head_dim)
+        out, lse = rocmflash.attention(q, k, v, causal=shape.causal, return_lse=True)
+        delta = torch.empty(lse.shape, device=device, dtype=torch.float32)
+        default = bw.default_bwd_config(None, shape.head_dim)
+        dq = torch.empty_like(q)
+        bw.launch_dq(q, k, v, out, do, lse, None, delta, dq, shape.causal, scale, default.dq, torch_backend())
+        ref = reference_grads(q, k, v, do, shape.causal, scale)
+        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        _INPUTS.update(shape=shape, q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, scale=scale, ref=ref,
+                       flush=flush, dq=dq, dk=torch.empty_like(k), dv=torch.empty_like(v))
+    return _INPUTS
+
+
+def _rel_err(got, ref) -> float:
+    return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def measure_bwd(task: dict) -> dict:
+    """Gate one backward kernel config against the fp32 reference gradient, then time it (live worker).
+
+    ``task``: ``{"config": space point, "shape": Shape dict, "reps": n}``. The dK/dV kernel is
+    gated at the fewest and most head splits and timed at each; dQ once (``times_ms["1"]``).
+    """
+    import torch
+
+    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.common import interpreting, torch_backend
+    from rocmflash.live import TOLERANCE, interpreted_shape
+    from rocmflash.roofline import Shape
+    from rocmflash.tuning.isolated import time_flushed
+
+    shape = Shape.from_dict(task["shape"])
+    kernel = task["config"]["kernel"]
+    result = {"config": task["config"], "status": "failed", "error": None, "rel_err": None, "times_ms": {}}
+    try:
+        cfg = kernel_config(task["config"])
+        interp = interpreting()
+        if interp:
+            shape = interpreted_shape(shape)
+        inp = _bwd_inputs(shape, torch.device("cpu" if interp else "cuda"))
+        backend = torch_backend()
+        q, k, v, do, out, lse, delta, scale = (inp[n] for n in ("q", "k", "v", "do", "out", "lse", "delta", "scale"))
+        group = shape.heads_q // shape.heads_kv
+        splits = split_choices(group) if kernel == "dkdv" else [1]
+
+        def run(n):
+            if kernel == "dq":
+                bw.launch_dq(q, k, v, out, do, lse, None, delta, inp["dq"], shape.causal, scale, cfg, backend)
+            else:
+                bw.launch_dkdv(q, k, v, do, lse, delta, inp["dk"], inp["dv"], shape.causal, scale, cfg, n, backend)
+
+        ref_dq, ref_dk, ref_dv = inp["ref"]
+        tol = TOLERANCE[shape.dtype]
+        for n in dict.fromkeys((splits[0], splits[-1])):  # the gate, on NaN-poisoned outputs
+            for t in (inp["dq"], inp["dk"], inp["dv"]):
+                t.fill_(float("nan"))
+            run(n)
+            got = [(inp["dq"], ref_dq)] if kernel == "dq" else [(inp["dk"], ref_dk), (inp["dv"], ref_dv)]
+            errs = [_rel_err(g[0, :group] if g is inp["dq"] else g[0, 0], r) for g, r in got]
+            written = all(bool(torch.isfinite(g).all()) for g, _ in got)
+            err = max(errs) if written else float("nan")
+            result["rel_err"] = err if result["rel_err"] is None else max(result["rel_err"], err)
+            if not written or not err <= tol:
+                why = "unwritten or non-finite gradients" if not written else f"relative error {err:.3g} > {tol:g}"
+                result.update(status="incorrect", error=f"{why} against the fp32 reference (head_splits={n})")
+                if kernel == "dq":  # delta is the dQ kernel's output too: rebuild it for the next config
+                    _INPUTS.clear()
+                return result
+        for n in splits:
+            result["times_ms"][str(n)] = time_flushed(lambda n=n: run(n), inp["flush"], task.get("reps", 20))
+        result["status"] = "ok"
+    except Exception as err:  # compile error, out of resources, launch failure
+        lines = str(err).strip().splitlines()
+        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+        _INPUTS.clear()
+    return result
+
+
+def prewarm_bwd(task: dict) -> Optional[str]:
+    """Build one config's binary at the problem's specialisation (pre-warm worker): one launch on a
+    batch-1 problem of the same heads, lengths and head dim (the same strides' specialisation), at one
+    and at several head splits (Triton makes ``== 1`` a constant). Returns None or the error."""
+    import torch
+
+    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.common import torch_backend
+    from rocmflash.roofline import Shape
+
+    try:
+        shape = dataclasses.replace(Shape.from_dict(task["shape"]), batch=1)
+        cfg = kernel_config(task["config"])
+        dev = torch.device("cuda")
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
+        q = torch.randn(1, shape.heads_q, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype)
+        k = torch.randn(1, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype)
+        v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
+        lse = torch.zeros(q.shape[:3], device=dev, dtype=torch.float32)
+        delta = torch.zeros_like(lse)
+        scale = 1.0 / math.sqrt(shape.head_dim)
+        if task["config"]["kernel"] == "dq":
+            bw.launch_dq(q, k, v, out, do, lse, None, delta, torch.empty_like(q), shape.causal, scale, cfg,
+                         torch_backend())
+        else:
+            for n in dict.fromkeys((1, split_choices(shape.heads_q // shape.heads_kv)[-1])):
+                bw.launch_dkdv(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), shape.causal,
+                               scale, cfg, n, torch_backend())
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:
+        lines = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+__all__ = ["PREFIX", "KERNELS", "bwd_key", "parse_bwd_key", "bwd_space", "kernel_config", "space_point",
+           "static_phase", "BwdStatic", "lookup_bwd", "BwdMatch", "entry_config", "reference_grads", "measure_bwd",
+           "prewarm_bwd", "split_choices", "clear_cache"]

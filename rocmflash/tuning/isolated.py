@@ -1,0 +1,113 @@
+"""Timing tasks in isolated worker processes, for the tunes that time every survivor (decode, backward).
+
+:func:`prewarm_parallel` builds every survivor's binaries first, in parallel processes
+(Triton's disk cache), so the serial timing loop pays no JIT compile per config.
+:func:`measure_isolated` then runs one task at a time in a single worker pinned to the
+current device: a crash or a hang costs that task only (the worker is replaced), and the
+result says which (``status`` "timeout" or "crashed").
+
+Tasks are dicts holding at least ``"config"``; ``fn`` is a module-level function (it is
+pickled into a spawned process) returning a result dict with ``"config"`` and ``"status"``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Optional
+
+
+def _device_env() -> dict:
+    import torch
+
+    from rocmflash.live import worker_env
+
+    return worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
+
+
+def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: int = 8) -> None:
+    """Run ``fn(task)`` for every task in a pool of spawned workers (errors ignored: they show again,
+    isolated, when the task is timed)."""
+    import pebble
+
+    from rocmflash.live import worker_init
+
+    if not tasks:
+        return
+    workers = max(1, min(len(tasks), (os.cpu_count() or 2) - 1, max_workers))
+    with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
+                            initializer=worker_init, initargs=(None, _device_env(), False)) as pool:
+        for future in [pool.schedule(fn, args=(task,), timeout=timeout_s) for task in tasks]:
+            try:
+                future.result()
+            except Exception:  # a crash or hang here shows again in the timing worker
+                pass
+
+
+def measure_isolated(tasks: list, fn: Callable, timeout_s: float, interpret: bool,
+                     on_result: Optional[Callable[[dict], None]] = None) -> list:
+    """``[fn(task), ...]`` in order, each in one worker pinned to the current device; a timed-out or
+    crashed task gets a result with that status and the worker is replaced."""
+    import pebble
+    from pebble import ProcessExpired
+
+    from rocmflash.live import worker_init
+
+    env = _device_env()
+    results, pool = [], None
+    try:
+        for task in tasks:
+            if pool is None:
+                pool = pebble.ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
+                                          initializer=worker_init, initargs=(None, env, interpret))
+            future = pool.schedule(fn, args=(task,), timeout=timeout_s)
+            try:
+                result = future.result()
+            except FutureTimeout:
+                result = {"config": task["config"], "status": "timeout", "error": f"no result after {timeout_s:g} s"}
+            except ProcessExpired as err:
+                result = {"config": task["config"], "status": "crashed",
+                          "error": f"worker died (exit code {err.exitcode})"}
+            if result["status"] in ("timeout", "crashed"):
+                pool.stop()
+                pool.join(timeout=30)
+                pool = None
+            results.append(result)
+            if on_result:
+                on_result(result)
+    finally:
+        if pool is not None:
+            pool.stop()
+            pool.join(timeout=30)
+    return results
+
+
+def time_flushed(fn: Callable[[], None], flush, reps: int) -> float:
+    """Median ms of ``reps`` runs of ``fn``, the L2 flushed before each (device events; wall clock in the
+    interpreter, where ``flush`` is None and the time measures the interpreter, never a GPU)."""
+    import statistics
+    import time
+
+    import torch
+
+    fn()
+    if flush is None:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    for _ in range(3):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+__all__ = ["prewarm_parallel", "measure_isolated", "time_flushed"]
