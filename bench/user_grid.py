@@ -121,7 +121,7 @@ def _build(torch, F, rocmflash, spec, backward, seed):
                 continue
             marks[path] = "*"
         steps[path] = step
-    return steps, marks
+    return steps, marks, (q, k, v, do)
 
 
 def measure(rounds: int, grid: dict) -> dict:
@@ -135,7 +135,7 @@ def measure(rounds: int, grid: dict) -> dict:
         B, Hq, Hkv, S, D, causal, dt = spec
         for backward in (False, True):
             label = f"{name} {'fwd+bwd' if backward else 'fwd'}"
-            steps, marks = _build(torch, F, rocmflash, spec, backward, seed=len(results))
+            steps, marks, _ = _build(torch, F, rocmflash, spec, backward, seed=len(results))
             live = {p: s for p, s in steps.items() if s is not None}
             for s in live.values():  # warm-up: compile, select, autotune-free
                 for _ in range(3):
