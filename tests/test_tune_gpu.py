@@ -68,7 +68,8 @@ def test_isolation_crash_hang_illegal(live, tmp_path):
 
 def _cli(db, cache, *extra):
     return [sys.executable, "-m", "rocmflash.cli_tune", "tune", "--gpu", "auto", "--head-dim", "64", "--dtype", "bf16",
-            "--seqlen", "2048", "--variant", "online", "--top-k", "10", "--pass", "fwd", "--db", db, "--cache-dir", cache, *extra]
+            "--seqlen", "2048", "--variant", "online", "--strategy", "pruned", "--top-k", "10", "--pass", "fwd",
+            "--db", db, "--cache-dir", cache, *extra]
 
 
 def _wait_for_records(path, n, proc, limit=240):

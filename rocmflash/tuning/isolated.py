@@ -110,4 +110,20 @@ def time_flushed(fn: Callable[[], None], flush, reps: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-__all__ = ["prewarm_parallel", "measure_isolated", "time_flushed"]
+def back_to_back_ms(fn: Callable[[], None], reps: int) -> float:
+    """ms per call of ``reps`` back-to-back calls of ``fn`` between two device events (no flush): what a
+    user's loop sees, host cost included wherever the host is slower than the GPU work it launches."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+__all__ = ["prewarm_parallel", "measure_isolated", "time_flushed", "back_to_back_ms"]
