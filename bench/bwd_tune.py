@@ -71,7 +71,7 @@ def bench_all(names, out: str, rounds: int, walls: dict, log) -> list:
     from rocmflash.gpus import detect_live_gpu
     from rocmflash.kernels.backward import default_bwd_config
     from rocmflash.tuning.backward import reference_grads
-    from user_grid import PATHS, _build
+    from user_grid import _build
 
     configs = os.path.join(out, "configs")
     os.environ["ROCMFLASH_CONFIG_DIR"] = configs

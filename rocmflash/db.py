@@ -134,6 +134,20 @@ def database_paths(gpu_name: str) -> list[str]:
     return paths
 
 
+def iter_database_entries(gpu_name: str):
+    """``(order, path, key, entry)`` of every entry in the files a lookup reads for ``gpu_name`` (the
+    user's first, ``order`` 0); a missing or unreadable file is skipped."""
+    for order, path in enumerate(database_paths(gpu_name)):
+        if not os.path.exists(path):
+            continue
+        try:
+            entries = ConfigDB.read(path)["entries"]
+        except (DBError, OSError):
+            continue
+        for key, entry in entries.items():
+            yield order, path, key, entry
+
+
 def database_summary(path: str) -> dict:
     """``{"path", "exists", "entries", "measured", "error"}`` of one database file (for ``rocmflash doctor``)."""
     info = {"path": path, "exists": os.path.exists(path), "entries": 0, "measured": 0, "error": None}

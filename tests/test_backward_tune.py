@@ -4,7 +4,6 @@ the CLI (`vgpr-report --pass bwd`, `tune --pass bwd` without a GPU and under a f
 
 import json
 import math
-import os
 
 import pytest
 import torch
@@ -234,24 +233,24 @@ def _entry(measured=True, timing="gpu", dkdv=(32, 64), dq=(64, 32), splits=2):
 
 
 def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
-    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
-    data = D.ConfigDB.new_data("h100", "sm_90", {})
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))  # h200: no shipped database
+    data = D.ConfigDB.new_data("h200", "sm_90", {})
     data["entries"] = {
         TB.bwd_key(128, "bf16", True, 4, 2048): _entry(dkdv=(16, 32)),
         TB.bwd_key(128, "bf16", True, 4, 16384): _entry(dkdv=(64, 128)),
         TB.bwd_key(128, "bf16", True, 4, 4096): _entry(measured=False, dkdv=(32, 32)),  # static: never served
         TB.bwd_key(128, "bf16", True, 4, 8192): _entry(timing="interpreter", dkdv=(32, 32)),  # never served
     }
-    D.atomic_write_json(str(tmp_path / "h100.json"), data)
+    D.atomic_write_json(str(tmp_path / "h200.json"), data)
     TB.clear_cache()
-    m = TB.lookup_bwd("h100", 128, "bf16", True, 4, 2000)
+    m = TB.lookup_bwd("h200", 128, "bf16", True, 4, 2000)
     assert m.config.dkdv.BLOCK_N == 32 and m.config.head_splits == 2 and m.bucket_distance == 0
-    far = TB.lookup_bwd("h100", 128, "bf16", True, 4, 5000)  # 8192 bucket: 16384 is 1 away, 2048 is 2 away
+    far = TB.lookup_bwd("h200", 128, "bf16", True, 4, 5000)  # 8192 bucket: 16384 is 1 away, 2048 is 2 away
     assert far.config.dkdv.BLOCK_N == 128 and far.bucket_distance == 1
     assert far.config.head_splits == 0  # a split count is kept only in its own bucket
-    assert TB.lookup_bwd("h100", 128, "bf16", False, 4, 2048) is None  # other causal flag
-    assert TB.lookup_bwd("h100", 128, "bf16", True, 1, 2048) is None  # other GQA ratio
-    assert TB.lookup_bwd("h100", 64, "bf16", True, 4, 2048) is None  # other head dim
+    assert TB.lookup_bwd("h200", 128, "bf16", False, 4, 2048) is None  # other causal flag
+    assert TB.lookup_bwd("h200", 128, "bf16", True, 1, 2048) is None  # other GQA ratio
+    assert TB.lookup_bwd("h200", 64, "bf16", True, 4, 2048) is None  # other head dim
     TB.clear_cache()
 
 

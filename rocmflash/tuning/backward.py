@@ -202,34 +202,27 @@ def lookup_bwd(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, se
     ``head_splits`` is kept only for its own bucket: elsewhere it is 0 (chosen per call),
     since a split that fills the GPU at one length floods it at another.
     """
-    from rocmflash.db import ConfigDB, DBError, database_paths, seqlen_bucket, servable
+    from rocmflash.db import iter_database_entries, seqlen_bucket, servable
 
     want = seqlen_bucket(seqlen).bit_length()
     best = None
-    for order, path in enumerate(database_paths(gpu_name)):
-        if not os.path.exists(path):
+    for order, path, key, entry in iter_database_entries(gpu_name):
+        p = parse_bwd_key(key)
+        if p is None or (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"]) != (
+                head_dim, normalize_dtype(dtype), bool(causal), group):
             continue
-        try:
-            entries = ConfigDB.read(path)["entries"]
-        except (DBError, OSError):
+        if not servable(entry) or not entry.get("best"):
             continue
-        for key, entry in entries.items():
-            p = parse_bwd_key(key)
-            if p is None or (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"]) != (
-                    head_dim, normalize_dtype(dtype), bool(causal), group):
+        distance = abs(p["seqlen_bucket"].bit_length() - want)
+        rank = (distance, -p["seqlen_bucket"], order)
+        if best is None or rank < best[0]:
+            try:
+                cfg = entry_config(entry)
+            except (KeyError, TypeError, ValueError):
                 continue
-            if not servable(entry) or not entry.get("best"):
-                continue
-            distance = abs(p["seqlen_bucket"].bit_length() - want)
-            rank = (distance, -p["seqlen_bucket"], order)
-            if best is None or rank < best[0]:
-                try:
-                    cfg = entry_config(entry)
-                except (KeyError, TypeError, ValueError):
-                    continue
-                if distance:
-                    cfg = dataclasses.replace(cfg, head_splits=0)
-                best = (rank, BwdMatch(cfg, key, distance, path))
+            if distance:
+                cfg = dataclasses.replace(cfg, head_splits=0)
+            best = (rank, BwdMatch(cfg, key, distance, path))
     return best[1] if best else None
 
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
-import time
 from typing import Optional
 
 from rocmflash.config import normalize_dtype
@@ -175,35 +173,28 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
     used only when none of this page size exists. None when the GPU's databases hold no
     measured decode entry of this head dim, dtype and GQA ratio.
     """
-    from rocmflash.db import ConfigDB, DBError, database_paths, servable
+    from rocmflash.db import iter_database_entries, servable
     from rocmflash.kernels.kv_decode import DecodeConfig
 
     want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
     best = None
-    for order, path in enumerate(database_paths(gpu_name)):
-        if not os.path.exists(path):
+    for order, _path, key, entry in iter_database_entries(gpu_name):
+        p = parse_decode_key(key)
+        if p is None or (p["head_dim"], p["dtype"], p["group"]) != (head_dim, normalize_dtype(dtype), group):
             continue
-        try:
-            entries = ConfigDB.read(path)["entries"]
-        except (DBError, OSError):
+        if not servable(entry) or not entry.get("best"):
             continue
-        for key, entry in entries.items():
-            p = parse_decode_key(key)
-            if p is None or (p["head_dim"], p["dtype"], p["group"]) != (head_dim, normalize_dtype(dtype), group):
+        d_kv = abs(p["kv_bucket"].bit_length() - want_kv)
+        d_b = abs(p["batch_bucket"].bit_length() - want_b)
+        rank = (p["page_size"] != page_size, d_kv + d_b, d_kv, order)
+        if best is None or rank < best[0]:
+            try:
+                cfg = DecodeConfig.from_dict(entry["best"])
+            except (TypeError, ValueError):
                 continue
-            if not servable(entry) or not entry.get("best"):
-                continue
-            d_kv = abs(p["kv_bucket"].bit_length() - want_kv)
-            d_b = abs(p["batch_bucket"].bit_length() - want_b)
-            rank = (p["page_size"] != page_size, d_kv + d_b, d_kv, order)
-            if best is None or rank < best[0]:
-                try:
-                    cfg = DecodeConfig.from_dict(entry["best"])
-                except (TypeError, ValueError):
-                    continue
-                if d_kv or d_b:  # a split count fits the grid it was timed on only: choose per call
-                    cfg = dataclasses.replace(cfg, num_splits=0)
-                best = (rank, cfg)
+            if d_kv or d_b:  # a split count fits the grid it was timed on only: choose per call
+                cfg = dataclasses.replace(cfg, num_splits=0)
+            best = (rank, cfg)
     return best[1] if best else None
 
 
