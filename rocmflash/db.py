@@ -61,6 +61,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import warnings
 from typing import Any, NamedTuple, Optional
 
@@ -235,6 +236,7 @@ class ConfigDB:
     def __init__(self, path: str, data: dict):
         self.path = path
         self.data = data
+        self._lock = threading.RLock()  # problems tuned in parallel threads share one writer
 
     @staticmethod
     def new_data(gpu_name: str, arch: str, fingerprint: dict, compute_units: Optional[int] = None) -> dict:
@@ -289,15 +291,17 @@ class ConfigDB:
         return self.data["entries"]
 
     def put(self, key: str, entry: dict) -> None:
-        self.entries[key] = entry
+        with self._lock:
+            self.entries[key] = entry
 
     def save(self, fingerprint: Optional[dict] = None) -> None:
-        if fingerprint is not None:
-            self.data["fingerprint"] = fingerprint
-        self.data["updated"] = now_iso()
-        self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
-        atomic_write_json(self.path, self.data)
-        clear_cache()
+        with self._lock:
+            if fingerprint is not None:
+                self.data["fingerprint"] = fingerprint
+            self.data["updated"] = now_iso()
+            self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
+            atomic_write_json(self.path, self.data)
+            clear_cache()
 
 
 def _key_order(key: str):
@@ -317,6 +321,7 @@ class Journal:
         self.gpu_name = gpu_name
         self.records: list[dict] = []
         self.torn_lines = 0
+        self._lock = threading.Lock()  # one writer for every thread of a parallel tune
         if os.path.exists(path):
             self._load()
         else:
@@ -364,8 +369,9 @@ class Journal:
         self._write_raw((json.dumps(obj, sort_keys=True) + "\n").encode())
 
     def append(self, record: dict) -> None:
-        self._write_line(record)
-        self.records.append(record)
+        with self._lock:
+            self._write_line(record)
+            self.records.append(record)
 
     def results(self, key: str, shape: dict, env: str, rnd: Optional[int] = None) -> dict:
         """``{config json: record}`` for one problem key, shape and environment (the latest wins):

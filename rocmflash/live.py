@@ -555,6 +555,33 @@ class LiveRunner:
                 errors[key] = f"pre-warm worker died: {type(err).__name__}"
         return errors
 
+    def call(self, fn, task: dict, timeout_s: float) -> dict:
+        """``fn(task)`` in this runner's isolated worker (the decode and backward tunes' tasks): a hang or a
+        crash is a ``timeout`` / ``crashed`` result and the worker is replaced."""
+        from pebble import ProcessExpired
+
+        start = time.perf_counter()
+        try:
+            result = self._get_pool().schedule(fn, args=(task,), timeout=timeout_s).result()
+        except FutureTimeout:
+            result = {"config": task.get("config"), "status": "timeout", "error": f"no result after {timeout_s:g} s"}
+        except ProcessExpired as err:
+            result = {"config": task.get("config"), "status": "crashed",
+                      "error": f"worker died (exit code {err.exitcode})"}
+        except Exception as err:
+            result = {"config": task.get("config"), "status": "crashed",
+                      "error": f"worker pool failed: {type(err).__name__}: {err}"}
+        if result.get("status") in ("timeout", "crashed"):
+            self._restart()
+        result.setdefault("wall_s", round(time.perf_counter() - start, 3))
+        return result
+
+    def prewarm_tasks(self, tasks: list, fn, timeout_s: float) -> None:
+        """``fn(task)`` for every task in parallel processes sharing this runner's Triton cache."""
+        from rocmflash.tuning.isolated import prewarm_parallel
+
+        prewarm_parallel(tasks, fn, timeout_s, triton_cache_dir=self.triton_cache_dir, env=self.worker_env)
+
     def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
                 budget: Optional[dict] = None) -> dict:
         """Gate and time one config in the worker; always returns a result dict with a status.

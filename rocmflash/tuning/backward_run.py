@@ -123,15 +123,18 @@ def static_entry(shape, static: BwdStatic, why: str, env: dict) -> dict:
             "fingerprint": env, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def _measure(chosen: list, shape, timeout_s: float, interpret: bool, on_result) -> list:
+def _measure(chosen: list, shape, timeout_s: float, interpret: bool, on_result, pool=None) -> list:
     from rocmflash.tuning.isolated import measure_isolated, prewarm_parallel
 
     tasks = [{"config": c, "shape": shape.to_dict()} for c in chosen]
     if not interpret:
-        prewarm_parallel(tasks, prewarm_bwd, timeout_s)
+        if pool is not None:
+            pool.prewarm_tasks(tasks, prewarm_bwd, timeout_s)
+        else:
+            prewarm_parallel(tasks, prewarm_bwd, timeout_s)
     # dQ first: each dQ launch also writes delta, which the dK/dV configs read
     tasks.sort(key=lambda t: KERNELS.index(t["config"]["kernel"]))
-    return measure_isolated(tasks, measure_bwd, timeout_s, interpret, on_result)
+    return measure_isolated(tasks, measure_bwd, timeout_s, interpret, on_result, pool=pool)
 
 
 def _auto_splits(shape, block_n: int, interpret: bool) -> int:
@@ -146,8 +149,12 @@ def _auto_splits(shape, block_n: int, interpret: bool) -> int:
                               units)
 
 
-def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]] = None) -> BwdTuneResult:
-    """Tune the backward of every problem of ``spec`` (a validated :class:`TuneSpec`); see the module doc."""
+def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]] = None,
+                  pool=None) -> BwdTuneResult:
+    """Tune the backward of every problem of ``spec`` (a validated :class:`TuneSpec`); see the module doc.
+
+    ``pool`` (a :class:`rocmflash.tuning.pool.WorkerPool` of GPUs of ``spec.gpu``'s kind) times on all of
+    its GPUs at once instead of the current device."""
     from rocmflash.db import ConfigDB, default_db_path, environment, tune_lock
     from rocmflash.kernels.backward import default_bwd_config
     from rocmflash.kernels.common import interpreting
@@ -157,13 +164,15 @@ def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]
     start = time.perf_counter()
     spec.validate()
     gpu, live = resolve_gpu(spec.gpu)
-    measuring = live is not None and live.name == gpu.name
+    measuring = pool is not None or (live is not None and live.name == gpu.name)
     why = None if measuring else _no_live_reason(gpu)
     if spec.strategy == "exhaustive" and not measuring:
         raise NoLiveGPUError(f"--strategy exhaustive times every config and needs a live {gpu.name}: {why}")
     interpret = interpreting()
     device_name = None
-    if measuring:
+    if pool is not None:
+        device_name = pool.device
+    elif measuring:
         import torch
 
         device_name = torch.cuda.get_device_properties(torch.cuda.current_device()).name
@@ -188,7 +197,7 @@ def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]
                 chosen = to_time(static, spec.strategy, spec.top_k, defaults)
                 if console is not None:
                     console.print(f"backward {key}: timing {len(chosen)} dQ and dK/dV configs on the live GPU")
-                results = _measure(chosen, shape, spec.live_settings.timeout_s, interpret, on_result)
+                results = _measure(chosen, shape, spec.live_settings.timeout_s, interpret, on_result, pool)
                 entry = measured_entry(shape, static, results, defaults, spec.strategy, env, interpret,
                                        _auto_splits(shape, default.dkdv.BLOCK_N, interpret))
             else:

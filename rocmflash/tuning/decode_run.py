@@ -30,7 +30,8 @@ class DecodeTuneResult:
     seconds: float
 
 
-def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, interpret: bool, on_result=None) -> list:
+def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, interpret: bool, on_result=None,
+                 pool=None) -> list:
     """Every survivor in one isolated worker pinned to the current device (a crash or hang costs that config);
     on a GPU every survivor is compiled first, in parallel."""
     from rocmflash.tuning.isolated import measure_isolated, prewarm_parallel
@@ -42,11 +43,14 @@ def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, inte
         from rocmflash.tuning.decode import prewarm_decode, split_choices
 
         units = num_compute_units(torch.device("cuda"))
-        prewarm_parallel([{"config": r["config"], "problem": problem.to_dict(),
-                           "splits": split_choices(problem, r["config"]["BLOCK_N"], units)} for r in survivors],
-                         prewarm_decode, timeout_s)
+        warm = [{"config": r["config"], "problem": problem.to_dict(),
+                 "splits": split_choices(problem, r["config"]["BLOCK_N"], units)} for r in survivors]
+        if pool is not None:
+            pool.prewarm_tasks(warm, prewarm_decode, timeout_s)
+        else:
+            prewarm_parallel(warm, prewarm_decode, timeout_s)
     tasks = [{"config": r["config"], "problem": problem.to_dict()} for r in survivors]
-    return measure_isolated(tasks, measure_decode, timeout_s, interpret, on_result)
+    return measure_isolated(tasks, measure_decode, timeout_s, interpret, on_result, pool=pool)
 
 
 def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: list, env: dict,
@@ -80,7 +84,8 @@ def static_entry(problem: DecodeProblem, static: DecodeStatic, why: str, env: di
 
 
 def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = None, cache_dir=None, workers=None,
-                timeout_s: float = 120.0, on_result=None, configs: Optional[list] = None) -> DecodeTuneResult:
+                timeout_s: float = 120.0, on_result=None, configs: Optional[list] = None,
+                pool=None) -> DecodeTuneResult:
     """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor is gated and timed; the
     entry is written to the database (atomically, under the tune lock). ``configs`` replaces the
     default space (a list of DecodeConfig dicts)."""
@@ -92,17 +97,19 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
     problem.validate()
     gpu, live = resolve_gpu(gpu_name)
     static = static_phase(gpu, problem, cache_dir, workers, configs=configs)
-    measuring = live is not None and live.name == gpu.name
+    measuring = pool is not None or (live is not None and live.name == gpu.name)
     interpret = interpreting()
     device_name = None
-    if measuring:
+    if pool is not None:
+        device_name = pool.device
+    elif measuring:
         import torch
 
         device_name = torch.cuda.get_device_properties(torch.cuda.current_device()).name
     env = environment(device_name)
     results, why = [], None
     if measuring:
-        results = _measure_all(static.ranked, problem, timeout_s, interpret, on_result)
+        results = _measure_all(static.ranked, problem, timeout_s, interpret, on_result, pool)
         entry = measured_entry(gpu, problem, static, results, env, interpret)
     else:
         why = _no_live_reason(gpu)

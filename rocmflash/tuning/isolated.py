@@ -26,9 +26,11 @@ def _device_env() -> dict:
     return worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
 
 
-def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: int = 8) -> None:
+def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: int = 8,
+                     triton_cache_dir: Optional[str] = None, env: Optional[dict] = None) -> None:
     """Run ``fn(task)`` for every task in a pool of spawned workers (errors ignored: they show again,
-    isolated, when the task is timed)."""
+    isolated, when the task is timed). ``env``: device pinning (default: the current device);
+    ``triton_cache_dir``: the Triton cache the timing worker will read (default: Triton's own)."""
     import pebble
 
     from rocmflash.live import worker_init
@@ -37,7 +39,8 @@ def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: i
         return
     workers = max(1, min(len(tasks), (os.cpu_count() or 2) - 1, max_workers))
     with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
-                            initializer=worker_init, initargs=(None, _device_env(), False)) as pool:
+                            initializer=worker_init,
+                           initargs=(triton_cache_dir, _device_env() if env is None else env, False)) as pool:
         for future in [pool.schedule(fn, args=(task,), timeout=timeout_s) for task in tasks]:
             try:
                 future.result()
@@ -46,9 +49,15 @@ def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: i
 
 
 def measure_isolated(tasks: list, fn: Callable, timeout_s: float, interpret: bool,
-                     on_result: Optional[Callable[[dict], None]] = None) -> list:
+                     on_result: Optional[Callable[[dict], None]] = None, pool=None) -> list:
     """``[fn(task), ...]`` in order, each in one worker pinned to the current device; a timed-out or
-    crashed task gets a result with that status and the worker is replaced."""
+    crashed task gets a result with that status and the worker is replaced.
+
+    With ``pool`` (a :class:`rocmflash.tuning.pool.WorkerPool`: several GPUs), the tasks run on all of
+    its workers at once; results keep the task order, ``on_result`` sees them as they arrive.
+    """
+    if pool is not None:
+        return _measure_on_pool(tasks, fn, timeout_s, on_result, pool)
     import pebble
     from pebble import ProcessExpired
 
@@ -80,6 +89,21 @@ def measure_isolated(tasks: list, fn: Callable, timeout_s: float, interpret: boo
         if pool is not None:
             pool.stop()
             pool.join(timeout=30)
+    return results
+
+
+def _measure_on_pool(tasks: list, fn: Callable, timeout_s: float, on_result, pool) -> list:
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    results: list = [None] * len(tasks)
+    with ThreadPoolExecutor(max_workers=pool.parallelism) as threads:
+        futures = {threads.submit(pool.call, fn, task, timeout_s): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            result = future.result()
+            result.setdefault("config", tasks[futures[future]]["config"])
+            results[futures[future]] = result
+            if on_result:
+                on_result(result)
     return results
 
 

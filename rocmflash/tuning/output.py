@@ -18,10 +18,27 @@ class _Output:
     def __init__(self, console, progress: bool):
         self.console = console
         self.progress = progress and console is not None
+        self.live = None  #: the one shared progress display of a parallel live phase (:meth:`shared`)
 
     def note(self, text: str) -> None:
         if self.console is not None:
             self.console.print(text, highlight=False)
+
+    def shared(self, pool, problems: int):
+        """Context: one progress display for a parallel live phase -- a row per problem round (done, ETA,
+        best so far) and a row per worker (configs timed, busy share, what it times now)."""
+        import contextlib
+
+        if not self.progress:
+            return contextlib.nullcontext()
+        return _SharedProgress(self, pool, problems)
+
+    def problem_done(self, outcome) -> None:
+        """A problem's entry is written (parallel runs say so; the serial bars already did)."""
+        if self.live is not None and outcome.entry:
+            e = outcome.entry
+            best = _label(e["best"]) + f" {e['tflops']:.1f} TFLOP/s" if e.get("best") and e.get("tflops") else "-"
+            self.note(f"done {outcome.key}: best {best} ({outcome.seconds:.0f} s)")
 
     def static(self, gpu, problem, space, spec) -> StaticResult:
         seeds = tuple(reference_seeds(gpu, problem, spec.variants)) if spec.seeds else ()
@@ -48,12 +65,80 @@ class _Output:
     def spinner(self, text: str):
         import contextlib
 
-        if not self.progress:
+        if not self.progress or self.live is not None:  # one live display at a time
             return contextlib.nullcontext()
         return self.console.status(text)
 
     def bar(self, key: str, total: int, done: int, best: Optional[float]):
+        if self.live is not None:
+            return _SharedBar(self.live, key, total, done, best)
         return _Bar(self, key, total, done, best)
+
+
+class _SharedProgress:
+    """The live display of a parallel live phase (see :meth:`_Output.shared`)."""
+
+    def __init__(self, out: _Output, pool, problems: int):
+        self.out, self.pool = out, pool
+        self.started = None
+
+    def __enter__(self):
+        import time
+
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.started = time.perf_counter()
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[info]}"), console=self.out.console)
+        self.progress.__enter__()
+        self.workers = [self.progress.add_task(f"[cyan]{s.label}", total=None, info="") for s in self.pool.stats]
+        self.out.live = self
+        return self
+
+    def refresh_workers(self) -> None:
+        import time
+
+        elapsed = max(1e-9, time.perf_counter() - self.started)
+        for task, s in zip(self.workers, self.pool.stats):
+            state = "LOST" if s.lost else (f"timing {s.current}" if s.current else "idle")
+            self.progress.update(task, completed=s.done, info=f"{100 * s.busy_s / elapsed:.0f}% busy, {state}")
+
+    def __exit__(self, *exc):
+        self.out.live = None
+        self.refresh_workers()
+        self.progress.__exit__(*exc)
+        return False
+
+
+class _SharedBar:
+    """One problem round's row in the shared display (removed when the round ends)."""
+
+    def __init__(self, shared: _SharedProgress, key: str, total: int, done: int, best):
+        self.shared, self.key, self.total, self.done, self.best = shared, key, total, done, best
+
+    def __enter__(self):
+        self.task = self.shared.progress.add_task(f"[bold]{self.key}", total=self.total, completed=self.done,
+                                                  info=_best_text(self.best))
+        return self
+
+    def advance(self, best, record: dict) -> None:
+        self.best = best
+        progress = self.shared.progress
+        progress.update(self.task, advance=1, info=_best_text(best))
+        self.shared.refresh_workers()
+        if record["status"] != "ok":
+            progress.console.print(f"  {record['status']} ({record.get('worker')}): {_label(record['config'])}: "
+                                   f"{(record.get('error') or '')[:160]}", highlight=False)
+
+    def __exit__(self, *exc):
+        self.shared.progress.remove_task(self.task)
+        return False
+
+
+def _best_text(best) -> str:
+    return "best: -" if best is None else f"best: {best:.1f} TFLOP/s"
 
 
 class _Bar:

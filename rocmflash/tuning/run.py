@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from typing import Optional
 
@@ -15,7 +16,7 @@ from rocmflash.roofline import Shape
 from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
 from rocmflash.tuning.output import _Output
 from rocmflash.tuning.spec import NoLiveGPUError, TuneSpec, static_problem
-from rocmflash.tuning.strategies import RACE_ROUNDS, _LiveProblem, _race, _single_round, choose, race_field
+from rocmflash.tuning.strategies import RACE_ROUNDS, Stopped, _LiveProblem, _race, _single_round, choose, race_field
 
 @dataclasses.dataclass
 class ProblemOutcome:
@@ -137,46 +138,24 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
             runner = LiveRunner(spec.live_settings, triton_cache_dir=triton_cache, prewarm_workers=spec.workers,
                                 device_index=torch.cuda.current_device())
         inject = dict(spec.inject)
-        for seqlen in spec.seqlens:
+        problems = []
+        for seqlen in spec.seqlens:  # the static phase of every problem first (all CPU cores each)
             shape = spec.shape(seqlen)
-            key = shape_key(shape)
             t0 = time.perf_counter()
             sp = static_problem(shape)
             if sp not in statics:
                 statics[sp] = out.static(gpu, sp, space, spec)
-            static = statics[sp]
-            static_s = time.perf_counter() - t0
-            if not measuring:
+            problems.append((shape, statics[sp], time.perf_counter() - t0))
+        if not measuring:
+            for shape, static, static_s in problems:
                 entry = static_entry(gpu, shape, static, why, env)
-                db.put(key, entry)
+                db.put(shape_key(shape), entry)
                 db.save()
-                outcomes.append(ProblemOutcome(key, shape, entry, seconds=time.perf_counter() - t0,
+                outcomes.append(ProblemOutcome(shape_key(shape), shape, entry, seconds=static_s,
                                                static_seconds=static_s))
-                continue
-            outcome = ProblemOutcome(key, shape, {}, stale=journal.stale(key, shape.to_dict(), eid),
-                                     static_seconds=static_s)
-            outcomes.append(outcome)
-            ctx = _LiveProblem(runner, journal, out, spec, key, shape, eid, inject, outcome)
-            chosen = None if spec.strategy == "race" else choose(spec.strategy, static, spec.top_k)
-            complete = False
-            try:
-                if chosen is None:
-                    _race(ctx, static)
-                else:
-                    _single_round(ctx, chosen)
-                complete = True
-            finally:  # Ctrl-C included: the entry reflects exactly what the journal holds
-                if chosen is None:
-                    by_round = [ctx.results(rnd) for rnd in range(len(RACE_ROUNDS))]
-                    records, rounds = final_round_records(dict(enumerate(by_round)))[1], by_round
-                    to_time = len(race_field(static))
-                else:
-                    records, rounds, to_time = ctx.recorded(chosen), None, len(chosen)
-                outcome.entry = measured_entry(gpu, shape, records, static, spec.strategy, to_time, complete, env,
-                                               rounds=rounds)
-                db.put(key, outcome.entry)
-                db.save(env)
-                outcome.seconds = time.perf_counter() - t0
+        else:
+            live = _LiveTune(spec, gpu, runner, journal, db, out, eid, env, inject)
+            live.run(problems, outcomes)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -187,6 +166,73 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
     if interrupted:
         raise TuneInterrupted(result)
     return result
+
+
+class _LiveTune:
+    """The live phase of one tune: each problem's strategy on the runner; with a pool (several GPUs)
+    the problems run in parallel threads, sharing its workers, the journal and the database."""
+
+    def __init__(self, spec, gpu, runner, journal, db, out, eid, env, inject):
+        self.spec, self.gpu, self.runner, self.journal, self.db = spec, gpu, runner, journal, db
+        self.out, self.eid, self.env, self.inject = out, eid, env, inject
+        self.stop = threading.Event()
+
+    def run(self, problems: list, outcomes: list) -> None:
+        """Fills ``outcomes`` (first with every problem, so an interrupted tune still reports them)."""
+        outcomes += [ProblemOutcome(shape_key(shape), shape, {}, static_seconds=static_s,
+                                   stale=self.journal.stale(shape_key(shape), shape.to_dict(), self.eid))
+                     for shape, _, static_s in problems]
+        outcomes = outcomes[-len(problems):] if problems else []
+        parallelism = getattr(self.runner, "parallelism", None)
+        if parallelism is None:
+            for (shape, static, _), outcome in zip(problems, outcomes):
+                self.problem(shape, static, outcome)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.out.shared(self.runner, len(problems)):
+            threads = ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(problems))))
+            futures = [threads.submit(self.problem, shape, static, outcome)
+                       for (shape, static, _), outcome in zip(problems, outcomes)]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:  # Ctrl-C (or a bug): stop the others, keep what is journaled
+                self.stop.set()
+                for future in futures:
+                    future.cancel()
+                self.runner.close()
+                threads.shutdown(wait=True)
+                raise
+            threads.shutdown(wait=True)
+
+    def problem(self, shape, static, outcome) -> None:
+        t0 = time.perf_counter()
+        ctx = _LiveProblem(self.runner, self.journal, self.out, self.spec, outcome.key, shape, self.eid, self.inject,
+                           outcome, self.stop)
+        chosen = None if self.spec.strategy == "race" else choose(self.spec.strategy, static, self.spec.top_k)
+        complete = False
+        try:
+            if chosen is None:
+                _race(ctx, static)
+            else:
+                _single_round(ctx, chosen)
+            complete = True
+        except Stopped:
+            pass
+        finally:  # Ctrl-C included: the entry reflects exactly what the journal holds
+            if chosen is None:
+                by_round = [ctx.results(rnd) for rnd in range(len(RACE_ROUNDS))]
+                records, rounds = final_round_records(dict(enumerate(by_round)))[1], by_round
+                to_time = len(race_field(static))
+            else:
+                records, rounds, to_time = ctx.recorded(chosen), None, len(chosen)
+            outcome.entry = measured_entry(self.gpu, shape, records, static, self.spec.strategy, to_time, complete,
+                                           self.env, rounds=rounds)
+            self.db.put(outcome.key, outcome.entry)
+            self.db.save(self.env)
+            outcome.seconds = time.perf_counter() - t0 + outcome.static_seconds
+            self.out.problem_done(outcome)
 
 
 class TuneInterrupted(KeyboardInterrupt):

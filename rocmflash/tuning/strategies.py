@@ -52,6 +52,7 @@ class _LiveProblem:
     eid: str
     inject: dict  #: test mode {mode: timed position}, consumed as positions are reached
     outcome: "ProblemOutcome"
+    stop: Optional[object] = None  #: a threading.Event set when the tune is interrupted (pool runs)
 
     def results(self, rnd: Optional[int] = None) -> dict:
         """``{config json: latest record}`` of this problem: single-round strategies (``rnd`` None)
@@ -61,6 +62,47 @@ class _LiveProblem:
     def recorded(self, cands: list, rnd: Optional[int] = None) -> list:
         keys = {c.config.to_json() for c in cands}
         return [r for k, r in self.results(rnd).items() if k in keys]
+
+
+class Stopped(Exception):
+    """The tune was interrupted while other problems' threads were timing (see :func:`_measure`)."""
+
+
+def _results_of(ctx: _LiveProblem, todo: list, budget: Optional[dict]):
+    """``(candidate, injected mode, result)`` for each todo candidate: one at a time on a single runner,
+    as results arrive on a pool (several GPUs). Injection positions follow submission order."""
+    base = ctx.outcome.timed_now
+    jobs = []
+    for j, cand in enumerate(todo):
+        mode = next((m for m, p in ctx.inject.items() if p == base + j), None)
+        if mode:
+            ctx.inject.pop(mode)
+        jobs.append((cand, mode))
+    kwargs = {"budget": budget} if budget else {}
+    parallelism = getattr(ctx.runner, "parallelism", None)
+    if parallelism is None:
+        for cand, mode in jobs:
+            yield cand, mode, ctx.runner.measure(cand.config, ctx.shape, inject=mode, **kwargs)
+        return
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    with ThreadPoolExecutor(max_workers=max(1, parallelism)) as threads:
+        futures = {}
+        for cand, mode in jobs:
+            futures[threads.submit(_measure_unless_stopped, ctx, cand, mode, kwargs)] = (cand, mode)
+        try:
+            for future in as_completed(futures):
+                cand, mode = futures[future]
+                yield cand, mode, future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def _measure_unless_stopped(ctx: _LiveProblem, cand, mode, kwargs) -> dict:
+    if ctx.stop is not None and ctx.stop.is_set():
+        raise Stopped()
+    return ctx.runner.measure(cand.config, ctx.shape, inject=mode, **kwargs)
 
 
 def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optional[dict], label: str) -> None:
@@ -74,12 +116,9 @@ def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optiona
     best = max((done[c.config.to_json()]["tflops"] for c in cands
                 if done.get(c.config.to_json(), {}).get("status") == "ok"), default=None)
     with ctx.out.bar(label, len(cands), skipped, best) as bar:
-        for cand in todo:
-            pos = ctx.outcome.timed_now
-            mode = next((m for m, p in ctx.inject.items() if p == pos), None)
-            if mode:
-                ctx.inject.pop(mode)
-            result = ctx.runner.measure(cand.config, ctx.shape, inject=mode, **({"budget": budget} if budget else {}))
+        for cand, mode, result in _results_of(ctx, todo, budget):
+            if ctx.stop is not None and ctx.stop.is_set():  # interrupted: a late result is not journaled
+                raise Stopped()
             record = {"key": ctx.key, "shape": ctx.shape.to_dict(), "env": ctx.eid, "config": cand.config.to_dict(),
                       "strategy": ctx.spec.strategy, "static_rank": cand.static_rank,
                       "verdict": "kept" if cand.kept else "pruned", "reason": cand.reason,
@@ -87,7 +126,7 @@ def _measure(ctx: _LiveProblem, cands: list, rnd: Optional[int], budget: Optiona
             if rnd is not None:
                 record.update(round=rnd, budget=budget)
             for field in ("status", "median_ms", "times_ms", "tflops", "rel_err", "error", "wall_s",
-                          "worker_s", "gate_s", "device_env"):
+                          "worker_s", "gate_s", "device_env", "worker"):
                 record[field] = result.get(field)
             if result.get("interpreted"):  # CPU interpreter timings (CI): never a GPU's
                 record.update(interpreted=True, timed_shape=result.get("timed_shape"))
