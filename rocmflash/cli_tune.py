@@ -33,11 +33,26 @@ def add_tune_parsers(subparsers) -> None:
                                  description=TUNE_DESCRIPTION)
     tune.add_argument("--gpu", required=True, metavar="GPU|auto",
                       help="catalog name (see `rocmflash gpus`) or auto (the live device)")
-    tune.add_argument("--head-dim", type=int, required=True, metavar="D", help="head dimension (16..256)")
-    tune.add_argument("--dtype", required=True, metavar="fp16|bf16", help="fp16 or bf16")
+    tune.add_argument("--model", default=None, metavar="PATH|NAME",
+                      help="tune every attention problem of a model: a transformers config.json (or a folder "
+                           "holding one; nothing is downloaded) or a preset (" + ", ".join(_preset_names()) + "): "
+                           "causal prefill forward and backward and KV-cache decode, fp16 and bf16, seqlen buckets "
+                           "1k..32k up to its context length")
+    tune.add_argument("--dry-run", action="store_true", help="--model: print the plan (problems x configs, "
+                                                            "estimated time) and stop")
+    tune.add_argument("--gpus", default=None, metavar="all|0,1,...",
+                      help="time on these GPUs of this node at once, one isolated worker per GPU (default: the "
+                           "current device); all must be one GPU kind")
+    tune.add_argument("--cluster", default=None, metavar="ray://HOST:PORT|auto|local",
+                      help="time on every GPU of a Ray cluster, one actor per GPU (pip install 'rocmflash[ray]'); "
+                           "this process compiles, keeps the journal and writes the database")
+    tune.add_argument("--head-dim", type=int, default=None, metavar="D", help="head dimension (16..256)")
+    tune.add_argument("--dtype", default=None, metavar="fp16|bf16",
+                      help="fp16 or bf16 (--model: default both; a comma list is accepted)")
     tune.add_argument("--causal", action="store_true", help="causal attention")
-    tune.add_argument("--seqlen", type=int, action="append", required=True, metavar="S",
-                      help="sequence length to tune (repeat for several); stored under the next power of two")
+    tune.add_argument("--seqlen", type=int, action="append", default=None, metavar="S",
+                      help="sequence length to tune (repeat for several); stored under the next power of two "
+                           "(--model: default 1024..32768 in powers of two, up to the model's context length)")
     tune.add_argument("--batch", type=int, default=None, metavar="B", help="batch (default 16384 // S)")
     tune.add_argument("--heads", type=int, default=None, metavar="H", help="query heads (default 2048 // D)")
     tune.add_argument("--kv-heads", type=int, default=None, metavar="H", help="key/value heads (default: --heads)")
@@ -59,8 +74,8 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--cache-dir", default=None, metavar="DIR",
                       help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
     tune.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
-    tune.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
-                      help="prefill: the attention forward (default); decode: flash_attn_with_kvcache's split-KV "
+    tune.add_argument("--mode", choices=("prefill", "decode"), default=None,
+                      help="prefill: the attention forward (default; --model: prefill and decode); decode: flash_attn_with_kvcache's split-KV "
                            "kernels at --seqlen cached keys, --batch sequences (default 32), --heads/--kv-heads "
                            "(default 32/8): BLOCK_N, warps, stages (AMD waves_per_eu) and num_splits, every "
                            "static survivor timed")
@@ -81,6 +96,12 @@ def add_tune_parsers(subparsers) -> None:
     export.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes if any, else the shipped <gpu>.json)")
 
 
+def _preset_names() -> list:
+    from rocmflash.tuning.models import PRESETS
+
+    return sorted(PRESETS)
+
+
 def _error(msg: str) -> int:
     print(f"error: {msg}", file=sys.stderr)
     return 2
@@ -94,7 +115,19 @@ def run_tune(args: argparse.Namespace) -> int:
 
     console = make_console()
     passes = getattr(args, "pass_", None)
-    if getattr(args, "mode", "prefill") == "decode":
+    if getattr(args, "model", None):
+        from rocmflash.cli_model import run_model_tune
+
+        return run_model_tune(args, console)
+    missing = [flag for flag, value in (("--head-dim", args.head_dim), ("--dtype", args.dtype),
+                                        ("--seqlen", args.seqlen)) if value is None]
+    if missing:
+        return _error(f"rocmflash tune needs {', '.join(missing)} (or --model PATH|NAME to tune a whole model)")
+    if args.dry_run:
+        return _error("--dry-run prints a --model plan; give --model")
+    if getattr(args, "mode", None) == "decode":
+        if args.gpus or args.cluster:
+            return _error("--gpus/--cluster with --mode decode: use --model, or tune decode on one GPU")
         if passes is not None:
             return _error(f"--pass {passes} is for --mode prefill (decode has no backward)")
         return _run_decode_tune(args, console)
@@ -108,20 +141,32 @@ def run_tune(args: argparse.Namespace) -> int:
                         cache_dir=args.cache_dir, workers=args.workers, variants=args.variant,
                         live_settings=LiveSettings(timeout_s=args.timeout), seeds=not args.no_seeds,
                         inject=parse_inject(os.environ.get(INJECT_ENV)))
-        runner = None
+        runner = pool = None
         if args.replay:
             if not os.path.exists(args.replay):
                 raise ValueError(f"--replay {args.replay}: no such file")
             runner = ReplayRunner.from_journal(args.replay)
-        if passes != "bwd":
-            result = tune(spec, runner=runner, console=console, progress=True)
-            print_summary(result, console)
-        if passes != "fwd":
-            from rocmflash.tuning.backward_run import print_backward_summary, tune_backward
+        elif args.gpus or args.cluster:
+            from rocmflash.cli_model import make_pool
 
-            if runner is not None:
-                raise ValueError("--replay replays forward journals only; use --pass fwd")
-            print_backward_summary(tune_backward(spec, console=console), console)
+            pool, gpu = make_pool(args, args.gpu)
+            spec.gpu = gpu.name
+            runner = pool
+        try:
+            if passes != "bwd":
+                result = tune(spec, runner=runner, console=console, progress=True)
+                print_summary(result, console)
+            if passes != "fwd":
+                from rocmflash.tuning.backward_run import print_backward_summary, tune_backward
+
+                if runner is not None and pool is None:
+                    raise ValueError("--replay replays forward journals only; use --pass fwd")
+                print_backward_summary(tune_backward(spec, console=console, pool=pool), console)
+        finally:
+            if pool is not None:
+                from rocmflash.cli_model import close_pool
+
+                close_pool(pool, args)
     except TuneInterrupted as stop:
         r = stop.result
         kept = sum(o.timed_now for o in r.outcomes)
@@ -131,6 +176,12 @@ def run_tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as err:  # NoWorkersLeft: every --gpus/--cluster worker is gone
+        from rocmflash.tuning.pool import NoWorkersLeft
+
+        if not isinstance(err, NoWorkersLeft):
+            raise
+        return _error(f"{err}: what was measured is in the journal and database; re-run to continue")
     except (UnknownGPUError, DBError, ValueError) as err:
         return _error(str(err))
     return 0

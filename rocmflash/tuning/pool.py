@@ -28,7 +28,7 @@ class WorkerLost(RuntimeError):
 
 
 class NoWorkersLeft(RuntimeError):
-    """Every runner of the pool is gone."""
+    """Every runner of the pool is gone: the tune stops; what is journaled stays, a re-run resumes."""
 
 
 @dataclasses.dataclass
@@ -91,10 +91,10 @@ class WorkerPool:
                     stats.lost, stats.current = True, ""
                     self._alive -= 1
                 lost_on.append(f"{stats.label}: {err}")
-                if len(lost_on) > 1 or self._alive == 0:
-                    return {"status": "crashed", "error": "timing worker lost: " + "; ".join(lost_on),
+                if len(lost_on) > 1:  # two workers gone under one config: it is the config's doing
+                    return {"status": "crashed", "error": "timing worker lost twice: " + "; ".join(lost_on),
                             "worker": stats.label}
-                continue
+                continue  # another worker takes it (none left: NoWorkersLeft, nothing recorded)
             except Exception as err:  # a runner bug must not take its GPU out of the pool
                 result = {"status": "crashed", "error": f"{type(err).__name__}: {err}"}
             stats.busy_s += time.perf_counter() - start
