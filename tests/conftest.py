@@ -21,6 +21,25 @@ import pytest
 import torch
 
 
+@pytest.fixture(scope="module")
+def live():
+    """The live GPU's catalog entry (GPU tests); skipped without a live GPU that is in the catalog."""
+    from rocmflash.gpus import detect_live_gpu
+
+    if not torch.cuda.is_available() or detect_live_gpu() is None:
+        pytest.skip("needs a live GPU that is in the catalog")
+    return detect_live_gpu()
+
+
+def small_online_space(gpu):
+    """A 8-config online space for GPU tune tests (one stage on AMD, as its default space)."""
+    from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+
+    stages = [1] if gpu.vendor == "amd" else [2, 3]
+    return ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],
+                                   "num_stages": stages}}, DEFAULT_RESTRICTIONS)
+
+
 @pytest.fixture
 def interpret(monkeypatch):
     """Run kernel launches in this test through Triton's CPU interpreter."""

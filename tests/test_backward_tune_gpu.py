@@ -15,17 +15,9 @@ import pytest
 import torch
 
 from rocmflash.db import ConfigDB
-from rocmflash.gpus import detect_live_gpu
 
 pytestmark = [pytest.mark.gpu]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def live():
-    if not torch.cuda.is_available() or detect_live_gpu() is None:
-        pytest.skip("needs a live GPU that is in the catalog")
-    return detect_live_gpu()
 
 
 def test_tune_both_passes_then_training_uses_the_backward_entry(live, tmp_path, monkeypatch):

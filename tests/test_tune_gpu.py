@@ -16,29 +16,18 @@ import sys
 import time
 
 import pytest
-import torch
+from conftest import small_online_space
 
 from rocmflash.db import ConfigDB, Journal
-from rocmflash.gpus import detect_live_gpu
 from rocmflash.live import LiveSettings
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import TuneSpec, tune
 
 pytestmark = [pytest.mark.gpu]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def live():
-    if not torch.cuda.is_available() or detect_live_gpu() is None:
-        pytest.skip("needs a live GPU that is in the catalog")
-    return detect_live_gpu()
-
-
 def _small_space(gpu):
-    stages = [1] if gpu.vendor == "amd" else [2, 3]
-    return ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],
-                                   "num_stages": stages}}, DEFAULT_RESTRICTIONS)
+    return small_online_space(gpu)
 
 
 def test_isolation_crash_hang_illegal(live, tmp_path):

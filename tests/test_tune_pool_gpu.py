@@ -12,29 +12,15 @@ import sys
 
 import pytest
 import torch
+from conftest import small_online_space
 
 from rocmflash.db import ConfigDB, Journal, journal_path
-from rocmflash.gpus import detect_live_gpu
 from rocmflash.live import LiveSettings
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import TuneSpec, tune
 from rocmflash.tuning.pool import node_gpu, node_pool
 
 pytestmark = [pytest.mark.gpu]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def live():
-    if not torch.cuda.is_available() or detect_live_gpu() is None:
-        pytest.skip("needs a live GPU that is in the catalog")
-    return detect_live_gpu()
-
-
-def _space(gpu):
-    stages = [1] if gpu.vendor == "amd" else [2, 3]
-    return ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],
-                                   "num_stages": stages}}, DEFAULT_RESTRICTIONS)
 
 
 def test_node_pool_times_on_every_gpu_and_isolates_failures(live, tmp_path):
@@ -43,7 +29,7 @@ def test_node_pool_times_on_every_gpu_and_isolates_failures(live, tmp_path):
     settings = LiveSettings(timeout_s=30, warmup_ms=5, rep_ms=20)
     pool = node_pool(indices, settings, str(tmp_path / "triton"))
     db = str(tmp_path / f"{live.name}.json")
-    spec = TuneSpec(gpu=live.name, head_dim=64, dtype="fp16", seqlens=[1024, 2048], causal=True, space=_space(live),
+    spec = TuneSpec(gpu=live.name, head_dim=64, dtype="fp16", seqlens=[1024, 2048], causal=True, space=small_online_space(live),
                     db_path=db, cache_dir=str(tmp_path / "cache"), strategy="pruned", top_k=6,
                     live_settings=settings, inject={"crash": 0, "hang": 1, "illegal": 2})
     try:

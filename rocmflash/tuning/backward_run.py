@@ -137,14 +137,16 @@ def _measure(chosen: list, shape, timeout_s: float, interpret: bool, on_result, 
     return measure_isolated(tasks, measure_bwd, timeout_s, interpret, on_result, pool=pool)
 
 
-def _auto_splits(shape, block_n: int, interpret: bool) -> int:
-    """The head splits run-time selection gives the default dK/dV config on this device."""
+def _auto_splits(shape, block_n: int, interpret: bool, compute_units: int = 0) -> int:
+    """The head splits run-time selection gives the default dK/dV config on the tuned device (a cluster's
+    driver may have no GPU: then the catalog's CU count of the GPU tuned)."""
     import torch
 
     from rocmflash.kernels.backward import choose_head_splits
     from rocmflash.kernels.common import num_compute_units
 
-    units = num_compute_units(None if interpret else torch.device("cuda"))
+    gpu_here = not interpret and torch.cuda.is_available()
+    units = num_compute_units(torch.device("cuda") if gpu_here else None) if gpu_here or interpret else compute_units
     return choose_head_splits(shape.batch, shape.heads_kv, shape.heads_q // shape.heads_kv, shape.seqlen_k, block_n,
                               units)
 
@@ -199,7 +201,7 @@ def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]
                     console.print(f"backward {key}: timing {len(chosen)} dQ and dK/dV configs on the live GPU")
                 results = _measure(chosen, shape, spec.live_settings.timeout_s, interpret, on_result, pool)
                 entry = measured_entry(shape, static, results, defaults, spec.strategy, env, interpret,
-                                       _auto_splits(shape, default.dkdv.BLOCK_N, interpret))
+                                       _auto_splits(shape, default.dkdv.BLOCK_N, interpret, gpu.compute_units))
             else:
                 entry = static_entry(shape, static, why, env)
             db.put(key, entry)

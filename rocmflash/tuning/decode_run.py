@@ -31,7 +31,7 @@ class DecodeTuneResult:
 
 
 def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, interpret: bool, on_result=None,
-                 pool=None) -> list:
+                 pool=None, compute_units: int = 0) -> list:
     """Every survivor in one isolated worker pinned to the current device (a crash or hang costs that config);
     on a GPU every survivor is compiled first, in parallel."""
     from rocmflash.tuning.isolated import measure_isolated, prewarm_parallel
@@ -42,7 +42,8 @@ def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, inte
         from rocmflash.kernels.common import num_compute_units
         from rocmflash.tuning.decode import prewarm_decode, split_choices
 
-        units = num_compute_units(torch.device("cuda"))
+        # a cluster's driver may have no GPU: its actors' GPU is the plan's, whose CU count the catalog knows
+        units = num_compute_units(torch.device("cuda")) if torch.cuda.is_available() else compute_units
         warm = [{"config": r["config"], "problem": problem.to_dict(),
                  "splits": split_choices(problem, r["config"]["BLOCK_N"], units)} for r in survivors]
         if pool is not None:
@@ -109,7 +110,7 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
     env = environment(device_name)
     results, why = [], None
     if measuring:
-        results = _measure_all(static.ranked, problem, timeout_s, interpret, on_result, pool)
+        results = _measure_all(static.ranked, problem, timeout_s, interpret, on_result, pool, gpu.compute_units)
         entry = measured_entry(gpu, problem, static, results, env, interpret)
     else:
         why = _no_live_reason(gpu)
