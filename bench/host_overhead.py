@@ -9,7 +9,9 @@ Two measurements per path, forward and forward+backward, on one GPU:
   equal to ``host_us`` when the host is the bottleneck.
 
 Then the case the issue found CPU-bound (B1, Hq32/Hkv8, S=1025, D=128, causal): wall time
-per call, rocmflash vs SDPA's default, forward and forward+backward.
+per call, rocmflash vs SDPA's default, forward and forward+backward; and one decode step
+(one new token, B = 1 and 8, KV = 8192, Hq32/Hkv4, D=128): ``flash_attn_with_kvcache``
+with and without its host read of the lengths, against SDPA on the dense cache.
 
 ``--modules rocmflash_before,rocmflash`` times two versions in the same interleaved rounds
 (a copy of an older rocmflash with its package and op namespace renamed).
@@ -129,7 +131,40 @@ def measure(n: int, rounds: int, modules=("rocmflash",)) -> dict:
         results[label] = {name: {"host_us": statistics.median(s[0] for s in vals),
                                  "wall_us": statistics.median(s[1] for s in vals)}
                           for name, vals in samples.items()}
+    for batch, kv in ((1, 8192), (8, 8192)):
+        label = f"decode B{batch} Hq32 Hkv4 KV{kv} D128 (one new token)"
+        runs = _decode_runs(torch, F, list(modules), batch, kv)
+        for run in runs.values():
+            for _ in range(20):
+                run()
+        samples = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, run in runs.items():
+                samples[name].append(_time_loop(torch, run, max(50, n // 4)))
+        results[label] = {name: {"host_us": statistics.median(s[0] for s in vals),
+                                 "wall_us": statistics.median(s[1] for s in vals)}
+                          for name, vals in samples.items()}
     return results
+
+
+def _decode_runs(torch, F, modules, batch, kv):
+    """SDPA on the dense cache against ``flash_attn_with_kvcache`` (value-checked and unchecked) per module."""
+    import importlib
+
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(batch, 1, 32, 128, device=dev, dtype=dt)
+    k_cache, v_cache = (torch.randn(batch, kv, 4, 128, device=dev, dtype=dt) for _ in range(2))
+    seqlens = torch.full((batch,), kv, device=dev, dtype=torch.int32)
+    qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    runs = {"sdpa (default)": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)}
+    for name in modules:
+        rf = importlib.import_module(name)
+        suffix = f" [{name}]" if len(modules) > 1 else ""
+        runs["flash_attn_with_kvcache" + suffix] = (
+            lambda rf=rf: rf.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens))
+        runs["flash_attn_with_kvcache unchecked" + suffix] = (
+            lambda rf=rf: rf.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, check_values=False))
+    return runs
 
 
 def _versions():

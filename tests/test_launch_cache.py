@@ -15,33 +15,134 @@ from rocmflash.kernels import common as C
 from rocmflash.kernels.backward import _bwd_dq
 
 
-@pytest.fixture
-def on_device_zero(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+def _key(tensors, scalars=(), backend="cuda", cfg=KernelConfig()):
+    return C.launch_key(_bwd_dq, scalars, tensors, cfg, backend)
 
 
-def _key(args, backend="cuda", **constexprs):
-    return C._launch_key(_bwd_dq, args, constexprs or {"BLOCK_M": 64}, KernelConfig(), backend)
-
-
-def test_key_tracks_alignment_dtype_and_exact_ints_not_floats(on_device_zero):
+def test_key_tracks_alignment_dtype_shape_strides_and_scalars():
     base = torch.empty(64, dtype=torch.float16)
     aligned, shifted = base[:32], base[1:33]  # 2 bytes apart: only one is 16-byte aligned
     assert aligned.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 != 0
-    k0 = _key({"Q": aligned, "SEQ_Q": 128, "sm_scale": 0.125})
-    assert k0 == _key({"Q": base[:16], "SEQ_Q": 128, "sm_scale": 0.5})  # same specialisation
-    assert k0 != _key({"Q": shifted, "SEQ_Q": 128, "sm_scale": 0.125})
-    assert k0 != _key({"Q": aligned.to(torch.bfloat16), "SEQ_Q": 128, "sm_scale": 0.125})
-    assert k0 != _key({"Q": aligned, "SEQ_Q": 129, "sm_scale": 0.125})
-    assert k0 != _key({"Q": aligned, "SEQ_Q": 128, "sm_scale": 0.125}, BLOCK_M=32)
-    assert k0 != _key({"Q": aligned, "SEQ_Q": 128, "sm_scale": 0.125}, backend="hip")
+    k0 = _key((aligned,), (True, 0.125))
+    assert k0 == _key((torch.empty(64, dtype=torch.float16)[:32],), (True, 0.125))  # same specialisation
+    assert k0 != _key((shifted,), (True, 0.125))
+    assert k0 != _key((aligned.to(torch.bfloat16),), (True, 0.125))
+    assert k0 != _key((base[:16],), (True, 0.125))  # another shape
+    assert k0 != _key((base[:64:2],), (True, 0.125))  # another stride
+    assert k0 != _key((aligned,), (False, 0.125))
+    assert k0 != _key((aligned,), (True, 0.5))
+    assert k0 != _key((aligned,), (True, 0.125), cfg=KernelConfig(BLOCK_M=32))
+    assert k0 != _key((aligned,), (True, 0.125), backend="hip")
 
 
-def test_key_on_hip_tracks_the_2gib_buffer_bit(on_device_zero, monkeypatch):
+def test_key_on_hip_tracks_the_2gib_buffer_bit(monkeypatch):
     small = torch.empty(16, dtype=torch.float16)
-    monkeypatch.setattr(C, "_MAX_INT32", 31)  # pretend 2 GiB is 31 bytes: a 32-byte storage is "large"
-    assert _key({"Q": small}, backend="hip") != _key({"Q": torch.empty(8, dtype=torch.float16)}, backend="hip")
-    assert _key({"Q": small}, backend="cuda") == _key({"Q": torch.empty(8, dtype=torch.float16)}, backend="cuda")
+    monkeypatch.setattr(C, "_MAX_INT32", 64)  # pretend 2 GiB is 64 bytes: a 128-byte storage is "large"
+    large_view = torch.empty(64, dtype=torch.float16)[:16]  # same shape/stride/alignment, 128-byte storage
+    assert _key((small,), backend="hip") != _key((large_view,), backend="hip")
+    assert _key((small,), backend="cuda") == _key((large_view,), backend="cuda")
+
+
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: ``compiled[grid](*args)`` records the launch."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("replay", grid, args))
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """Compiled launches on CPU tensors: the JIT launch and the replay are recorded, not run."""
+    log = []
+
+    def jit_launch(fn, grid, kwargs):
+        log.append(("jit", tuple(grid) + (1,) * (3 - len(grid)),
+                    tuple(kwargs[name] for name in fn.arg_names)))
+        return _FakeCompiled(log)
+
+    monkeypatch.setattr(C, "interpreting", lambda: False)
+    monkeypatch.setattr(C, "FAST_LAUNCH", True)
+    monkeypatch.setattr(C, "_jit_launch", jit_launch)
+    monkeypatch.setattr(C, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
+    monkeypatch.setattr(C, "_PLANS", {})
+    return log
+
+
+def _same_args(a, b):
+    return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
+def test_replayed_launches_pass_exactly_what_triton_would_be_given(fake_triton):
+    """Forward and both backward kernels: each replay's arguments equal a fresh build's, for new
+    tensors (same key), and a new shape, stride, scale or flag goes through Triton again."""
+    from rocmflash.kernels import backward as kb
+    from rocmflash.kernels import get_variant
+
+    cfg = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    bcfg = kb.default_bwd_config(None, 64)
+
+    def tensors(S, transposed=False):
+        shape = (2, S, 4, 64) if transposed else (2, 4, S, 64)
+        q, k, v, out, do = (torch.randn(shape, dtype=torch.bfloat16) for _ in range(5))
+        if transposed:
+            q, k, v, out, do = (t.transpose(1, 2) for t in (q, k, v, out, do))
+        lse, delta = torch.randn(2, 4, S), torch.randn(2, 4, S)
+        return q, k, v, out, do, lse, delta
+
+    def calls(ts, scale, causal):
+        q, k, v, out, do, lse, delta = ts
+        dq, dk, dv = ts_grads[id(ts)]
+        get_variant("online").launch(q, k, v, cfg, causal, scale, out=out, lse=lse)
+        kb.launch_dq(q, k, v, out, do, lse, None, delta, dq, causal, scale, bcfg.dq, "cuda")
+        kb.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, bcfg.dkdv, 1, "cuda")
+
+    ts_grads = {}
+
+    def new(S, transposed=False):
+        ts = tensors(S, transposed)
+        ts_grads[id(ts)] = tuple(torch.empty_like(t) for t in ts[:3])
+        return ts
+
+    def through_jit(ts, scale, causal):
+        """What the same calls pass when no plan exists: every launch through the JIT."""
+        saved = dict(C._PLANS)
+        C._PLANS.clear()
+        calls(ts, scale, causal)
+        C._PLANS.clear()
+        C._PLANS.update(saved)
+        return fake_triton[-3:]
+
+    calls(new(64), 0.125, True)
+    assert [kind for kind, *_ in fake_triton] == ["jit"] * 3 and len(C._PLANS) == 3
+    for _ in range(2):  # new tensors, same key: replayed with this call's tensors in their places
+        ts = new(64)
+        n = len(fake_triton)
+        calls(ts, 0.125, True)
+        replayed = fake_triton[n:]
+        assert [kind for kind, *_ in replayed] == ["replay"] * 3
+        for (_, grid_r, args_r), (_, grid_e, args_e) in zip(replayed, through_jit(ts, 0.125, True)):
+            assert grid_r == grid_e and _same_args(args_r, args_e)
+    for S, scale, causal, transposed in ((96, 0.125, True, False), (64, 0.5, True, False),
+                                         (64, 0.125, False, False), (64, 0.125, True, True)):
+        n = len(fake_triton)
+        calls(new(S, transposed), scale, causal)
+        assert [kind for kind, *_ in fake_triton[n:]] == ["jit"] * 3, (S, scale, causal, transposed)
+
+
+def test_a_tensor_argument_outside_the_key_is_never_replayed(fake_triton):
+    a, b = torch.randn(4), torch.randn(4)
+    hidden = torch.randn(4)
+    build = lambda: ((1,), {"Q": a, "K": hidden}, {})  # noqa: E731  K is not among the call's tensors
+
+    class _Fn:
+        arg_names = ("Q", "K")
+
+    for _ in range(2):
+        C.launch_cached(_Fn, (), (a, b), build, KernelConfig(), "cuda")
+    assert [kind for kind, *_ in fake_triton] == ["jit", "jit"] and not C._PLANS
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -63,11 +164,11 @@ def test_cached_launches_equal_jit_launches_and_respect_alignment(causal, monkey
     leaves = [torch.randn(B, h, S, D, device=dev, dtype=dt, requires_grad=True) for h in (Hq, Hkv, Hkv)]
     do = torch.randn(B, Hq, S, D, device=dev, dtype=dt)
     monkeypatch.setattr(C, "FAST_LAUNCH", False)
-    C._LAUNCHERS.clear()
+    C._PLANS.clear()
     jit = _step(*leaves, do, causal)
     monkeypatch.setattr(C, "FAST_LAUNCH", True)
     first = _step(*leaves, do, causal)  # fills the cache through Triton
-    assert C._LAUNCHERS, "nothing was cached"
+    assert C._PLANS, "nothing was cached"
     cached = _step(*leaves, do, causal)  # runs from the cache
     for a, b, c in zip(jit, first, cached):
         assert torch.equal(a, b) and torch.equal(a, c)

@@ -433,8 +433,9 @@ def dq_call(q, k, v, out, do, lse, dlse, delta, dq, causal: bool, sm_scale: floa
 def launch_dq(q, k, v, out, do, lse, dlse, delta, dq, causal: bool, sm_scale: float, cfg: KernelConfig,
               backend: str) -> None:
     """dQ into ``dq`` and ``delta = rowsum(dO * O) - dLSE`` into ``delta`` (fp32 ``(B, Hq, Sq)``)."""
-    grid, args, constexprs = dq_call(q, k, v, out, do, lse, dlse, delta, dq, causal, sm_scale, cfg)
-    C.launch_kernel(_bwd_dq, grid, args, constexprs, cfg, backend)
+    dlse_arg = delta if dlse is None else dlse
+    C.launch_cached(_bwd_dq, (bool(causal), float(sm_scale), dlse is None), (q, k, v, out, do, lse, dlse_arg, delta, dq),
+                    lambda: dq_call(q, k, v, out, do, lse, dlse, delta, dq, causal, sm_scale, cfg), cfg, backend)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, sm_scale: float, cfg: KernelConfig,
@@ -450,9 +451,9 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, sm_scale: float, 
         dv_out = torch.empty_like(dk_out)
     else:
         dk_out, dv_out = dk, dv
-    grid, args, constexprs = dkdv_call(q, k, v, do, lse, delta, dk_out, dv_out, causal, sm_scale, cfg,
-                                       head_splits)
-    C.launch_kernel(_bwd_dkdv, grid, args, constexprs, cfg, backend)
+    C.launch_cached(_bwd_dkdv, (bool(causal), float(sm_scale), head_splits), (q, k, v, do, lse, delta, dk_out, dv_out),
+                    lambda: dkdv_call(q, k, v, do, lse, delta, dk_out, dv_out, causal, sm_scale, cfg, head_splits),
+                    cfg, backend)
     if head_splits > 1:
         dk.copy_(dk_out.view(B, Hkv, head_splits, Sk, D).sum(2))
         dv.copy_(dv_out.view(B, Hkv, head_splits, Sk, D).sum(2))

@@ -46,6 +46,7 @@ from triton.language import core as _tl_core  # noqa: F401  (see _jit_functions_
 from triton.runtime.jit import JITFunction
 
 from rocmflash.config import KernelConfig, Problem
+from rocmflash.platform import is_rocm as _is_rocm
 
 LOG2E = 1.4426950408889634
 
@@ -480,67 +481,115 @@ def observe_launches():
         _LAUNCH_OBSERVERS.remove(seen)
 
 
-#: reuse compiled kernels through :func:`launch_kernel`'s own cache (False: every launch
+#: reuse compiled kernels through :func:`launch_cached`'s own cache (False: every launch
 #: goes through ``JITFunction.run``); ``ROCMFLASH_JIT_LAUNCH=1`` turns it off at import
 FAST_LAUNCH = os.environ.get("ROCMFLASH_JIT_LAUNCH", "0") in ("", "0")
-_LAUNCHERS: dict = {}  # launch key -> (CompiledKernel, argument names in kernel order)
-_MAX_LAUNCHERS = 4096
+_PLANS: dict = {}  # launch key -> _LaunchPlan
+_MAX_PLANS = 4096
 _MAX_INT32 = 2**31 - 1
 
 
-def _launch_key(fn, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
-    """What decides which compiled binary a launch runs, conservatively.
+class _LaunchPlan(NamedTuple):
+    """A compiled launch ready to replay: Triton's runner for one grid, the argument list in
+    kernel order with the tensors left out, and where each tensor of the call goes."""
+
+    runner: Any
+    template: tuple
+    slots: tuple  # ((position in the argument list, index in the call's tensors), ...)
+
+
+def _jit_launch(fn, grid, kwargs: dict):
+    """One launch through ``JITFunction.run`` (compiles on first use); returns Triton's ``CompiledKernel``."""
+    return fn[grid](**kwargs)
+
+
+def _is_compiled_kernel(obj) -> bool:
+    from triton.compiler import CompiledKernel
+
+    return isinstance(obj, CompiledKernel)
+
+
+def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str) -> tuple:
+    """What decides the compiled binary, grid and argument values of a launch, conservatively.
 
     Triton specialises a launch on each tensor's dtype and 16-byte alignment (and, on AMD,
     on whether its storage fits 2 GiB: buffer loads), on integer values (``== 1``,
-    divisible by 16) and on the constexprs and options. The key holds tensor dtype,
-    ``data_ptr % 16`` and (on ``hip``) the 2 GiB bit, and every integer's *exact* value: a
-    new shape or stride misses and goes through Triton once, never onto a binary built for
-    another specialisation.
+    divisible by 16) and on the constexprs and options. The key holds, per tensor, its
+    dtype, shape, strides, 16-byte alignment and (on ``hip``) the 2 GiB bit, plus the
+    device, the config and the caller's ``scalars`` (every non-tensor input of the launch):
+    the integer arguments are functions of these, so a new shape, stride or scalar misses
+    and goes through Triton once, never onto another specialisation or stale values.
     """
-    import torch
-
-    parts = [id(fn), torch.cuda.current_device(), cfg, backend]
-    amd = backend == "hip"
-    for value in args.values():
-        if isinstance(value, torch.Tensor):
-            parts.append(value.dtype)
-            parts.append(value.data_ptr() % 16)
-            if amd:
-                parts.append(value.untyped_storage().nbytes() <= _MAX_INT32)
-        elif isinstance(value, float):
-            parts.append(float)
-        else:
-            parts.append(value)
-    parts.extend(constexprs.items())
+    parts = [id(fn), cfg, backend, scalars, tensors[0].get_device()]  # kernels live for the process: id is stable
+    if backend == "hip":
+        for t in tensors:
+            parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0,
+                      t.untyped_storage().nbytes() <= _MAX_INT32)
+    else:
+        for t in tensors:
+            parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
     return tuple(parts)
 
 
-def _launch_cached(fn, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str, options: dict) -> None:
-    """Launch through the cached ``CompiledKernel`` (``compiled[grid](*all params)``, Triton's
-    launch API since 3.0); the first launch of each key goes through ``JITFunction.run``."""
-    key = _launch_key(fn, args, constexprs, cfg, backend)
-    hit = _LAUNCHERS.get(key)
-    if hit is not None:
-        compiled, names = hit
-        if len(grid) < 3:  # CompiledKernel launches take all three grid dimensions
-            grid = (tuple(grid) + (1, 1))[:3]
-        compiled[grid](*[args[n] if n in args else constexprs[n] for n in names])
-        return
-    compiled = fn[grid](**args, **constexprs, **options)
-    from triton.compiler import CompiledKernel
+def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled) -> Optional[_LaunchPlan]:
+    """A plan from a first launch, or None when some tensor argument is not one of ``tensors``
+    (its value could change between calls with the same key: never replay it)."""
+    import torch
 
-    if isinstance(compiled, CompiledKernel) and len(_LAUNCHERS) < _MAX_LAUNCHERS:
-        _LAUNCHERS[key] = (compiled, tuple(fn.arg_names))
+    template, slots = [], []
+    for position, name in enumerate(fn.arg_names):
+        value = args[name] if name in args else constexprs[name]
+        if isinstance(value, torch.Tensor):
+            index = next((i for i, t in enumerate(tensors) if t is value), None)
+            if index is None:
+                return None
+            slots.append((position, index))
+            value = None
+        template.append(value)
+    grid3 = (tuple(grid) + (1, 1))[:3]  # CompiledKernel launches take all three grid dimensions
+    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots))
+
+
+def launch_cached(fn: _DualJIT, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str) -> None:
+    """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
+    building them only on the first launch of each specialisation.
+
+    ``tensors`` are every tensor argument of the launch, and ``scalars`` (hashable) every
+    other input ``build`` reads: together with the config they decide the grid, the
+    arguments and Triton's specialisation (:func:`launch_key`). The first launch of a key
+    goes through ``JITFunction.run`` and leaves a :class:`_LaunchPlan`; later launches put
+    this call's tensors into the saved argument list and call Triton's cached runner
+    (``CompiledKernel[grid](*args)``, its launch API since 3.0), which skips the argument
+    binding and the per-call argument dictionaries: most of a launch's host cost. Under the
+    interpreter, with ``observe_launches`` active or with ``FAST_LAUNCH`` off this is
+    :func:`launch_kernel`.
+    """
+    if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
+        grid, args, constexprs = build()
+        launch_kernel(fn, grid, args, constexprs, cfg, backend)
+        return
+    key = launch_key(fn, scalars, tensors, cfg, backend)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        call = list(plan.template)
+        for position, index in plan.slots:
+            call[position] = tensors[index]
+        plan.runner(*call)
+        return
+    grid, args, constexprs = build()
+    compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})
+    if _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
+        plan = _make_plan(fn, grid, args, constexprs, tensors, compiled)
+        if plan is not None:
+            _PLANS[key] = plan
 
 
 def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
     """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments.
 
     The compile options are chosen the same way in both modes (AMD-only names on ``hip``
-    only); the interpreter has no compiler, so it is not given them. Compiled launches
-    reuse the kernel Triton built for the same specialisation (:func:`_launch_key`),
-    skipping ``JITFunction.run``'s per-launch argument binding (most of a launch's host cost).
+    only); the interpreter has no compiler, so it is not given them. Every compiled launch
+    goes through ``JITFunction.run``; hot paths use :func:`launch_cached`.
     """
     options = compile_options(cfg, backend)
     interp = interpreting()
@@ -550,17 +599,13 @@ def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelC
         _patch_interpreter_bf16_dot()
         with _jit_functions_interpreted():
             fn.interpreted[grid](**args, **constexprs)
-    elif FAST_LAUNCH:
-        _launch_cached(fn, grid, args, constexprs, cfg, backend, options)
     else:
-        fn[grid](**args, **constexprs, **options)
+        _jit_launch(fn, grid, {**args, **constexprs, **options})
 
 
 def torch_backend() -> str:
     """"hip" on ROCm builds of torch, else "cuda"."""
-    from rocmflash.platform import is_rocm
-
-    return "hip" if is_rocm() else "cuda"
+    return "hip" if _is_rocm() else "cuda"
 
 
 _DUMMY_LSE: dict = {}
@@ -620,11 +665,18 @@ def launch_forward(fn, variant: str, constexprs_for, q, k, v, cfg: KernelConfig,
         import torch
 
         out = torch.empty_like(q)
-    g = Geometry.from_tensors(q, k, v, out)
-    args = attention_args(g, q, k, v, out, lse if lse is not None else dummy_lse(q.device), sm_scale)
-    grid = ((g.seqlen_q + cfg.BLOCK_M - 1) // cfg.BLOCK_M, g.batch * g.heads_q, *extra_grid)
-    launch_kernel(fn, grid, args, _constexprs(constexprs_for, cfg, g.head_dim, bool(causal), lse is not None), cfg,
-                  torch_backend())
+    store_lse = lse is not None
+    lse_arg = lse if store_lse else dummy_lse(q.device)
+    causal, sm_scale = bool(causal), float(sm_scale)
+
+    def build():
+        g = Geometry.from_tensors(q, k, v, out)
+        grid = ((g.seqlen_q + cfg.BLOCK_M - 1) // cfg.BLOCK_M, g.batch * g.heads_q, *extra_grid)
+        return (grid, attention_args(g, q, k, v, out, lse_arg, sm_scale),
+                _constexprs(constexprs_for, cfg, g.head_dim, causal, store_lse))
+
+    launch_cached(fn, (constexprs_for, causal, sm_scale, store_lse, extra_grid), (q, k, v, out, lse_arg), build,
+                  cfg, torch_backend())
     return out, lse
 
 

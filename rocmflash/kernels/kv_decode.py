@@ -341,12 +341,16 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         po, pl = workspace
     backend = C.torch_backend()
     kcfg = cfg.kernel_config()
-    C.launch_kernel(_decode_split, (num_splits, call.batch * call.heads_kv),
-                    split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
-                    _split_constexprs(call, cfg), kcfg, backend)
-    C.launch_kernel(_decode_combine, (call.batch * call.heads_kv, call.seqlen_q * call.group),
-                    combine_args(call, po, pl, out, lse if lse is not None else C.dummy_lse(q.device), num_splits),
-                    _combine_constexprs(call, lse is not None, num_splits), _kernel_config(16, 4, 1, 0), backend)
+    C.launch_cached(_decode_split, (call, cfg, num_splits), (q, k_cache, v_cache, block_table, seqlens, po, pl),
+                    lambda: ((num_splits, call.batch * call.heads_kv),
+                             split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
+                             _split_constexprs(call, cfg)), kcfg, backend)
+    lse_arg = lse if lse is not None else C.dummy_lse(q.device)
+    C.launch_cached(_decode_combine, (call, num_splits, lse is not None), (po, pl, out, lse_arg),
+                    lambda: ((call.batch * call.heads_kv, call.seqlen_q * call.group),
+                             combine_args(call, po, pl, out, lse_arg, num_splits),
+                             _combine_constexprs(call, lse is not None, num_splits)),
+                    _kernel_config(16, 4, 1, 0), backend)
 
 
 class _StridedPtr(C.Ptr):

@@ -165,22 +165,31 @@ def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, 
     cfg = C.check_problem_config(cfg, "split_kv")
     if out is None:
         out = torch.empty_like(q)
-    g = C.Geometry.from_tensors(q, k, v, out)
-    bh = g.batch * g.heads_q
-    splits = choose_splits(cfg, bh, g.seqlen_q, g.seqlen_k, C.num_compute_units(q.device))
-    o_part = torch.empty((bh, splits, g.seqlen_q, g.head_dim), device=q.device, dtype=torch.float32)
-    l_part = torch.empty((bh, splits, g.seqlen_q), device=q.device, dtype=torch.float32)
-    gp = _partial_geometry(g, splits)
-    args = C.attention_args(gp, q, k, v, o_part, l_part, sm_scale)
-    args["NUM_SPLITS"] = splits
+    bh = q.shape[0] * q.shape[1]
+    splits = choose_splits(cfg, bh, q.shape[2], k.shape[2], C.num_compute_units(q.device))
+    o_part = torch.empty((bh, splits, q.shape[2], q.shape[3]), device=q.device, dtype=torch.float32)
+    l_part = torch.empty((bh, splits, q.shape[2]), device=q.device, dtype=torch.float32)
+    lse_arg = lse if lse is not None else C.dummy_lse(q.device)
+    causal, sm_scale = bool(causal), float(sm_scale)
     backend = C.torch_backend()
-    grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), bh, splits)
-    C.launch_kernel(_fwd_split_kv, grid, args, _main_constexprs(cfg, g.head_dim, causal), cfg, backend)
-    cgrid = (triton.cdiv(g.seqlen_q, COMBINE_BLOCK_M), bh)
+
+    def build_main():
+        g = C.Geometry.from_tensors(q, k, v, out)
+        args = C.attention_args(_partial_geometry(g, splits), q, k, v, o_part, l_part, sm_scale)
+        args["NUM_SPLITS"] = splits
+        grid = (triton.cdiv(g.seqlen_q, cfg.BLOCK_M), bh, splits)
+        return grid, args, _main_constexprs(cfg, g.head_dim, causal)
+
+    def build_combine():
+        g = C.Geometry.from_tensors(q, k, v, out)
+        return ((triton.cdiv(g.seqlen_q, COMBINE_BLOCK_M), bh),
+                _combine_args(g, o_part, l_part, out, lse_arg, splits), _combine_constexprs(g.head_dim, lse is not None))
+
+    C.launch_cached(_fwd_split_kv, (causal, sm_scale, splits), (q, k, v, out, o_part, l_part), build_main, cfg,
+                    backend)
     ccfg = cfg.replace(num_warps=4, num_stages=1, waves_per_eu=0, schedule_hint="none")
-    C.launch_kernel(_combine_split_kv, cgrid,
-                    _combine_args(g, o_part, l_part, out, lse if lse is not None else C.dummy_lse(q.device), splits),
-                    _combine_constexprs(g.head_dim, lse is not None), ccfg, backend)
+    C.launch_cached(_combine_split_kv, (splits, lse is not None), (q, k, v, out, o_part, l_part, lse_arg),
+                    build_combine, ccfg, backend)
     return out, lse
 
 

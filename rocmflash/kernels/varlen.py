@@ -379,9 +379,11 @@ class _StridedPtr(C.Ptr):
 
 def launch_forward(call: VarlenCall, q, k, v, cu_q, cu_k, cfg: KernelConfig, out, lse: Optional[torch.Tensor]):
     """Run ``_varlen_fwd`` into ``out`` (``(total_q, Hq, D)``) and, when given, ``lse`` (``(Hq, total_q)``)."""
-    args = forward_args(call, q, k, v, out, lse if lse is not None else C.dummy_lse(q.device), cu_q, cu_k)
-    grid = (triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q)
-    C.launch_kernel(_varlen_fwd, grid, args, _fwd_constexprs(call, cfg, lse is not None), cfg, C.torch_backend())
+    lse_arg = lse if lse is not None else C.dummy_lse(q.device)
+    C.launch_cached(_varlen_fwd, (call, lse is not None), (q, k, v, out, lse_arg, cu_q, cu_k),
+                    lambda: ((triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
+                             forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k),
+                             _fwd_constexprs(call, cfg, lse is not None)), cfg, C.torch_backend())
 
 
 def dq_args(call: VarlenCall, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k) -> dict:
@@ -415,13 +417,16 @@ def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, b
     delta = torch.empty_like(lse)
     backend = C.torch_backend()
     cfg = bwd_cfg.dq
-    C.launch_kernel(_varlen_bwd_dq, (triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
-                    dq_args(call, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k),
-                    _dq_constexprs(call, cfg, dlse is not None), cfg, backend)
-    cfg = bwd_cfg.dkdv
-    C.launch_kernel(_varlen_bwd_dkdv, (triton_cdiv(call.max_seqlen_k, cfg.BLOCK_N), call.batch * call.heads_kv),
-                    dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
-                    _dkdv_constexprs(call, cfg), cfg, backend)
+    dlse_arg = dlse if dlse is not None else lse
+    C.launch_cached(_varlen_bwd_dq, (call, dlse is None), (q, k, v, out, do, lse, dlse_arg, delta, dq, cu_q, cu_k),
+                    lambda: ((triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
+                             dq_args(call, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k),
+                             _dq_constexprs(call, cfg, dlse is not None)), cfg, backend)
+    dkdv_cfg = bwd_cfg.dkdv
+    C.launch_cached(_varlen_bwd_dkdv, (call,), (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
+                    lambda: ((triton_cdiv(call.max_seqlen_k, dkdv_cfg.BLOCK_N), call.batch * call.heads_kv),
+                             dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
+                             _dkdv_constexprs(call, dkdv_cfg)), dkdv_cfg, backend)
     return dq, dk, dv
 
 
