@@ -229,7 +229,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     if not splits:
         from rocmflash.kernels.common import num_compute_units
 
-        splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, num_compute_units(q.device))
+        splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, num_compute_units(q.device),
+                                      KD.programs_per_cu(cfg))
     splits = max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
     out = torch.empty_like(q)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None

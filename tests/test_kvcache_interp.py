@@ -252,6 +252,12 @@ def test_choose_num_splits_heuristic():
     # never more splits than key blocks, never fewer than one
     assert choose_num_splits(1, 1, 300, 256, 304) == 1
     assert choose_num_splits(1, 1, 1, 16, 304) == 1
+    # a pipelined loop needs about one program per SM (H100 sweep): B8 Hkv4 on 132 SMs -> 4 splits,
+    # B32 Hkv4 -> 1; a one-stage loop about two (8, and round(264/128) = 2)
+    assert choose_num_splits(8, 4, 32768, 64, 132, programs_per_cu=1) == 4
+    assert choose_num_splits(32, 4, 32768, 64, 132, programs_per_cu=1) == 1
+    assert choose_num_splits(8, 4, 32768, 64, 132, programs_per_cu=2) == 8
+    assert choose_num_splits(32, 4, 32768, 64, 132, programs_per_cu=2) == 2
     for b, h, s, n, cu in [(1, 8, 2048, 64, 132), (8, 4, 8192, 32, 304), (3, 2, 300, 32, 132)]:
         k = choose_num_splits(b, h, s, n, cu)
         assert 1 <= k <= min(64, -(-s // n))

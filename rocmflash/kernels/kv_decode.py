@@ -240,7 +240,8 @@ def default_decode_config(arch: Optional[str], head_dim: int) -> DecodeConfig:
     """Per-arch starting point until a tuned entry exists.
 
     AMD CDNA: one stage (AMD's guidance for these loops), 4 waves, ``waves_per_eu=2``.
-    NVIDIA sm_90: 4 warps, 2 stages so the next K/V block's loads are in flight.
+    NVIDIA sm_90: 4 warps, 3 stages so the next K/V blocks' loads are in flight (H100 sweep:
+    88-93% of HBM at B >= 8 with one split program per SM, see :func:`programs_per_cu`).
     Wide head dims halve the key block to keep the K and V tiles in registers.
     """
     arch = arch or "generic"
@@ -248,22 +249,37 @@ def default_decode_config(arch: Optional[str], head_dim: int) -> DecodeConfig:
     if arch.startswith("gfx9"):
         return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=1, waves_per_eu=2)
     if arch.startswith("sm_"):
-        return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=2)
+        return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=3)
     return DecodeConfig(BLOCK_N=32, num_warps=4, num_stages=1)
 
 
-def choose_num_splits(batch: int, heads_kv: int, max_seqlen_k: int, block_n: int, compute_units: int) -> int:
-    """KV splits per (sequence, K/V head): enough programs for about two per CU/SM, each split
-    at least 256 keys (or one key block) long, at most 64 and at most the number of key blocks.
+def choose_num_splits(batch: int, heads_kv: int, max_seqlen_k: int, block_n: int, compute_units: int,
+                      programs_per_cu: int = 2) -> int:
+    """KV splits per (sequence, K/V head): about ``programs_per_cu`` programs per CU/SM (rounded),
+    each split at least 256 keys (or one key block) long, at most 64 and at most the number of
+    key blocks. :func:`programs_per_cu` gives the target for a config.
 
     ``max_seqlen_k`` is the cache capacity, known without reading lengths from the GPU.
     """
     programs = max(1, batch * heads_kv)
-    want = -(-2 * compute_units // programs)
+    want = (2 * programs_per_cu * compute_units + programs) // (2 * programs)  # round half up
     blocks = max(1, -(-max_seqlen_k // block_n))
     min_keys = max(256, block_n)
     longest = max(1, max_seqlen_k // min_keys)
     return int(max(1, min(want, longest, 64, blocks)))
+
+
+def programs_per_cu(cfg: "DecodeConfig") -> int:
+    """Split programs per CU/SM that keep the memory system busy with ``cfg``'s loop.
+
+    A pipelined loop (``num_stages >= 2``) keeps the next K/V block's loads in flight, so
+    about one program per CU/SM suffices and more splits only add partial outputs to combine;
+    a one-stage loop waits on each block's loads and needs about two programs per CU/SM to
+    hide that. H100, D=128, GQA 8:1, one token (``bench/decode_sweep.py``,
+    reports/decode-sweep-2026-11-24-h100.md): 3 stages at one program per SM reached 88-93%
+    of HBM (B = 8/32, KV = 8k-64k), 2x-4x more splits 3-12% slower.
+    """
+    return 1 if cfg.num_stages >= 2 else 2
 
 
 # ----------------------------------------------------------------------------- host side
@@ -387,5 +403,5 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     return main, combine
 
 
-__all__ = ["DecodeConfig", "DecodeCall", "default_decode_config", "choose_num_splits", "launch", "compile_for",
+__all__ = ["DecodeConfig", "DecodeCall", "default_decode_config", "choose_num_splits", "programs_per_cu", "launch", "compile_for",
            "KERNELS"]

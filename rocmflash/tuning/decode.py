@@ -206,13 +206,13 @@ __all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "s
 
 
 # ----------------------------------------------------------------------------- live phase (worker side)
-def split_choices(problem: DecodeProblem, block_n: int, compute_units: int) -> list:
-    """Split counts timed per config: powers of two up to 64 (and the heuristic's own choice),
-    at most one split per key block."""
+def split_choices(problem: DecodeProblem, block_n: int, compute_units: int, per_cu: int = 2) -> list:
+    """Split counts timed per config: powers of two up to 64 (and the heuristic's own choice
+    for ``per_cu`` programs per CU/SM), at most one split per key block."""
     from rocmflash.kernels.kv_decode import choose_num_splits
 
     blocks = max(1, -(-problem.seqlen_k // block_n))
-    auto = choose_num_splits(problem.batch, problem.heads_kv, problem.seqlen_k, block_n, compute_units)
+    auto = choose_num_splits(problem.batch, problem.heads_kv, problem.seqlen_k, block_n, compute_units, per_cu)
     return sorted({s for s in (1, 2, 4, 8, 16, 32, 64, auto) if s <= blocks})
 
 
@@ -280,7 +280,7 @@ def measure_decode(task: dict) -> dict:
                              p.page_size, 1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
         table = inp["table"] if inp["table"] is not None else inp["lens"]
         out = torch.empty_like(inp["q"])
-        splits = split_choices(p, cfg.BLOCK_N, num_compute_units(device))
+        splits = split_choices(p, cfg.BLOCK_N, num_compute_units(device), KD.programs_per_cu(cfg))
 
         def run(n):
             KD.launch(call, inp["q"], inp["k"], inp["v"], table, inp["lens"], cfg, n, out)

@@ -1,0 +1,143 @@
+"""Decode kernel sweep: which tiles, stages and split counts reach the memory bandwidth, on one GPU.
+
+For each decode problem (one new token, D=128, Hq=32 / Hkv=4, bf16, contiguous cache), every
+config of a small grid -- ``BLOCK_N`` x warps x stages x split count (a multiple of what
+:func:`rocmflash.kernels.kv_decode.choose_num_splits` picks) -- runs the split and combine
+kernels captured in a CUDA/HIP graph (20 calls per replay), so what is timed is GPU time. The
+same is done for SDPA on the dense cache. Output: per problem the best configs, the
+heuristic's own pick, and % of the HBM peak (K+V bytes / time).
+
+Usage (on a GPU)::
+
+    python bench/decode_sweep.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import statistics
+import sys
+
+from decode import hbm_peak
+
+PROBLEMS = ((1, 32768), (8, 8192), (8, 32768), (8, 65536), (32, 8192), (32, 32768))
+CALLS_PER_GRAPH = 20
+
+
+def _graph_time(torch, fn, reps: int = 5) -> float:
+    """µs per call of ``fn`` replayed from a CUDA graph (median of ``reps`` replays)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
+    return statistics.median(times)
+
+
+def sweep(torch, F, problems):
+    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels import masks as M
+    from rocmflash.kernels.common import num_compute_units
+
+    dev, dt, Hq, Hkv, D = "cuda", torch.bfloat16, 32, 4, 128
+    cus = num_compute_units(torch.device(dev))
+    rows = []
+    for batch, kv in problems:
+        q = torch.randn(batch, 1, Hq, D, device=dev, dtype=dt)
+        kc, vc = (torch.randn(batch, kv, Hkv, D, device=dev, dtype=dt) for _ in range(2))
+        seqlens = torch.full((batch,), kv, device=dev, dtype=torch.int32)
+        out = torch.empty_like(q)
+        call = KD.DecodeCall(batch, 1, Hkv, Hq // Hkv, D, False, 0, D ** -0.5, 0.0, *M.band_offsets(False, (-1, -1)))
+        gbytes = 2 * batch * kv * Hkv * D * 2 / 1e9
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+        sdpa_us = _graph_time(torch, lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+        for bn, warps, stages in itertools.product((64, 128), (4, 8), (1, 2, 3)):
+            cfg = KD.DecodeConfig(BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            auto = KD.choose_num_splits(batch, Hkv, kv, bn, cus)
+            blocks = -(-kv // bn)
+            for factor in (0.5, 1, 2, 4):
+                splits = max(1, min(128, blocks, int(auto * factor)))
+                rows_per_split = batch * Hkv * splits
+                ws = (torch.empty(rows_per_split * call.block_m * call.block_d, device=dev, dtype=torch.float32),
+                      torch.empty(rows_per_split * call.block_m, device=dev, dtype=torch.float32))
+                us = _graph_time(torch, lambda: KD.launch(call, q, kc, vc, seqlens, seqlens, cfg, splits, out,
+                                                          None, ws))
+                rows.append(dict(batch=batch, kv=kv, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+                                 splits=splits, auto_splits=auto, factor=factor, us=us, gbs=gbytes / (us * 1e-6),
+                                 sdpa_us=sdpa_us))
+        print(f"B{batch} KV{kv}: done ({len(rows)} rows)", flush=True)
+    return rows
+
+
+def markdown(rows, peak, meta) -> str:
+    lines = [f"# Decode kernel sweep ({meta['device']})", "",
+             f"- date: {meta['date']}; torch {meta['torch']}, Triton {meta['triton']}; HBM peak {peak} GB/s",
+             f"- command: `{meta['command']}`",
+             "- one new token, D=128, Hq32/Hkv4, bf16, contiguous cache; split + combine kernels replayed from a "
+             f"graph ({CALLS_PER_GRAPH} calls per replay), SDPA (default backend, dense cache) the same way", ""]
+    by_problem = {}
+    for r in rows:
+        by_problem.setdefault((r["batch"], r["kv"]), []).append(r)
+    lines += ["| B | KV | SDPA µs (% HBM) | best config | µs (% HBM) | vs SDPA | heuristic splits, best tile µs | "
+              "5 best |", "|---|---|---|---|---|---|---|---|"]
+    for (batch, kv), rs in by_problem.items():
+        rs = sorted(rs, key=lambda r: r["us"])
+        best = rs[0]
+        gb = best["gbs"] * best["us"] * 1e-6
+        same_tile = [r for r in rs if r["factor"] == 1 and (r["BLOCK_N"], r["num_warps"], r["num_stages"]) ==
+                     (best["BLOCK_N"], best["num_warps"], best["num_stages"])]
+        top = "; ".join(f"BN{r['BLOCK_N']} w{r['num_warps']} s{r['num_stages']} x{r['splits']}: {r['us']:.1f}"
+                        for r in rs[:5])
+        lines.append(f"| {batch} | {kv} | {best['sdpa_us']:.1f} ({gb / (best['sdpa_us'] * 1e-6) / peak:.0%}) | "
+                     f"BN{best['BLOCK_N']} w{best['num_warps']} s{best['num_stages']} x{best['splits']} | "
+                     f"{best['us']:.1f} ({best['gbs'] / peak:.0%}) | {best['sdpa_us'] / best['us']:.2f}x | "
+                     f"{same_tile[0]['splits'] if same_tile else '-'}: "
+                     f"{same_tile[0]['us'] if same_tile else float('nan'):.1f} | {top} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--quick", action="store_true", help="B1 KV32k and B8 KV32k only")
+    args = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    import triton
+
+    problems = ((1, 32768), (8, 32768)) if args.quick else PROBLEMS
+    rows = sweep(torch, F, problems)
+    name = torch.cuda.get_device_name()
+    meta = dict(device=name, date=datetime.date.today().isoformat(), torch=torch.__version__,
+                triton=triton.__version__, command="python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:]))
+    text = markdown(rows, hbm_peak(name), meta)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode-sweep.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "decode-sweep.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
