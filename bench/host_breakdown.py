@@ -17,14 +17,13 @@ Usage (on a GPU)::
 from __future__ import annotations
 
 import argparse
-import cProfile
 import io
-import os
 import platform
-import pstats
 import statistics
 import sys
 import time
+
+from host_profile import profile_calls, write_report
 
 
 def _noop_kernel(triton, tl):
@@ -163,21 +162,12 @@ def main(argv=None) -> int:
                  "| layer | host µs | min | max |\n|---|---|---|---|\n")
     for name, vals in samples.items():
         report.write(f"| {name} | {statistics.median(vals):.1f} | {min(vals):.1f} | {max(vals):.1f} |\n")
-    fwd_bwd = rows["fwd+bwd: rocmflash.attention + autograd.grad"]
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(args.n):
-        fwd_bwd()
-    prof.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(prof, stream=report)
+    stats = profile_calls(rows["fwd+bwd: rocmflash.attention + autograd.grad"], args.n, torch.cuda.synchronize,
+                          report)
     report.write(f"\n## cProfile, public forward+backward ({args.n} calls)\n\n```\n")
     stats.sort_stats("tottime").print_stats(args.top)
     report.write("```\n")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "host-breakdown.md"), "w") as f:
-        f.write(report.getvalue())
-    print(report.getvalue()[:30000])
+    write_report(report, args.out, "host-breakdown.md")
     return 0
 
 

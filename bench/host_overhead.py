@@ -121,30 +121,24 @@ def measure(n: int, rounds: int, modules=("rocmflash",)) -> dict:
     for label, shape, causal, backward in cases:
         q, k, v = _inputs(torch, *shape, grad=backward)
         runs = {name: _step(torch, fn, q, k, v, causal, backward) for name, fn in paths.items()}
-        for run in runs.values():  # warm-up: JIT, autotune-free config lookup, caches
-            for _ in range(20):
-                run()
-        samples = {name: [] for name in runs}
-        for _ in range(rounds):  # interleaved rounds: drift hits every path alike
-            for name, run in runs.items():
-                samples[name].append(_time_loop(torch, run, n if "tiny" in label else max(20, n // 10)))
-        results[label] = {name: {"host_us": statistics.median(s[0] for s in vals),
-                                 "wall_us": statistics.median(s[1] for s in vals)}
-                          for name, vals in samples.items()}
+        results[label] = _interleaved(torch, runs, rounds, n if "tiny" in label else max(20, n // 10))
     for batch, kv in ((1, 8192), (8, 8192)):
         label = f"decode B{batch} Hq32 Hkv4 KV{kv} D128 (one new token)"
-        runs = _decode_runs(torch, F, list(modules), batch, kv)
-        for run in runs.values():
-            for _ in range(20):
-                run()
-        samples = {name: [] for name in runs}
-        for _ in range(rounds):
-            for name, run in runs.items():
-                samples[name].append(_time_loop(torch, run, max(50, n // 4)))
-        results[label] = {name: {"host_us": statistics.median(s[0] for s in vals),
-                                 "wall_us": statistics.median(s[1] for s in vals)}
-                          for name, vals in samples.items()}
+        results[label] = _interleaved(torch, _decode_runs(torch, F, list(modules), batch, kv), rounds, max(50, n // 4))
     return results
+
+
+def _interleaved(torch, runs: dict, rounds: int, n: int) -> dict:
+    """``{name: {"host_us", "wall_us"}}``: medians over interleaved rounds (drift hits every path alike)."""
+    for run in runs.values():  # warm-up: JIT, autotune-free config lookup, caches
+        for _ in range(20):
+            run()
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            samples[name].append(_time_loop(torch, run, n))
+    return {name: {"host_us": statistics.median(s[0] for s in vals), "wall_us": statistics.median(s[1] for s in vals)}
+            for name, vals in samples.items()}
 
 
 def _decode_runs(torch, F, modules, batch, kv):

@@ -94,20 +94,29 @@ def main(argv=None) -> int:
         sync()
         report.write(f"| {name} | {(time.perf_counter() - t0) / args.calls * 1e6:.1f} |\n")
     for name, fn in (("forward", fwd), ("forward+backward", fwd_bwd)):
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.calls):
-            fn()
-        prof.disable()
-        sync()
-        stats = pstats.Stats(prof, stream=report)
+        stats = profile_calls(fn, args.calls, sync, report)
         report.write(f"\n===== {name}: {stats.total_tt / args.calls * 1e6:.1f} us of profiled host time per call\n")
         stats.sort_stats("tottime").print_stats(args.top)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "host-profile.txt"), "w") as f:
-        f.write(report.getvalue())
-    print(report.getvalue()[:20000])
+    write_report(report, args.out, "host-profile.txt")
     return 0
+
+
+def profile_calls(fn, calls: int, sync, stream) -> pstats.Stats:
+    """cProfile over ``calls`` calls of ``fn`` (``sync()`` after), as Stats printing to ``stream``."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    sync()
+    return pstats.Stats(prof, stream=stream)
+
+
+def write_report(report: io.StringIO, out: str, name: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, name), "w") as f:
+        f.write(report.getvalue())
+    print(report.getvalue()[:30000])
 
 
 if __name__ == "__main__":
