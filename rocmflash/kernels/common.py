@@ -46,7 +46,6 @@ from triton.language import core as _tl_core  # noqa: F401  (see _jit_functions_
 from triton.runtime.jit import JITFunction
 
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.platform import is_rocm as _is_rocm
 
 LOG2E = 1.4426950408889634
 
@@ -605,7 +604,9 @@ def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelC
 
 def torch_backend() -> str:
     """"hip" on ROCm builds of torch, else "cuda"."""
-    return "hip" if _is_rocm() else "cuda"
+    from rocmflash.platform import is_rocm  # not at import: platform.py is no kernel source (compile cache key)
+
+    return "hip" if is_rocm() else "cuda"
 
 
 _DUMMY_LSE: dict = {}
