@@ -27,7 +27,7 @@ import datetime
 import os
 import sys
 
-from interleaved import MarkdownTable, interleaved_medians
+from interleaved import MarkdownTable, capture_graph, interleaved_medians
 
 PEAKS_GBS = {"H100": 3350, "H200": 4800, "MI300X": 5300, "MI250": 3277, "MI355": 8000}
 BATCHES = (1, 8, 32, 64)
@@ -60,16 +60,8 @@ def _paths(torch, B, L, Hq=32, Hkv=4, D=128):
     qs, ks, vs = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)  # SDPA layout, views
 
     def graphed(fn):
-        """``fn`` captured once into a CUDA/HIP graph; the path replays it (no host work per call but the replay)."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
+        """``fn`` captured once into a CUDA/HIP graph; the path replays it."""
+        return capture_graph(torch, fn)
 
     unchecked = lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, check_values=False)  # noqa: E731
     paths = {

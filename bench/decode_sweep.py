@@ -23,30 +23,22 @@ import statistics
 import sys
 
 from decode import hbm_peak
+from interleaved import capture_graph
 
 PROBLEMS = ((1, 32768), (8, 8192), (8, 32768), (8, 65536), (32, 8192), (32, 32768))
 CALLS_PER_GRAPH = 20
 
 
 def _graph_time(torch, fn, reps: int = 5) -> float:
-    """µs per call of ``fn`` replayed from a CUDA graph (median of ``reps`` replays)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            fn()
-    graph.replay()
+    """µs per call of ``fn`` replayed from a CUDA graph of CALLS_PER_GRAPH calls (median of ``reps`` replays)."""
+    replay = capture_graph(torch, fn, CALLS_PER_GRAPH, warmup=3)
+    replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)

@@ -2,6 +2,7 @@
 
 ``interleaved_medians`` times every path back to back between two CUDA events, path after path in
 each round (so drift hits all paths alike), and returns the median per path in µs.
+``capture_graph`` captures calls into a CUDA/HIP graph for GPU-time-only paths.
 ``MarkdownTable`` rewrites its file after every row group, so a killed run keeps what it measured.
 """
 
@@ -21,6 +22,22 @@ def back_to_back_us(torch, fn, n: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / n * 1e3
+
+
+def capture_graph(torch, fn, calls: int = 1, warmup: int = 1):
+    """``calls`` calls of ``fn`` captured into one CUDA/HIP graph (after ``warmup`` calls on a side
+    stream); returns the graph's ``replay`` (no host work per replay but the replay itself)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
 
 
 def interleaved_medians(torch, paths: dict, rounds: int, iters: int) -> dict:

@@ -26,9 +26,10 @@ def live():
     """The live GPU's catalog entry (GPU tests); skipped without a live GPU that is in the catalog."""
     from rocmflash.gpus import detect_live_gpu
 
-    if not torch.cuda.is_available() or detect_live_gpu() is None:
+    gpu = detect_live_gpu() if torch.cuda.is_available() else None
+    if gpu is None:
         pytest.skip("needs a live GPU that is in the catalog")
-    return detect_live_gpu()
+    return gpu
 
 
 def small_online_space(gpu):

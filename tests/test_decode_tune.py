@@ -7,6 +7,7 @@ import os
 import pytest
 
 from rocmflash import db as D
+from rocmflash.kernels import kv_decode as KD
 from rocmflash.tuning import decode as TD
 
 
@@ -21,10 +22,11 @@ def test_keys_round_trip_and_forward_keys_are_not_decode():
 
 def test_split_choices_respect_blocks_and_include_the_heuristic():
     p = TD.DecodeProblem(batch=1, heads_q=32, heads_kv=8, seqlen_k=32768)
-    choices = TD.split_choices(p, 64, 132)
+    one_stage = KD.DecodeConfig(BLOCK_N=64, num_stages=1)
+    choices = TD.split_choices(p, one_stage, 132)
     assert choices[0] == 1 and choices[-1] == 64 and choices == sorted(set(choices))
     short = TD.DecodeProblem(batch=64, seqlen_k=100)
-    assert TD.split_choices(short, 64, 132) == [1, 2]  # 2 key blocks at most
+    assert TD.split_choices(short, one_stage, 132) == [1, 2]  # 2 key blocks at most
 
 
 def _entry(cfg, measured=True, timing="gpu"):
@@ -116,7 +118,8 @@ def test_tune_decode_live_phase_under_fake_rocm(fake_rocm, tmp_path):
     assert result.measured and [r["status"] for r in result.results] == ["ok"] * len(result.static.ranked)
     entry = D.ConfigDB.read(db_path)["entries"][problem.key()]
     assert entry["measured"] and entry["timing"] == "interpreter" and entry["best"]["num_splits"] >= 1
-    assert all(set(r["times_ms"]) == {str(n) for n in TD.split_choices(problem, r["config"]["BLOCK_N"], 132)}
+    assert all(set(r["times_ms"]) == {str(n) for n in TD.split_choices(problem, KD.DecodeConfig.from_dict(r["config"]),
+                                                                          132)}
                for r in result.results)
     assert entry["counts"]["ok"] == len(result.results)
     assert os.path.exists(db_path)

@@ -26,13 +26,9 @@ pytestmark = [pytest.mark.gpu]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _small_space(gpu):
-    return small_online_space(gpu)
-
-
 def test_isolation_crash_hang_illegal(live, tmp_path):
     db = str(tmp_path / f"{live.name}.json")
-    spec = TuneSpec(gpu="auto", head_dim=64, dtype="fp16", seqlens=[1024], causal=True, space=_small_space(live),
+    spec = TuneSpec(gpu="auto", head_dim=64, dtype="fp16", seqlens=[1024], causal=True, space=small_online_space(live),
                     top_k=8, db_path=db, cache_dir=str(tmp_path / "cache"),
                     live_settings=LiveSettings(timeout_s=20, warmup_ms=5, rep_ms=20),
                     inject={"crash": 0, "hang": 1, "illegal": 2})

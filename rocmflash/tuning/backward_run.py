@@ -145,8 +145,12 @@ def _auto_splits(shape, block_n: int, interpret: bool, compute_units: int = 0) -
     from rocmflash.kernels.backward import choose_head_splits
     from rocmflash.kernels.common import num_compute_units
 
-    gpu_here = not interpret and torch.cuda.is_available()
-    units = num_compute_units(torch.device("cuda") if gpu_here else None) if gpu_here or interpret else compute_units
+    if interpret:
+        units = num_compute_units(None)
+    elif torch.cuda.is_available():
+        units = num_compute_units(torch.device("cuda"))
+    else:
+        units = compute_units
     return choose_head_splits(shape.batch, shape.heads_kv, shape.heads_q // shape.heads_kv, shape.seqlen_k, block_n,
                               units)
 

@@ -206,13 +206,16 @@ __all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "s
 
 
 # ----------------------------------------------------------------------------- live phase (worker side)
-def split_choices(problem: DecodeProblem, block_n: int, compute_units: int, per_cu: int = 2) -> list:
-    """Split counts timed per config: powers of two up to 64 (and the heuristic's own choice
-    for ``per_cu`` programs per CU/SM), at most one split per key block."""
-    from rocmflash.kernels.kv_decode import choose_num_splits
+def split_choices(problem: DecodeProblem, cfg, compute_units: int) -> list:
+    """Split counts timed for the :class:`~rocmflash.kernels.kv_decode.DecodeConfig` ``cfg``: powers of
+    two up to 64 and the run-time heuristic's own choice for it, at most one split per key block.
+    The pre-warm and the timing worker both call this, so they compile and time the same counts."""
+    from rocmflash.kernels.kv_decode import choose_num_splits, programs_per_cu
 
+    block_n = cfg.BLOCK_N
     blocks = max(1, -(-problem.seqlen_k // block_n))
-    auto = choose_num_splits(problem.batch, problem.heads_kv, problem.seqlen_k, block_n, compute_units, per_cu)
+    auto = choose_num_splits(problem.batch, problem.heads_kv, problem.seqlen_k, block_n, compute_units,
+                             programs_per_cu(cfg))
     return sorted({s for s in (1, 2, 4, 8, 16, 32, 64, auto) if s <= blocks})
 
 
@@ -280,7 +283,7 @@ def measure_decode(task: dict) -> dict:
                              p.page_size, 1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
         table = inp["table"] if inp["table"] is not None else inp["lens"]
         out = torch.empty_like(inp["q"])
-        splits = split_choices(p, cfg.BLOCK_N, num_compute_units(device), KD.programs_per_cu(cfg))
+        splits = split_choices(p, cfg, num_compute_units(device))
 
         def run(n):
             KD.launch(call, inp["q"], inp["k"], inp["v"], table, inp["lens"], cfg, n, out)

@@ -40,13 +40,13 @@ def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, inte
         import torch
 
         from rocmflash.kernels.common import num_compute_units
+        from rocmflash.kernels.kv_decode import DecodeConfig
         from rocmflash.tuning.decode import prewarm_decode, split_choices
 
         # a cluster's driver may have no GPU: its actors' GPU is the plan's, whose CU count the catalog knows
         units = num_compute_units(torch.device("cuda")) if torch.cuda.is_available() else compute_units
         warm = [{"config": r["config"], "problem": problem.to_dict(),
-                 "splits": split_choices(problem, r["config"]["BLOCK_N"], units,
-                                         2 if r["config"].get("num_stages", 1) < 2 else 1)} for r in survivors]
+                 "splits": split_choices(problem, DecodeConfig.from_dict(r["config"]), units)} for r in survivors]
         if pool is not None:
             pool.prewarm_tasks(warm, prewarm_decode, timeout_s)
         else:
