@@ -20,6 +20,11 @@ timed on an AMD GPU. On NVIDIA (no SASS is read) a spill of at most
 live phase to judge: on an H100 a 64 B/thread spilling config was the fastest of a
 held-out problem by 8% (``reports/race-heldout-2026-11-23-h100.md``).
 
+Occupancy rules judge only an occupancy the compiler fell to: an AMD kernel that sits
+exactly at the ``waves_per_eu`` its config asked for (AMD's own tuned lists ship one-wave
+and two-wave tiles) passes the default floor and is no cliff victim
+(:func:`occupancy_was_asked_for`).
+
 The pruner never returns an empty set: if every config is rejected it keeps the
 compiled one with the best occupancy and says so (reason ``kept_best_of_pruned``).
 """
@@ -51,7 +56,9 @@ class PruneSettings:
 
     ``occupancy_floor``: fewest waves per SIMD (AMD) or warps per scheduler (NVIDIA) a
     config must reach; None picks 2 on AMD (one wave per SIMD leaves nothing to hide
-    memory latency behind in the KV loop) and 1 on NVIDIA. ``cliff_margin``: a config
+    memory latency behind in the KV loop, unless the config asked for it: see
+    :func:`occupancy_was_asked_for`) and 1 on NVIDIA; a floor set here applies to every
+    config. ``cliff_margin``: a config
     whose allocated VGPRs are at most this many past an occupancy cliff, and that would
     gain resident waves by shedding them, is a cliff victim. ``lds_budget``: optional
     cap on LDS/shared bytes per workgroup below the hardware maximum.
@@ -199,19 +206,47 @@ def lds_over_budget(obs: dict, settings: PruneSettings) -> Optional[str]:
     return None
 
 
+def requested_waves(obs: dict) -> int:
+    """The occupancy the config asked LLVM for (``waves_per_eu``; 0 = none asked, and always 0 on NVIDIA)."""
+    return int((obs.get("config") or {}).get("waves_per_eu") or 0)
+
+
+def occupancy_was_asked_for(obs: dict) -> bool:
+    """True when an AMD kernel sits exactly at the ``waves_per_eu`` its config asked for.
+
+    Such an occupancy is a choice, not a cliff: the config traded resident waves for
+    registers (``waves_per_eu=1`` gives a wave the whole 512-entry register file), as
+    AMD's own tuned lists do (ROCm/flash-attention's gfx942/gfx950 default is 64x64 at one
+    wave; ``rocmflash/reference/amd_published.json``). Whether that pays is a timing
+    question for the live phase; the static score ranks such tiles behind those that keep
+    two waves. The same tile without the request, when it lands at the same occupancy,
+    compiles to the same registers (``reports/reference-2026-11-24/README.md``) and is
+    judged by the floor as before.
+    """
+    kernel = _main(obs)
+    asked = requested_waves(obs)
+    return kernel["arch"] in AMD_ARCHS and asked > 0 and kernel["waves_per_simd"] == asked
+
+
 def below_occupancy_floor(obs: dict, settings: PruneSettings) -> Optional[str]:
+    """Fewer resident waves than the floor, unless the config asked for exactly that many."""
     kernel = _main(obs)
     floor = settings.floor_for(kernel["arch"])
-    if kernel["waves_per_simd"] < floor:
+    if kernel["waves_per_simd"] < floor and not (settings.occupancy_floor is None and occupancy_was_asked_for(obs)):
         return f"{kernel['waves_per_simd']} waves/SIMD < floor {floor} (limited by {kernel['limiter']})"
     return None
 
 
 def cliff_victim(obs: dict, settings: PruneSettings) -> Optional[str]:
-    """Allocated VGPRs a few past a cliff, and shedding them would really add resident waves."""
+    """Allocated VGPRs a few past a cliff, and shedding them would really add resident waves.
+
+    Not when the kernel sits at the occupancy its ``waves_per_eu`` asked for: the registers
+    past the cliff are what the request bought, and the config asking for one more wave
+    is the one that sheds them.
+    """
     kernel = _main(obs)
     past = kernel.get("vgprs_past_cliff")
-    if kernel["arch"] not in AMD_ARCHS or not past or past > settings.cliff_margin:
+    if kernel["arch"] not in AMD_ARCHS or not past or past > settings.cliff_margin or occupancy_was_asked_for(obs):
         return None
     at_cliff = kernel["allocated_vgprs"] - past
     better = amd_occupancy(kernel["arch"], at_cliff, kernel["sgpr_count"], kernel["lds_bytes"],
@@ -240,6 +275,8 @@ def judge(obs: dict, settings: PruneSettings = PruneSettings()) -> Verdict:
             return Verdict(False, reason, detail)
     kernel = _main(obs)
     detail = f"{kernel['waves_per_simd']} waves/SIMD, limited by {kernel['limiter']}"
+    if occupancy_was_asked_for(obs):
+        detail += f", as its waves_per_eu={requested_waves(obs)} asks"
     note = harmless_spill(obs, settings)
     if note is not None:
         return Verdict(True, HARMLESS_SPILL, f"{detail}; spills kept: {note}")

@@ -58,15 +58,34 @@ def test_below_occupancy_floor_rule(observed):
     assert judge(obs, PruneSettings(occupancy_floor=1)).kept
 
 
+def test_one_wave_asked_for_is_kept(tmp_path):
+    """AMD's autotune lists (ROCm/triton perf-kernels, flash-attention, vLLM) carry 128x64, 4 warps, waves_per_eu=1.
+
+    It runs at one wave by request and is kept; the same tile without the request lands at one
+    wave as well (the same registers) and the floor prunes that one; a floor the user sets
+    applies to both.
+    """
+    problem = Problem(head_dim=128, dtype="bf16")
+    for name in ("mi300x", "mi355x"):
+        asked, fell = (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, waves_per_eu=w) for w in (1, 0))
+        (obs_asked, obs_fell), _ = sweep([asked, fell], problem, get_gpu(name), cache_dir=str(tmp_path), workers=1)
+        assert obs_asked["kernels"][0]["waves_per_simd"] == obs_fell["kernels"][0]["waves_per_simd"] == 1
+        verdict = judge(obs_asked)
+        assert verdict.kept and "as its waves_per_eu=1 asks" in verdict.detail, verdict
+        assert judge(obs_fell).reason == "below_occupancy_floor"
+        assert judge(obs_asked, PruneSettings(occupancy_floor=2)).reason == "below_occupancy_floor"
+
+
 @pytest.fixture(scope="module")
 def online_sweep(tmp_path_factory):
     """A slice of the real gfx942 online space: wherever the cliffs fall today, some config lands near one."""
     from rocmflash.space import default_space
 
     gpu = get_gpu("mi300x")
-    configs = [c for c in default_space(gpu, ["online"]).configs(D128, gpu)
+    problem = Problem(head_dim=128, dtype="bf16")
+    configs = [c for c in default_space(gpu, ["online"]).configs(problem, gpu)
                if c.num_warps == 4 and c.kpack == 1 and not c.PRE_LOAD_V]
-    observations, _ = sweep(configs, D128, gpu, cache_dir=str(tmp_path_factory.mktemp("cliff-cache")))
+    observations, _ = sweep(configs, problem, gpu, cache_dir=str(tmp_path_factory.mktemp("cliff-cache")))
     return observations
 
 
@@ -76,9 +95,21 @@ def test_cliff_victim_rule(online_sweep):
     obs = victims[0]
     main = obs["kernels"][0]
     assert 0 < main["vgprs_past_cliff"] <= 16, main
+    assert obs["config"]["waves_per_eu"] != main["waves_per_simd"]  # the compiler fell there, nobody asked
     verdict = judge(obs)
     assert verdict.reason == "cliff_victim" and "past the" in verdict.detail
     assert judge(obs, PruneSettings(cliff_margin=main["vgprs_past_cliff"] - 1)).kept
+
+
+def test_registers_past_a_cliff_that_were_asked_for_are_kept(online_sweep):
+    """waves_per_eu=N lets LLVM use the registers of N waves: sitting past the N+1 cliff is the request, not a slip."""
+    asked = [o for o in online_sweep
+             if 0 < (o["kernels"][0]["vgprs_past_cliff"] or 0) <= 16 and o["status"] == "ok"
+             and o["config"]["waves_per_eu"] == o["kernels"][0]["waves_per_simd"] and not o["kernels"][0]["scratch_bytes"]]
+    assert asked, "no config of the slice sits past a cliff at the occupancy it asked for"
+    for obs in asked:
+        verdict = judge(obs)
+        assert verdict.kept and "asks" in verdict.detail, verdict
 
 
 def test_cliff_rule_ignores_cliffs_that_cost_nothing(observed):
