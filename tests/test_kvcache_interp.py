@@ -133,6 +133,36 @@ def test_decode_split_counts_agree(interpret, num_splits):
     run_case([90, 17], 1, 8, 128, torch.bfloat16, 0, num_splits=num_splits, seed=11)
 
 
+def test_one_split_writes_the_output_itself(interpret):
+    """num_splits=1: one launch (no combine), same answers: paged, windowed, soft-capped, strided q, empty rows."""
+    from rocmflash.kernels.common import observe_launches
+
+    with observe_launches() as seen:
+        run_case([0, 1, 57, 90], 2, 4, 64, torch.bfloat16, 16, window=(30, -1), softcap=6.0, num_splits=1,
+                 seed=23, strided_q=True)
+    assert [r["kernel"] for r in seen] == ["_decode_split"]
+    with observe_launches() as seen:
+        run_case([0, 1, 57, 90], 2, 4, 64, torch.bfloat16, 16, window=(30, -1), softcap=6.0, num_splits=2,
+                 seed=23, strided_q=True)
+    assert [r["kernel"] for r in seen] == ["_decode_split", "_decode_combine"]
+
+
+def test_one_split_without_lse(interpret):
+    """The direct path with no LSE to store matches the split + combine path."""
+    from rocmflash import flash_attn_with_kvcache
+
+    gen = torch.Generator().manual_seed(29)
+    q = torch.randn(2, 1, 8, 64, generator=gen).to(torch.float16)
+    kc = torch.randn(2, 70, 2, 64, generator=gen).to(torch.float16)
+    vc = torch.randn(2, 70, 2, 64, generator=gen).to(torch.float16)
+    lens = torch.tensor([33, 70], dtype=torch.int32)
+    one = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=1)
+    three = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=3)
+    for b, n in enumerate((33, 70)):
+        ref, _ = attention_fp64(q[b], kc[b, :n], vc[b, :n], 1 / math.sqrt(64))
+        assert rel_err(one[b], ref) < 1e-2 and rel_err(three[b], ref) < 1e-2
+
+
 def test_decode_without_append_and_full_cache(interpret):
     """No new keys; cache_seqlens=None on a contiguous cache uses every slot."""
     from rocmflash import flash_attn_with_kvcache

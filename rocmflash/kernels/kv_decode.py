@@ -95,14 +95,16 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
 
 
 @kernel_jit
-def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
+                  stride_ob, stride_ot, stride_oh, stride_od,
                   stride_btb, PAGE_SIZE, H_KV, GROUP, SEQ_Q, NUM_SPLITS, WIN_LEFT, WIN_RIGHT,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
-                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
+                  BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
+                  STORE_LSE: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
@@ -147,8 +149,17 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, sm_scale, qk_scale, softcap,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
                                      HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT)
 
-    # normalised partial output and log2 LSE (an empty chunk: 0 and -inf); padded tiles, stored whole
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    if DIRECT:  # one split: this program holds the whole row, so it writes the output (no combine launch)
+        o_ptrs = (O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
+                  + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(O.dtype.element_ty),
+                 mask=rmask[:, None] & (offs_d[None, :] < HEAD_DIM))
+        if STORE_LSE:  # (B, Hq, Sq) natural log; a row that sees no key: -inf
+            lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+            tl.store(LSE + (off_b.to(tl.int64) * (H_KV * GROUP) + offs_h) * SEQ_Q + offs_t, lse, mask=rmask)
+        return
+    # normalised partial output and log2 LSE (an empty chunk: 0 and -inf); padded tiles, stored whole
     row = off_bhk.to(tl.int64) * NUM_SPLITS + split
     tl.store(PO + row * (BLOCK_M * BLOCK_D) + offs_r[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None])
     tl.store(PL + row * BLOCK_M + offs_r, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe)))
@@ -307,22 +318,28 @@ class DecodeCall:
 
 
 @functools.lru_cache(maxsize=1024)
-def _split_constexprs(call: DecodeCall, cfg: DecodeConfig) -> dict:
+def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False) -> dict:
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
-                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED)
+                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse))
 
 
-def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int) -> dict:
+def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
+               out=None, lse=None) -> dict:
+    """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
+    (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused)."""
     sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
+    so = out.stride() if out is not None else (0, 0, 0, 0)
     softcap = float(call.softcap)
     return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens, PO=po, PL=pl,
+                O=out if out is not None else po, LSE=lse if lse is not None else pl,
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
                 softcap=softcap if softcap > 0 else 1.0,
                 stride_qb=sq[0], stride_qt=sq[1], stride_qh=sq[2], stride_qd=sq[3],
                 stride_kb=sk[0], stride_kn=sk[1], stride_kh=sk[2], stride_kd=sk[3],
                 stride_vb=sv[0], stride_vn=sv[1], stride_vh=sv[2], stride_vd=sv[3],
+                stride_ob=so[0], stride_ot=so[1], stride_oh=so[2], stride_od=so[3],
                 stride_btb=block_table.stride(0) if call.paged else 0, PAGE_SIZE=call.page_size if call.paged else 1,
                 H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits,
                 WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
@@ -344,24 +361,35 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
            out, lse=None, workspace: Optional[tuple] = None) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
+    With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
+    (one launch, no partial buffers; ``workspace`` is then unused).
+
     ``seqlens`` is int32 ``(B,)``: the key length of each sequence (cache + appended keys);
     ``block_table`` an int32 ``(B, max_blocks)`` tensor when ``call.paged``, else any int32 tensor.
     ``workspace``: optional preallocated ``(partial_o, partial_lse)`` buffers of at least the
     sizes this call needs (reused by benchmarks; a fresh pair otherwise).
     """
+    backend = C.torch_backend()
+    kcfg = cfg.kernel_config()
+    lse_arg = lse if lse is not None else C.dummy_lse(q.device)
+    if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
+        C.launch_cached(_decode_split, (call, cfg, 1, lse is not None), (q, k_cache, v_cache, block_table, seqlens,
+                                                                         out, lse_arg),
+                        lambda: ((1, call.batch * call.heads_kv),
+                                 split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
+                                            out, lse_arg),
+                                 _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend)
+        return
     rows = call.batch * call.heads_kv * num_splits
     if workspace is None:
         po = torch.empty(rows * call.block_m * call.block_d, dtype=torch.float32, device=q.device)
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
-    backend = C.torch_backend()
-    kcfg = cfg.kernel_config()
     C.launch_cached(_decode_split, (call, cfg, num_splits), (q, k_cache, v_cache, block_table, seqlens, po, pl),
                     lambda: ((num_splits, call.batch * call.heads_kv),
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
                              _split_constexprs(call, cfg)), kcfg, backend)
-    lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     C.launch_cached(_decode_combine, (call, num_splits, lse is not None), (po, pl, out, lse_arg),
                     lambda: ((call.batch * call.heads_kv, call.seqlen_q * call.group),
                              combine_args(call, po, pl, out, lse_arg, num_splits),

@@ -62,7 +62,7 @@ def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: l
               **{s: sum(1 for r in results if r["status"] == s) for s in ("ok", "incorrect", "failed", "timeout",
                                                                          "crashed")}}
     entry = {"mode": "decode", "problem": problem.to_dict(), "measured": bool(timed), "strategy": "all-survivors",
-             "counts": counts, "timing": "interpreter" if interpret else "gpu", "fingerprint": env,
+             "counts": counts, "timing": "interpreter" if interpret else "gpu graph replay (cold K/V copies)", "fingerprint": env,
              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if not timed:
         entry.update(best=None, time_ms=None)
