@@ -79,8 +79,11 @@ def test_cli_vgpr_report_bwd_mi300x(cache_dir, tmp_path, capsys):
         mine = [r for r in rows if r["config"]["kernel"] == kernel]
         kept = [r for r in mine if r["kept"]]
         assert kept and all(r["kernel"]["arch"] == "gfx942" for r in kept)
-        # kept configs reach the 2-wave floor and spill nothing, or only where the ISA shows it harmless
-        assert all(r["kernel"]["waves_per_simd"] >= 2 for r in kept)
+        # kept configs reach the 2-wave floor (or sit at the occupancy their waves_per_eu asks for) and spill
+        # nothing, or only where the ISA shows it harmless
+        assert all(r["kernel"]["waves_per_simd"] >= 2 or r["kernel"]["waves_per_simd"] == r["config"]["waves_per_eu"]
+                   for r in kept)
+        assert any(r["kernel"]["waves_per_simd"] >= 2 for r in kept)
         assert all(r["kernel"]["vgpr_spill_count"] == 0 or r["reason"] == "harmless_spill" for r in kept)
         # the pruner found real spills and low occupancy in this space, and said so
         reasons = {r["reason"] for r in mine if not r["kept"]}
