@@ -11,7 +11,11 @@ never timed. The race therefore times *every* survivor, cheaply first:
    the round's best (a short measurement's noise must not eliminate a near-tie), and at
    least ``min_keep``;
 3. the next round measures the advancing configs longer, with the gate; the last round
-   uses the full live settings (the figure stored in the database).
+   uses the full live settings (the figure stored in the database), in
+   :data:`FINAL_PASSES` alternating passes over its field: a config's figure is its
+   median pass. One full measurement per finalist let a drift of a few percent between
+   two configs measured a second apart decide the winner
+   (``reports/race-heldout-2026-11-23-h100.md``, run E).
 
 Its guarantee: a config is eliminated only by being slower than ``keep`` of its round's
 field *and* more than ``margin_pct`` slower than the round's best, as measured. The
@@ -50,6 +54,8 @@ DEFAULT_ROUNDS = (RaceRound(rep_ms=10.0, warmup_ms=5.0, min_reps=3, gate=False, 
                   RaceRound(rep_ms=100.0, warmup_ms=25.0, min_reps=10, gate=True, keep=0.0))
 MARGIN_PCT = 3.0
 MIN_KEEP = 3
+#: passes of the last round over its field (journal rounds ``last .. last + FINAL_PASSES - 1``)
+FINAL_PASSES = 3
 
 
 def advancing(results: list, keep: float, margin_pct: float = MARGIN_PCT, min_keep: int = MIN_KEEP) -> list:
@@ -86,5 +92,25 @@ def final_round_records(records_by_round: dict) -> tuple[Optional[int], list]:
     return None, []
 
 
-__all__ = ["RaceRound", "DEFAULT_ROUNDS", "MARGIN_PCT", "MIN_KEEP", "advancing", "planned_measurements",
-           "final_round_records"]
+def merge_final_passes(passes: list) -> dict:
+    """``{config json: record}`` of the last round from its passes (each ``{config json: record}``).
+
+    Per config of the first pass: the pass with the median time (of two: the slower), every
+    pass's time in ``passes_ms``; a config that is not ``ok`` in some pass keeps that record
+    (it cannot win).
+    """
+    passes = [p for p in passes if p]
+    merged = {}
+    for key in (passes[0] if passes else {}):
+        recs = [p[key] for p in passes if key in p]
+        bad = [r for r in recs if r.get("status") != "ok"]
+        if bad:
+            merged[key] = bad[0]
+            continue
+        recs.sort(key=lambda r: r["median_ms"])
+        merged[key] = dict(recs[len(recs) // 2], passes_ms=[round(r["median_ms"], 5) for r in recs])
+    return merged
+
+
+__all__ = ["RaceRound", "DEFAULT_ROUNDS", "MARGIN_PCT", "MIN_KEEP", "FINAL_PASSES", "advancing",
+           "planned_measurements", "final_round_records", "merge_final_passes"]

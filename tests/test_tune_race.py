@@ -9,7 +9,8 @@ import pytest
 
 from rocmflash import db as D
 from rocmflash.config import KernelConfig
-from rocmflash.race import DEFAULT_ROUNDS, advancing, final_round_records, planned_measurements
+from rocmflash.race import (DEFAULT_ROUNDS, FINAL_PASSES, advancing, final_round_records, merge_final_passes,
+                            planned_measurements)
 from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import ReplayRunner, TuneInterrupted, TuneSpec, tune
 
@@ -54,6 +55,19 @@ def test_planned_measurements_and_final_round():
     by_round = {0: {"a": {"status": "ok"}}, 1: {"a": {"status": "ok"}}, 2: {"a": {"status": "failed"}}}
     assert final_round_records(by_round)[0] == 1  # the last round with a timing
     assert final_round_records({}) == (None, [])
+
+
+def test_final_passes_merge_to_the_median_and_a_bad_pass_disqualifies():
+    ok = lambda ms: {"status": "ok", "median_ms": ms}  # noqa: E731
+    passes = [{"a": ok(1.10), "b": ok(1.00), "c": ok(1.0)},
+              {"a": ok(0.95), "b": ok(1.08), "c": {"status": "incorrect"}},
+              {"a": ok(1.00), "b": ok(1.07)}]
+    merged = merge_final_passes(passes)
+    assert merged["a"]["median_ms"] == 1.00 and merged["a"]["passes_ms"] == [0.95, 1.0, 1.1]
+    assert merged["b"]["median_ms"] == 1.07  # one fast pass does not make b the winner
+    assert merged["c"]["status"] == "incorrect"
+    assert merge_final_passes([{"a": ok(1.0)}, {"a": ok(1.2)}])["a"]["median_ms"] == 1.2  # of two: the slower
+    assert merge_final_passes([{}, {}]) == {} and merge_final_passes([]) == {}
 
 
 # ----------------------------------------------------------------------------- the tune
@@ -102,7 +116,8 @@ def test_race_finds_the_winner_the_static_score_ranks_last(tmp_path, cache_dir, 
     n0, n1, n2 = e["counts"]["rounds"]
     assert all(b == DEFAULT_ROUNDS[0].budget() and b["gate"] is False for b in runner.budgets[:n0])
     assert all(b == DEFAULT_ROUNDS[1].budget() and b["gate"] is True for b in runner.budgets[n0:n0 + n1])
-    assert runner.budgets[n0 + n1:] == [None] * n2
+    assert runner.budgets[n0 + n1:] == [None] * (n2 * FINAL_PASSES)  # the last round's alternating passes
+    assert e["passes_ms"] == [pytest.approx(1.0)] * FINAL_PASSES
 
     # the pruned strategy, given as many full measurements as the race's last round, misses it
     pruned_dir = tmp_path / "pruned"
@@ -110,6 +125,26 @@ def test_race_finds_the_winner_the_static_score_ranks_last(tmp_path, cache_dir, 
     tune(spec(pruned_dir, cache_dir, strategy="pruned", top_k=n2),
          runner=ReplayRunner.from_function(lambda c, s: _timings(ranked)(c, s, None)))
     assert entry(pruned_dir)["time_ms"] > 1.04
+
+
+def test_one_slow_pass_does_not_lose_the_winner(tmp_path, cache_dir, ranked):
+    """The true best is measured 6% slow in the first full pass (a drift between two measurements a
+    second apart): a single pass would crown the runner-up; the median of the passes does not."""
+    fn = _timings(ranked)
+    full_calls = {"n": 0}
+
+    def drifting(cfg, shape, budget):
+        result = fn(cfg, shape, budget)
+        if budget is None and cfg == ranked[-1]:
+            full_calls["n"] += 1
+            if full_calls["n"] == 1:
+                result = dict(result, median_ms=result["median_ms"] * 1.06)
+        return result
+
+    tune(spec(tmp_path, cache_dir), runner=ReplayRunner.from_function(drifting))
+    e = entry(tmp_path)
+    assert full_calls["n"] == FINAL_PASSES
+    assert KernelConfig.from_dict(e["best"]) == ranked[-1] and e["time_ms"] == pytest.approx(1.0)
 
 
 def test_failures_never_advance_and_an_all_failed_race_says_so(tmp_path, cache_dir, ranked):

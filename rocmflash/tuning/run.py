@@ -11,7 +11,7 @@ from typing import Optional
 from rocmflash.db import ConfigDB, Journal, default_db_path, env_id, environment, journal_path, tune_lock
 from rocmflash.detect import identify_live_device
 from rocmflash.gpus import GPU, get_gpu
-from rocmflash.race import final_round_records
+from rocmflash.race import FINAL_PASSES, final_round_records, merge_final_passes
 from rocmflash.roofline import Shape
 from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
 from rocmflash.tuning.output import _Output
@@ -222,8 +222,10 @@ class _LiveTune:
             pass
         finally:  # Ctrl-C included: the entry reflects exactly what the journal holds
             if chosen is None:
-                by_round = [ctx.results(rnd) for rnd in range(len(RACE_ROUNDS))]
-                records, rounds = final_round_records(dict(enumerate(by_round)))[1], by_round
+                last = len(RACE_ROUNDS) - 1
+                by_round = [ctx.results(rnd) for rnd in range(last + FINAL_PASSES)]
+                rounds = by_round[:last] + [merge_final_passes(by_round[last:])]
+                records = final_round_records(dict(enumerate(rounds)))[1]
                 to_time = len(race_field(static))
             else:
                 records, rounds, to_time = ctx.recorded(chosen), None, len(chosen)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 from rocmflash.db import Journal, now_iso
 from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
-from rocmflash.race import advancing
+from rocmflash.race import FINAL_PASSES, advancing
 from rocmflash.roofline import Shape
 from rocmflash.tuning.static import StaticResult, default_top_k
 
@@ -162,6 +162,10 @@ def _race(ctx: _LiveProblem, static: "StaticResult") -> None:
         budget = None if rnd == last else spec_round.budget()  # the last round: the full live settings
         _measure(ctx, field, rnd, budget, f"{ctx.key} round {rnd + 1}/{len(RACE_ROUNDS)}")
         if rnd == last:
+            if len(field) > 1:  # alternating passes: a finalist's figure is its median pass
+                for extra in range(1, FINAL_PASSES):
+                    _measure(ctx, field, rnd + extra, None,
+                             f"{ctx.key} round {rnd + 1}/{len(RACE_ROUNDS)}, pass {extra + 1}/{FINAL_PASSES}")
             return
         results = ctx.results(rnd)
         timings = []
