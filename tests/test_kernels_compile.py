@@ -131,6 +131,46 @@ def test_amd_default_tile_fits_without_spills(arch, D, causal, nonkdim):
     assert "scratch_" not in k.asm["amdgcn"]
 
 
+def test_online_half_width_masked_blocks_only_on_amd_wide_tiles():
+    """online._masked_blocks: 128-wide key blocks at an occupancy target and a >= 64-VGPR accumulator run
+    masked blocks 64 wide (first, but last with 16x16 MFMAs); narrower blocks, no target, small accumulators
+    and every CUDA default keep them."""
+    from rocmflash.kernels import online
+
+    def plan(cfg, D=128):
+        c = online._constexprs(cfg, D, True, False)
+        return c["MASKED_N"], c["MASKED_FIRST"]
+
+    amd = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=2)
+    assert plan(amd) == (64, True)
+    assert plan(amd.replace(matrix_instr_nonkdim=32)) == (64, True)
+    assert plan(amd.replace(matrix_instr_nonkdim=16)) == (64, False)
+    assert plan(amd.replace(BLOCK_M=256, num_warps=8)) == (64, True)
+    assert plan(amd.replace(BLOCK_N=64)) == (64, False)  # AMD's default tile: unchanged
+    assert plan(amd.replace(waves_per_eu=0)) == (128, False)
+    assert plan(amd.replace(waves_per_eu=1)) == (128, False)
+    assert plan(amd, 64) == (128, False)  # 32-VGPR accumulator: fits either way
+    assert plan(amd, 192) == (64, True)
+    for D in (64, 128, 256):
+        cfg = default_config("sm_90", D)
+        assert plan(cfg) == (cfg.BLOCK_N, False)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("nonkdim", [0, 16])
+def test_amd_wide_tile_fits_gfx950(causal, nonkdim):
+    """ROCm/flash-attention's gfx950 tile (128x128 w4 s1 wpe2) at D=128: at most a few VGPRs spilled, none
+    reloaded inside a loop (before half-width masked blocks: 19 causal, reloaded in both loops)."""
+    from isa_tools.scratch import scratch_use
+
+    cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=2,
+                       matrix_instr_nonkdim=nonkdim)
+    k = get_variant("online").compile_for("gfx950", cfg, Problem(head_dim=128, causal=causal, dtype="bf16"))[0]
+    use = scratch_use(k.asm["amdgcn"])
+    assert use.loop_ops == 0
+    assert _amd_regs(k)["vgpr_spill_count"] <= (2 if nonkdim == 16 else 0)
+
+
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
 @pytest.mark.parametrize("D", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

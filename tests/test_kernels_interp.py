@@ -117,6 +117,22 @@ def test_online_head_dim_halves(D, causal, plv, attention_reference):
     _check("online", cfg, (1, 2, 1, 70, 75, D), causal, dtype, attention_reference, seed=D + causal)
 
 
+@pytest.mark.parametrize("nonkdim", [0, 16], ids=["masked-first", "masked-last"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 2, 1, 150, 333, 128), (1, 1, 1, 290, 170, 192)], ids=["Sq<Sk", "Sq>Sk"])
+def test_online_wide_tile_half_masked_blocks(nonkdim, causal, shape, attention_reference):
+    """AMD's 128x128 w4 wpe2 tile runs its masked blocks 64 keys wide, before the unmasked loop
+    except with 16x16 MFMAs (online._masked_blocks): diagonal, key tail, rows with no key (Sq > Sk)."""
+    from rocmflash.kernels import online
+
+    cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=2,
+                       matrix_instr_nonkdim=nonkdim)
+    c = online._constexprs(cfg, shape[-1], causal, True)
+    assert (c["MASKED_N"], c["MASKED_FIRST"]) == (64, nonkdim != 16)
+    dtype = torch.bfloat16 if nonkdim else torch.float16
+    _check("online", cfg, shape, causal, dtype, attention_reference, seed=shape[3] + causal)
+
+
 @pytest.mark.parametrize("variant", list(VARIANT_CFGS))
 @pytest.mark.parametrize("shape", [(1, 2, 1, 150, 170, 64), (1, 2, 2, 170, 150, 32)], ids=["Sq<Sk", "Sq>Sk"])
 def test_wide_block_causal_mask(variant, shape, attention_reference):

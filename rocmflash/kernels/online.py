@@ -33,6 +33,8 @@ peak (gfx950: 229 -> 207 VGPRs) and hoists fewer addresses (gfx942: 256 + 4 spil
 250). All of AMD's 128x64 ``waves_per_eu=2`` siblings (mfma 0/16/32, kpack 1/2,
 ``PRE_LOAD_V``) then fit on gfx942 and gfx950 at D=64/128 with no spills (Triton 3.6 and
 3.9); ``bench/amd_tiles.py`` prints the table (``reports/amd-tiles-2026-11-23.md``).
+With 128-wide key blocks (128x128 w4, 256x128 w8) the masked blocks also run half as wide
+and, except with 16x16 MFMAs, before the unmasked ones (:func:`_masked_blocks`).
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def _fwd_online(Q, K, V, O, LSE, qk_scale,
                 H_Q, GROUP, SEQ_Q, SEQ_K,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr,
-                CAUSAL: tl.constexpr, PRE_LOAD_V: tl.constexpr, STORE_LSE: tl.constexpr):
+                CAUSAL: tl.constexpr, PRE_LOAD_V: tl.constexpr, STORE_LSE: tl.constexpr,
+                MASKED_N: tl.constexpr, MASKED_FIRST: tl.constexpr):
     start_m = C.query_block(CAUSAL) * BLOCK_M
     off_bh = tl.program_id(1)
     off_z = off_bh // H_Q
@@ -107,16 +110,26 @@ def _fwd_online(Q, K, V, O, LSE, qk_scale,
     acc0, acc1 = C.zero_accumulators(BLOCK_M, BLOCK_D0, BLOCK_D1)
 
     full_end, hi = C.kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    # AMD wide tiles run the masked blocks MASKED_N = BLOCK_N / 2 keys wide, and before the unmasked
+    # ones when MASKED_FIRST (_masked_blocks); elsewhere MASKED_N = BLOCK_N, last. full_end is a
+    # multiple of BLOCK_N, and every masked block holds an allowed key of the tile's last row.
+    if MASKED_FIRST:
+        for start_n in range(full_end, hi, MASKED_N):  # diagonal / tail blocks
+            acc0, acc1, m_i, l_i = online_block(
+                acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
+                stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+                HEAD_DIM, MASKED_N, BLOCK_D0, BLOCK_D1, CAUSAL, True, PRE_LOAD_V)
     for start_n in range(0, full_end, BLOCK_N):  # unmasked blocks
         acc0, acc1, m_i, l_i = online_block(
             acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
             stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
             HEAD_DIM, BLOCK_N, BLOCK_D0, BLOCK_D1, CAUSAL, False, PRE_LOAD_V)
-    for start_n in range(full_end, hi, BLOCK_N):  # diagonal / tail blocks
-        acc0, acc1, m_i, l_i = online_block(
-            acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
-            HEAD_DIM, BLOCK_N, BLOCK_D0, BLOCK_D1, CAUSAL, True, PRE_LOAD_V)
+    if not MASKED_FIRST:
+        for start_n in range(full_end, hi, MASKED_N):  # diagonal / tail blocks
+            acc0, acc1, m_i, l_i = online_block(
+                acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
+                stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+                HEAD_DIM, MASKED_N, BLOCK_D0, BLOCK_D1, CAUSAL, True, PRE_LOAD_V)
 
     # rows that saw no key (causal, Sq > Sk) have l = 0: output 0, LSE -inf
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -138,8 +151,38 @@ def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool)
     d0, d1 = C.resolve_pieces(cfg, head_dim)
     if _halve_head_dim(cfg, d0, d1):
         d0 = d1 = d0 // 2
+    masked_n, masked_first = _masked_blocks(cfg, d0 + d1)
     return dict(HEAD_DIM=head_dim, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D0=d0,
-                BLOCK_D1=d1, CAUSAL=bool(causal), PRE_LOAD_V=cfg.PRE_LOAD_V, STORE_LSE=bool(store_lse))
+                BLOCK_D1=d1, CAUSAL=bool(causal), PRE_LOAD_V=cfg.PRE_LOAD_V, STORE_LSE=bool(store_lse),
+                MASKED_N=masked_n, MASKED_FIRST=masked_first)
+
+
+def _masked_blocks(cfg: KernelConfig, width_d: int) -> tuple[int, bool]:
+    """``(width, first)`` of the masked (diagonal / tail) key blocks: ``(BLOCK_N, False)`` except on AMD wide tiles.
+
+    With 128-wide key blocks and an occupancy target (``waves_per_eu >= 2``: 256 registers),
+    a masked block needs more registers than an unmasked one (the mask, the ``-inf`` guard,
+    exec-masked K/V loads) on top of an S tile of 64 fp32 per lane (128x128, 4 warps): at
+    D=128, gfx950 spilled 19 VGPRs causal and reloaded them inside both loops. So there the
+    masked blocks run ``BLOCK_N / 2`` keys at a time (the same keys; half the S, P and V
+    registers at once) and *before* the unmasked loop, so that their lane-index values and
+    LDS addresses are dead during it instead of held across it (run after it, 4-5 of them
+    spill around it). With 16x16 MFMAs (``matrix_instr_nonkdim=16``) the unmasked loop is
+    itself at the 256 cap and fits only as the first loop (masked blocks first: 4-5 VGPRs
+    spilled, 2 reloaded inside it), so there the half-width masked blocks stay last. gfx950, D=128,
+    128x128 w4: 0 spills (mfma 0/32), 0-1 outside the loops (mfma16); 256x128 w8: 1-2
+    outside the loops. Online softmax does not depend on the block order beyond rounding; a
+    row with no allowed key among the masked blocks keeps ``m = -inf`` and its first
+    unmasked block rescales by ``exp2(-inf) = 0``. ``waves_per_eu`` is an AMD-only option
+    (0 on NVIDIA), so CUDA builds keep ``(BLOCK_N, False)`` and their code. Only where the fp32
+    accumulator (``width_d`` = the head-dim pieces together) takes 64 or more VGPRs per lane:
+    at D=64 these tiles fit either way, and on gfx942 128x128 mfma16 causal bf16 spilled more
+    with half-width masked blocks (9 -> 13 VGPRs, 4 reloads in the loop).
+    """
+    acc = cfg.BLOCK_M * width_d // (64 * cfg.num_warps)  # fp32 accumulator, VGPRs per lane (wave64)
+    if cfg.waves_per_eu < 2 or cfg.BLOCK_N < 128 or acc < 64:
+        return cfg.BLOCK_N, False
+    return cfg.BLOCK_N // 2, cfg.matrix_instr_nonkdim != 16
 
 
 def _halve_head_dim(cfg: KernelConfig, d0: int, d1: int) -> bool:
