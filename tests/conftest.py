@@ -32,6 +32,29 @@ def live():
     return gpu
 
 
+@pytest.fixture
+def run_cli_tune(tmp_path):
+    """``run(args)``: ``rocmflash tune ARGS --cache-dir ...`` in a child process that writes its databases to
+    ``tmp_path/configs`` (returned); fails the test with the output's tail unless it exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(args, timeout=540):
+        configs = tmp_path / "configs"
+        env = dict(os.environ, ROCMFLASH_CONFIG_DIR=str(configs), PYTHONUNBUFFERED="1")
+        env.pop("ROCMFLASH_NO_DB", None)
+        cmd = [sys.executable, "-m", "rocmflash.cli", "tune", *args, "--cache-dir", str(tmp_path / "cache")]
+        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        print(done.stdout[-1500:])
+        return configs
+
+    return run
+
+
 def small_online_space(gpu):
     """A 8-config online space for GPU tune tests (one stage on AMD, as its default space)."""
     from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace

@@ -7,9 +7,6 @@ its gradients match an fp32 reference.
 """
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,23 +14,16 @@ import torch
 from rocmflash.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_tune_both_passes_then_training_uses_the_backward_entry(live, tmp_path, monkeypatch):
+def test_tune_both_passes_then_training_uses_the_backward_entry(live, run_cli_tune, monkeypatch):
     import rocmflash
     from rocmflash import selection
     from rocmflash.tuning.backward import reference_grads
 
-    configs = tmp_path / "configs"
-    env = dict(os.environ, ROCMFLASH_CONFIG_DIR=str(configs), PYTHONUNBUFFERED="1")
-    env.pop("ROCMFLASH_NO_DB", None)
-    cmd = [sys.executable, "-m", "rocmflash.cli", "tune", "--gpu", "auto", "--pass", "both", "--head-dim", "64",
-           "--dtype", "bf16", "--causal", "--seqlen", "1024", "--batch", "2", "--heads", "8", "--kv-heads", "2",
-           "--variant", "online", "--strategy", "pruned", "--top-k", "4", "--cache-dir", str(tmp_path / "cache")]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    print(done.stdout[-1500:])
+    configs = run_cli_tune(["--gpu", "auto", "--pass", "both", "--head-dim", "64", "--dtype", "bf16", "--causal",
+                            "--seqlen", "1024", "--batch", "2", "--heads", "8", "--kv-heads", "2",
+                            "--variant", "online", "--strategy", "pruned", "--top-k", "4"])
     entries = ConfigDB.read(str(configs / f"{live.name}.json"))["entries"]
     fwd, bwd = entries["d64-bf16-causal-gqa4-s1024"], entries["bwd-d64-bf16-causal-gqa4-s1024"]
     assert fwd["measured"] and bwd["measured"] and bwd["timing"] == "gpu"

@@ -6,9 +6,6 @@ this process, and its answer matches an fp32 reference.
 """
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,23 +13,15 @@ import torch
 from rocmflash.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_decode_tune_then_decode_serves_the_entry(live, tmp_path, monkeypatch):
+def test_decode_tune_then_decode_serves_the_entry(live, run_cli_tune, monkeypatch):
     import rocmflash
     from rocmflash import decode
     from rocmflash.kernels.kv_decode import DecodeConfig
 
-    configs = tmp_path / "configs"
-    env = dict(os.environ, ROCMFLASH_CONFIG_DIR=str(configs), PYTHONUNBUFFERED="1")
-    env.pop("ROCMFLASH_NO_DB", None)
-    cmd = [sys.executable, "-m", "rocmflash.cli", "tune", "--mode", "decode", "--gpu", "auto", "--head-dim", "128",
-           "--dtype", "bf16", "--heads", "32", "--kv-heads", "4", "--seqlen", "8192", "--batch", "4",
-           "--cache-dir", str(tmp_path / "cache")]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    print(done.stdout[-1500:])
+    configs = run_cli_tune(["--mode", "decode", "--gpu", "auto", "--head-dim", "128", "--dtype", "bf16",
+                            "--heads", "32", "--kv-heads", "4", "--seqlen", "8192", "--batch", "4"])
     entries = ConfigDB.read(str(configs / f"{live.name}.json"))["entries"]
     (key, entry), = [(k, e) for k, e in entries.items() if k.startswith("decode-")]
     assert entry["measured"] and entry["timing"].startswith("gpu graph replay"), entry
