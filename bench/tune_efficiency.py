@@ -234,8 +234,9 @@ def report(args) -> int:
             replays.append(rep_ratio)
         lines.append(f"| {r['dtype']} | {r['D']} | {'yes' if r['causal'] else 'no'} | {r['S']} | {e['best_tflops']:.1f} | "
                      f"{_label(e['best_config'])} | {p['best_tflops']:.1f} ({_label(p['best_config'])}) | "
-                     f"{r['ratio']:.3f} | {why} | {rep:.1f} ({_label(rep_cfg)}) | "
-                     f"{rep_ratio:.3f} | {k}/{p['space']} ({r['fraction_timed']:.1%}) | {p['wall_s']:.1f} | "
+                     f"{r['ratio']:.3f} | {why} | "
+                     + (f"{rep:.1f} ({_label(rep_cfg)}) | {rep_ratio:.3f}" if rep_ratio else "- (no exhaustive journal) | -")
+                     + f" | {k}/{p['space']} ({r['fraction_timed']:.1%}) | {p['wall_s']:.1f} | "
                      f"{e['wall_s']:.1f} |")
     out = ["\n".join(lines), ""]
     if ratios:
