@@ -14,7 +14,7 @@ VARIANTS = ["online", "split_kv", "two_phase", "split_d"]
 
 def _amd_regs(kernel):
     asm = kernel.asm["amdgcn"]
-    vals = dict(re.findall(r"\.(vgpr_count|agpr_count|vgpr_spill_count):\s+(\d+)", asm))
+    vals = dict(re.findall(r"\.(vgpr_count|agpr_count|vgpr_spill_count|private_segment_fixed_size):\s+(\d+)", asm))
     return {k: int(v) for k, v in vals.items()}
 
 
@@ -159,16 +159,23 @@ def test_online_half_width_masked_blocks_only_on_amd_wide_tiles():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("nonkdim", [0, 16])
 def test_amd_wide_tile_fits_gfx950(causal, nonkdim):
-    """ROCm/flash-attention's gfx950 tile (128x128 w4 s1 wpe2) at D=128: at most a few VGPRs spilled, none
-    reloaded inside a loop (before half-width masked blocks: 19 causal, reloaded in both loops)."""
+    """ROCm/flash-attention's gfx950 tile (128x128 w4 s1 wpe2) at D=128: no spill with Triton's MFMA choice, and
+    with 16x16 MFMAs at most what the pruner keeps (nothing reloaded inside a loop, <= 64 B per lane: Triton 3.6
+    spills 0-1 VGPRs there, 3.9 8 VGPRs / 36 B non-causal); before half-width masked blocks: 19 causal, reloaded
+    in both loops."""
     from isa_tools.scratch import scratch_use
+    from rocmflash.prune import HARMLESS_SPILL_BYTES
 
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=2,
                        matrix_instr_nonkdim=nonkdim)
     k = get_variant("online").compile_for("gfx950", cfg, Problem(head_dim=128, causal=causal, dtype="bf16"))[0]
     use = scratch_use(k.asm["amdgcn"])
     assert use.loop_ops == 0
-    assert _amd_regs(k)["vgpr_spill_count"] <= (2 if nonkdim == 16 else 0)
+    regs = _amd_regs(k)
+    if nonkdim == 16:
+        assert regs["private_segment_fixed_size"] <= HARMLESS_SPILL_BYTES, regs
+    else:
+        assert regs["vgpr_spill_count"] == 0, regs
 
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
