@@ -19,11 +19,9 @@ import datetime
 import itertools
 import json
 import os
-import statistics
 import sys
 
 from decode import hbm_peak
-from interleaved import capture_graph
 
 PROBLEMS = ((1, 32768), (8, 8192), (8, 32768), (8, 65536), (32, 8192), (32, 32768))
 CALLS_PER_GRAPH = 20
@@ -31,18 +29,9 @@ CALLS_PER_GRAPH = 20
 
 def _graph_time(torch, fn, reps: int = 5) -> float:
     """µs per call of ``fn`` replayed from a CUDA graph of CALLS_PER_GRAPH calls (median of ``reps`` replays)."""
-    replay = capture_graph(torch, fn, CALLS_PER_GRAPH, warmup=3)
-    replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
-    return statistics.median(times)
+    from rocmflash.tuning.isolated import graph_replay_ms
+
+    return graph_replay_ms([fn], CALLS_PER_GRAPH, reps, warmup=3) * 1e3
 
 
 def sweep(torch, F, problems):

@@ -26,18 +26,10 @@ def back_to_back_us(torch, fn, n: int) -> float:
 
 def capture_graph(torch, fn, calls: int = 1, warmup: int = 1):
     """``calls`` calls of ``fn`` captured into one CUDA/HIP graph (after ``warmup`` calls on a side
-    stream); returns the graph's ``replay`` (no host work per replay but the replay itself)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph.replay
+    stream); returns the graph's ``replay`` (``rocmflash.tuning.isolated.capture_graph``)."""
+    from rocmflash.tuning.isolated import capture_graph as capture
+
+    return capture([fn], calls, warmup)
 
 
 def interleaved_medians(torch, paths: dict, rounds: int, iters: int) -> dict:

@@ -220,9 +220,9 @@ def _time(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> list[
     torch.cuda.synchronize()
     # estimate one run: a single run when it is long enough to time alone (a 15 ms kernel need not run
     # five times to be estimated: that was most of a 10 ms race screen), else five back to back
-    est, est_runs = _events_ms(fns, 1), 1
+    est, est_runs = events_ms(fns, 1), 1
     if est < ESTIMATE_ALONE_MS:
-        est, est_runs = _events_ms(fns, 5), 6
+        est, est_runs = events_ms(fns, 5), 6
     est = max(est, 1e-3)
     # the estimate's runs count toward the warm-up
     for i in range(max(0, min(100, int(settings.warmup_ms / est) - est_runs))):
@@ -243,7 +243,7 @@ def _time(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> list[
 ESTIMATE_ALONE_MS = 1.0
 
 
-def _events_ms(fns: list, runs: int) -> float:
+def events_ms(fns: list, runs: int) -> float:
     """ms per run of ``runs`` back-to-back runs cycling through ``fns`` (device events)."""
     import torch
 

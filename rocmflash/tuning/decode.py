@@ -311,8 +311,8 @@ def measure_decode(task: dict) -> dict:
         out = torch.empty_like(inp["q"])
         splits = split_choices(p, cfg, num_compute_units(device))
 
-        def run(n):
-            KD.launch(call, inp["q"], inp["k"], inp["v"], table, inp["lens"], cfg, n, out)
+        def run(n, k=inp["k"], v=inp["v"]):
+            KD.launch(call, inp["q"], k, v, table, inp["lens"], cfg, n, out)
 
         rows = min(p.batch, 2)
         ref = _reference(inp, p, rows)
@@ -329,8 +329,7 @@ def measure_decode(task: dict) -> dict:
         else:
             caches = _cold_copies(inp)
             for n in splits:
-                fns = [lambda n=n, k=k, v=v: KD.launch(call, inp["q"], k, v, table, inp["lens"], cfg, n, out)
-                       for k, v in caches]
+                fns = [lambda n=n, k=k, v=v: run(n, k, v) for k, v in caches]
                 result["times_ms"][str(n)] = graph_replay_ms(fns, max(len(fns), task.get("calls", 8)))
         result["timing"] = "graph" if inp["flush"] is not None else "interpreter"
         result["status"] = "ok"

@@ -139,18 +139,33 @@ def back_to_back_ms(fn: Callable[[], None], reps: int) -> float:
     user's loop sees, host cost included wherever the host is slower than the GPU work it launches."""
     import torch
 
+    from rocmflash.live import events_ms
+
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return events_ms([fn], reps)
 
 
-def graph_replay_ms(fns: list, calls: int, replays: int = 5) -> float:
+def capture_graph(fns: list, calls: int, warmup: int = 1) -> Callable[[], None]:
+    """``calls`` calls cycling through ``fns`` captured into one CUDA/HIP graph (after ``warmup`` calls of each
+    on a side stream); returns the graph's ``replay``: no host work per replay but the replay itself."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    return graph.replay
+
+
+def graph_replay_ms(fns: list, calls: int, replays: int = 5, warmup: int = 1) -> float:
     """ms per call of a CUDA/HIP graph of ``calls`` calls cycling through ``fns`` (median over ``replays``).
 
     How a server runs decode: captured, back to back, no host work between kernels. ``fns``
@@ -162,28 +177,19 @@ def graph_replay_ms(fns: list, calls: int, replays: int = 5) -> float:
 
     import torch
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    graph.replay()
+    replay = capture_graph(fns, calls, warmup)
+    replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls)
-    del graph
     return statistics.median(times)
 
 
-__all__ = ["prewarm_parallel", "measure_isolated", "time_flushed", "back_to_back_ms", "graph_replay_ms"]
+__all__ = ["prewarm_parallel", "measure_isolated", "time_flushed", "back_to_back_ms", "capture_graph",
+           "graph_replay_ms"]
