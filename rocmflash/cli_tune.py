@@ -83,8 +83,10 @@ def add_tune_parsers(subparsers) -> None:
                       help="--mode prefill: which kernels to tune: the forward, the backward's dQ and dK/dV "
                            "kernels (entries bwd-<key>, used by the autograd backward), or both (default)")
     tune.add_argument("--seqlen-q", type=int, default=1, metavar="N", help="--mode decode: new tokens per step (default 1)")
-    tune.add_argument("--page-size", type=int, default=0, metavar="P",
-                      help="--mode decode: tune for a paged cache with this page size (default 0: contiguous)")
+    tune.add_argument("--page-size", type=_page_sizes, default=(0,), metavar="P[,P...]",
+                      help="--mode decode: tune for a paged cache with this page size (default 0: contiguous); "
+                           "a comma list (e.g. 16,64,256) tunes each and compares them: which page size to give "
+                           "your cache")
     tune.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # test mode: a recorded journal as the GPU
 
     export = subparsers.add_parser("export", help="print a GPU's tuned configs as triton.Config list or JSON",
@@ -94,6 +96,18 @@ def add_tune_parsers(subparsers) -> None:
     export.add_argument("--gpu", required=True, help="catalog name (see `rocmflash gpus`)")
     export.add_argument("--format", choices=("triton", "json"), default="triton", help="triton (default) or json")
     export.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes if any, else the shipped <gpu>.json)")
+
+
+def _page_sizes(text: str) -> tuple:
+    """``--page-size``: one page size or a comma list of them, each >= 0 (0: contiguous cache)."""
+    try:
+        sizes = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a page size or a comma list of them (e.g. 16,64,256)")
+    bad = [size for size in sizes if size < 0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"page size {bad[0]} is invalid; expected >= 0 (0 = contiguous)")
+    return tuple(dict.fromkeys(sizes))
 
 
 def _preset_names() -> list:
@@ -190,18 +204,22 @@ def run_tune(args: argparse.Namespace) -> int:
 def _run_decode_tune(args: argparse.Namespace, console) -> int:
     from rocmflash.db import DBError
     from rocmflash.tuning.decode import DecodeProblem
-    from rocmflash.tuning.decode_run import print_decode_summary, tune_decode
+    from rocmflash.tuning.decode_run import print_decode_summary, print_page_size_comparison, tune_decode
     from rocmflash.tuning.spec import NoLiveGPUError
 
     try:
         if args.timeout is not None and not args.timeout > 0:
             raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
         for seqlen in args.seqlen:
-            problem = DecodeProblem(head_dim=args.head_dim, dtype=args.dtype, heads_q=args.heads or 32,
-                                    heads_kv=args.kv_heads or 8, batch=args.batch or 32, seqlen_k=seqlen,
-                                    seqlen_q=args.seqlen_q, page_size=args.page_size).validate()
-            result = tune_decode(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout)
-            print_decode_summary(result, console)
+            results = []
+            for page_size in args.page_size:
+                problem = DecodeProblem(head_dim=args.head_dim, dtype=args.dtype, heads_q=args.heads or 32,
+                                        heads_kv=args.kv_heads or 8, batch=args.batch or 32, seqlen_k=seqlen,
+                                        seqlen_q=args.seqlen_q, page_size=page_size).validate()
+                results.append(tune_decode(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout))
+                print_decode_summary(results[-1], console)
+            if len(results) > 1:
+                print_page_size_comparison(results, console)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

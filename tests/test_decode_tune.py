@@ -1,6 +1,7 @@
 """Decode tuning: keys, split choices, the static phase for gfx942, the live phase (fake ROCm, interpreter),
 database entries and their run-time lookup, and the CLI (`vgpr-report --mode decode`, `tune --mode decode`)."""
 
+import dataclasses
 import json
 import os
 
@@ -123,3 +124,43 @@ def test_tune_decode_live_phase_under_fake_rocm(fake_rocm, tmp_path):
                for r in result.results)
     assert entry["counts"]["ok"] == len(result.results)
     assert os.path.exists(db_path)
+
+
+@pytest.mark.parametrize("value, said", [("16,x", "not a page size"), ("16,-4", "page size -4 is invalid")])
+def test_cli_tune_decode_bad_page_size_is_one_line(value, said, capsys):
+    from rocmflash.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--mode", "decode", "--gpu", "mi300x", "--head-dim", "128", "--dtype", "bf16",
+              "--seqlen", "4096", "--page-size", value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err and "Traceback" not in err
+
+
+def test_page_sizes_compared_under_fake_rocm(fake_rocm, tmp_path):
+    """Two page sizes of one problem, each tuned live (interpreter): one entry per page size, rows fastest first."""
+    from rich.console import Console
+
+    from rocmflash.tuning.decode_run import page_size_rows, print_page_size_comparison, tune_decode
+
+    configs = [dict(BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2, num_splits=0)]
+    db_path = str(tmp_path / "mi250.json")
+    results = []
+    for page in (16, 32):
+        problem = TD.DecodeProblem(head_dim=32, dtype="fp16", heads_q=4, heads_kv=2, batch=2, seqlen_k=64,
+                                   page_size=page)
+        results.append(tune_decode("mi250", problem, db_path, str(tmp_path / "cache"), 2, 120.0, configs=configs))
+    entries = D.ConfigDB.read(db_path)["entries"]
+    assert {"decode-d32-fp16-gqa2-kv64-b2-p16", "decode-d32-fp16-gqa2-kv64-b2-p32"} <= set(entries)
+    rows = page_size_rows(results)
+    assert sorted(row[0] for row in rows) == [16, 32]
+    assert [row[2] for row in rows] == sorted(row[2] for row in rows) and rows[0][4] == 1.0
+    for page, best, us, _, _ in rows:
+        assert us == pytest.approx(entries[f"decode-d32-fp16-gqa2-kv64-b2-p{page}"]["time_ms"] * 1e3)
+    console = Console(record=True, width=120)
+    print_page_size_comparison(results, console)
+    text = console.export_text()
+    assert "page sizes" in text and "vs fastest" in text and "1.00x" in text
+    # without a live GPU there is nothing to compare, and the output says so
+    unmeasured = [dataclasses.replace(r, measured=False) for r in results]
+    assert page_size_rows(unmeasured) == []

@@ -148,3 +148,34 @@ def print_decode_summary(result: DecodeTuneResult, console) -> None:
         console.print(f"not measured ({result.why_unmeasured}); static #1 written with \"measured\": false: "
                       f"{e.get('best')}")
     console.print(f"database: {result.db_path}")
+
+
+def page_size_rows(results: list) -> list:
+    """One row per page size tuned, fastest first: ``(page_size, best config, µs, HBM fraction, time / fastest)``.
+
+    A page size is a choice of the serving engine, not of rocmflash: the rows tell the user
+    which page size the decode kernels read fastest on this GPU (a page size that is a multiple
+    of ``BLOCK_N`` lets a key block look up one page instead of one per key). Unmeasured results
+    (no live GPU) have no time and are left out."""
+    timed = [(r.problem.page_size, r.entry["best"], r.entry["time_ms"] * 1e3, r.entry.get("hbm_efficiency"))
+             for r in results if r.measured and r.entry.get("time_ms")]
+    timed.sort(key=lambda row: row[2])
+    return [(page, best, us, hbm, us / timed[0][2]) for page, best, us, hbm in timed]
+
+
+def print_page_size_comparison(results: list, console) -> None:
+    """The page sizes of one decode problem side by side (rich table), or why there is nothing to compare."""
+    from rich.table import Table
+
+    rows = page_size_rows(results)
+    if not rows:
+        console.print("page sizes not compared: nothing was timed (static phase only)")
+        return
+    table = Table(title=f"page sizes, {results[0].problem.key().rsplit('-p', 1)[0]}")
+    for column in ("page size", "best config", "µs", "HBM", "vs fastest"):
+        table.add_column(column)
+    for page, best, us, hbm, ratio in rows:
+        label = "contiguous" if page == 0 else str(page)
+        config = f"BN{best['BLOCK_N']} w{best['num_warps']} s{best['num_stages']} x{best['num_splits']}"
+        table.add_row(label, config, f"{us:.1f}", f"{100 * hbm:.0f}%" if hbm else "-", f"{ratio:.2f}x")
+    console.print(table)
