@@ -62,18 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "(rocmflash/reference/amd_published.json) and show their registers, verdict and static "
                              "rank next to the static #1; adds a 'Reference configs' section to report.md "
                              "(with --json: prints {\"configs\": [...], \"reference\": [...]})")
-    report.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
+    report.add_argument("--mode", choices=("prefill", "decode", "varlen"), default="prefill",
                         help="prefill: the attention forward space (default); decode: the KV-cache decode kernels "
-                             "(split-KV + combine) of flash_attn_with_kvcache")
+                             "(split-KV + combine) of flash_attn_with_kvcache; varlen: the packed forward kernel "
+                             "of flash_attn_varlen_func over the dense online space (--causal, --heads, --kv-heads)")
     report.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                         help="fwd: the forward space (default); bwd: the backward's dQ and dK/dV kernels "
                              "(--mode prefill only)")
     report.add_argument("--batch", type=int, default=None, metavar="B", help="--mode decode: batch (default 32)")
     report.add_argument("--seqlen", type=int, default=None, metavar="S", help="--mode decode: cached keys (default 4096)")
     report.add_argument("--heads", type=int, default=None, metavar="H",
-                        help="query heads (--mode decode: default 32; --pass bwd: default 16)")
+                        help="query heads (--mode decode: default 32; --pass bwd: default 16; --mode varlen: "
+                             "default 2048 // D)")
     report.add_argument("--kv-heads", type=int, default=None, metavar="H",
-                        help="key/value heads (--mode decode: default 8; --pass bwd: default --heads)")
+                        help="key/value heads (--mode decode: default 8; --pass bwd, --mode varlen: default --heads)")
     report.add_argument("--page-size", type=int, default=0, metavar="P",
                         help="--mode decode: paged cache with this page size (default 0: contiguous)")
     report.add_argument("--reference-file", metavar="PATH", default=None,
@@ -133,6 +135,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "vgpr-report" and args.pass_ == "bwd":
             if args.mode == "decode":
                 raise ValueError("--pass bwd is for --mode prefill (decode has no backward)")
+            if args.mode == "varlen":
+                raise ValueError("--pass bwd is for --mode prefill (--mode varlen reports the packed forward)")
             from rocmflash import bwd_report
 
             return bwd_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
@@ -140,6 +144,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             from rocmflash import decode_report
 
             return decode_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
+        if args.command == "vgpr-report" and args.mode == "varlen":
+            from rocmflash import varlen_report
+
+            return varlen_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
         if args.command == "vgpr-report":
             from rocmflash import vgpr_report
 

@@ -74,11 +74,18 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--cache-dir", default=None, metavar="DIR",
                       help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
     tune.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
-    tune.add_argument("--mode", choices=("prefill", "decode"), default=None,
+    tune.add_argument("--mode", choices=("prefill", "decode", "varlen"), default=None,
                       help="prefill: the attention forward (default; --model: prefill and decode); decode: flash_attn_with_kvcache's split-KV "
                            "kernels at --seqlen cached keys, --batch sequences (default 32), --heads/--kv-heads "
                            "(default 32/8): BLOCK_N, warps, stages (AMD waves_per_eu) and num_splits, every "
-                           "static survivor timed")
+                           "static survivor timed; varlen: flash_attn_varlen_func's packed forward over --batch N "
+                           "sequences (default max(2, 32768 // S)) whose lengths are spread evenly from S/8 to "
+                           "S = --seqlen (N=8, S=4096: 512, 1024, ..., 4096; or --lengths), queries = keys, "
+                           "--heads/--kv-heads as prefill: the forward's online knobs, every static survivor "
+                           "and the config served before timed; entries varlen-d{D}-{dtype}-gqa{G}[-causal]-s{bucket}")
+    tune.add_argument("--lengths", default=None, metavar="L1,L2,...",
+                      help="--mode varlen: the packed batch's sequence lengths, one by one, instead of --batch and "
+                           "--seqlen's spread (stored under the longest one's bucket)")
     tune.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "both"), default=None,
                       help="--mode prefill: which kernels to tune: the forward, the backward's dQ and dK/dV "
                            "kernels (entries bwd-<key>, used by the autograd backward), or both (default)")
@@ -129,6 +136,10 @@ def run_tune(args: argparse.Namespace) -> int:
 
     console = make_console()
     passes = getattr(args, "pass_", None)
+    if getattr(args, "mode", None) == "varlen":
+        return _run_varlen_tune(args, console)
+    if getattr(args, "lengths", None) is not None:
+        return _error("--lengths is for --mode varlen")
     if getattr(args, "model", None):
         from rocmflash.cli_model import run_model_tune
 
@@ -228,7 +239,67 @@ def _run_decode_tune(args: argparse.Namespace, console) -> int:
     return 0
 
 
+def parse_lengths(text: str) -> list:
+    """``"256,1024,4096"`` -> ``[256, 1024, 4096]`` (ValueError, one line, on anything else)."""
+    try:
+        lengths = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--lengths {text!r} is invalid; expected comma-separated integers >= 1") from None
+    if any(n < 1 for n in lengths):
+        raise ValueError(f"--lengths {text!r} is invalid; expected comma-separated integers >= 1")
+    return lengths
+
+
+def _varlen_problems(args: argparse.Namespace) -> list:
+    """The packed problems of ``--mode varlen``: one per --seqlen (spread), or the one of --lengths."""
+    from rocmflash.tuning.varlen import VarlenProblem
+
+    for flag, value in (("--model", args.model), ("--gpus", args.gpus), ("--cluster", args.cluster),
+                        ("--pass", args.pass_), ("--replay", args.replay), ("--variant", args.variant),
+                        ("--dry-run", args.dry_run or None)):
+        if value is not None:
+            raise ValueError(f"{flag} does not go with --mode varlen (it tunes one packed forward on one GPU)")
+    missing = [flag for flag, value in (("--head-dim", args.head_dim), ("--dtype", args.dtype)) if value is None]
+    if args.seqlen is None and args.lengths is None:
+        missing.append("--seqlen (or --lengths)")
+    if missing:
+        raise ValueError(f"rocmflash tune --mode varlen needs {', '.join(missing)}")
+    if args.lengths is not None and (args.seqlen is not None or args.batch is not None):
+        raise ValueError("--lengths gives the packed batch itself: drop --seqlen/--batch")
+    heads = args.heads if args.heads is not None else max(1, 2048 // max(args.head_dim, 1))  # as prefill
+    fields = dict(head_dim=args.head_dim, dtype=args.dtype, heads_q=heads,
+                  heads_kv=args.kv_heads if args.kv_heads is not None else heads, causal=args.causal)
+    if args.lengths is not None:
+        return [VarlenProblem(lengths=tuple(parse_lengths(args.lengths)), **fields).validate()]
+    return [VarlenProblem.spread(args.batch if args.batch is not None else max(2, 32768 // max(s, 1)), s, **fields)
+            for s in args.seqlen]
+
+
+def _run_varlen_tune(args: argparse.Namespace, console) -> int:
+    from rocmflash.db import DBError
+    from rocmflash.tuning.spec import NoLiveGPUError
+    from rocmflash.tuning.varlen_run import print_varlen_summary, tune_varlen
+
+    try:
+        if args.timeout is not None and not args.timeout > 0:
+            raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
+        problems = _varlen_problems(args)  # every problem checked before the first compile
+        for problem in problems:
+            result = tune_varlen(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout)
+            print_varlen_summary(result, console)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (UnknownGPUError, DBError, NoLiveGPUError, ValueError) as err:
+        return _error(str(err))
+    return 0
+
+
 # ---------------------------------------------------------------------- export
+#: entry modes of other kernels (decode, the backward, the packed forward): export lists forward entries only
+NOT_FORWARD_MODES = ("decode", "bwd", "varlen")
+
+
 def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
     kwargs = {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "PRE_LOAD_V": cfg["PRE_LOAD_V"]}
     if vendor == "amd":
@@ -240,7 +311,7 @@ def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
 def export_json(data: dict, vendor: str) -> dict:
     entries = {}
     for key, e in data["entries"].items():
-        if not e.get("best") or e.get("mode") in ("decode", "bwd"):
+        if not e.get("best") or e.get("mode") in NOT_FORWARD_MODES:
             continue
         online = e["best"] if e["best"]["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
         item = {"measured": e["measured"], "tflops": e.get("tflops"), "best": e["best"], "when": e.get("when")}
@@ -262,7 +333,7 @@ def export_triton(data: dict, vendor: str) -> str:
     unique = []
     for key, e in data["entries"].items():
         best = e.get("best")
-        if not best or e.get("mode") in ("decode", "bwd"):
+        if not best or e.get("mode") in NOT_FORWARD_MODES:
             continue
         cfg = best if best["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
         if not cfg:

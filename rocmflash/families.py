@@ -1,4 +1,4 @@
-"""Kernel families the static phase compiles besides the forward variants (decode, backward).
+"""Kernel families the static phase compiles besides the forward variants (decode, backward, varlen).
 
 A family names the module that builds its kernels and the source files whose contents
 decide what they compile to (the compile cache key). Its module provides:
@@ -52,6 +52,8 @@ FAMILIES = {
                      ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/kv_decode.py", "tuning/decode.py")),
     "backward": Family("backward", "rocmflash.tuning.backward",
                        ("config.py", "kernels/common.py", "kernels/backward.py", "tuning/backward.py")),
+    "varlen": Family("varlen", "rocmflash.tuning.varlen",
+                     ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/varlen.py", "tuning/varlen.py")),
 }
 
 

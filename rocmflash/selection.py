@@ -14,6 +14,9 @@
    config is unusable), :func:`rocmflash.config.default_config` for the arch -- the
    per-arch default the kernel tests run with.
 
+:func:`select_varlen_config` (``flash_attn_varlen_func``'s forward) reads the packed kernel's own
+``varlen-`` entries first and falls back to the above for the dense problem of the longest sequence.
+
 Nothing is ever tuned here. Every answer is cached per (device, problem key), so a
 repeat call is one dict lookup (well under a microsecond; see
 ``tests/test_selection_interp.py``). ``ROCMFLASH_NO_DB=1`` skips step 2 (defaults only).
@@ -36,6 +39,7 @@ _log = logging.getLogger("rocmflash.selection")
 _DEVICE: dict = {}  # device key -> (gpu catalog name or None, arch or None)
 _FWD: dict = {}  # problem key -> KernelConfig
 _BWD: dict = {}
+_VARLEN: dict = {}  # packed-forward problem key -> KernelConfig
 _LAST_SOURCE: dict = {}  # problem key -> "db" | "default" (introspection / tests)
 
 
@@ -44,6 +48,7 @@ def clear_cache() -> None:
     _DEVICE.clear()
     _FWD.clear()
     _BWD.clear()
+    _VARLEN.clear()
     _LAST_SOURCE.clear()
     try:
         from rocmflash import db
@@ -53,8 +58,10 @@ def clear_cache() -> None:
     if clear is not None:
         clear()
     from rocmflash.tuning.backward import clear_cache as clear_bwd
+    from rocmflash.tuning.varlen import clear_cache as clear_varlen
 
     clear_bwd()
+    clear_varlen()
 
 
 def _interpreting() -> bool:
@@ -165,6 +172,58 @@ def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_
             "text": f"{asked}: database entry {match.key} ({off}) of {match.path}: {cfg.to_json()}"}
 
 
+def _varlen_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k) -> tuple:
+    return ("varlen", getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+            int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(max_seqlen_k))
+
+
+def select_varlen_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
+                         max_seqlen_k: int) -> KernelConfig:
+    """The packed (varlen) forward's config on ``device``: the nearest measured ``varlen-`` entry of the
+    live GPU's databases (``rocmflash tune --mode varlen``, :func:`rocmflash.tuning.varlen.lookup_varlen`:
+    same head dim, dtype, causal flag and GQA ratio, nearest bucket of the longest key sequence), else
+    what the dense problem of that length selects (:func:`select_config`, online variant).
+
+    Cached per problem and length bucket: ``flash_attn_varlen_func`` calls this on every call, and a
+    training loop's longest sequence changes from batch to batch. The choice is logged once.
+    """
+    key = _varlen_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k)
+    cfg = _VARLEN.get(key)
+    if cfg is not None:
+        return cfg
+    gpu_name, _ = device_identity(device)
+    match = None
+    if gpu_name is not None and not db_disabled():
+        try:
+            from rocmflash.tuning.varlen import lookup_varlen
+
+            match = lookup_varlen(gpu_name, int(head_dim), normalize_dtype(dtype), int(gqa_ratio), bool(causal),
+                                  max(int(max_seqlen_k), 1))
+        except Exception as err:  # a broken database must not break attention: warn, use the dense choice
+            warnings.warn(f"rocmflash: varlen config lookup failed ({err}); using the dense problem's config",
+                          RuntimeWarning, stacklevel=3)
+    if match is not None:
+        cfg = match.config
+        distance = "the asked bucket" if match.bucket_distance == 0 else f"{match.bucket_distance} bucket(s) away"
+        text = f"varlen: database entry {match.key} ({distance}) of {match.path}: {cfg.to_json()}"
+    else:
+        cfg = select_config(device, head_dim, dtype, causal, gqa_ratio, max(int(max_seqlen_k), 1),
+                            max(int(max_seqlen_k), 1), "online")
+        text = f"varlen: no measured varlen entry; the dense problem's choice: {cfg.to_json()}"
+    _LAST_SOURCE[key] = {"source": "varlen-db" if match is not None else "dense", "entry": match and match.key,
+                         "bucket_distance": match and match.bucket_distance, "path": match and match.path,
+                         "config": cfg.to_dict(), "text": text}
+    _log.info("rocmflash: %s", text)
+    _VARLEN[key] = cfg
+    return cfg
+
+
+def varlen_selection_details(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k) -> Optional[dict]:
+    """For a packed forward already selected on ``device``: ``{"source": "varlen-db" | "dense", "entry",
+    "bucket_distance", "path", "config", "text"}``, else None."""
+    return _LAST_SOURCE.get(_varlen_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k))
+
+
 def selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant="online") -> Optional[dict]:
     """For a problem already selected on ``device``: ``{"source": "db" | "default", "asked", "entry",
     "bucket_distance", "path", "config", "text"}``, else None. The same text is logged once per
@@ -236,5 +295,5 @@ def _bucket(seqlen: int) -> int:
     return 1 << (s - 1).bit_length()
 
 
-__all__ = ["select_config", "select_bwd_config", "bwd_selection_details", "clear_cache", "device_identity", "selection_source",
+__all__ = ["select_config", "select_bwd_config", "select_varlen_config", "varlen_selection_details", "bwd_selection_details", "clear_cache", "device_identity", "selection_source",
            "selection_details"]

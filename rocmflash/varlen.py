@@ -140,11 +140,13 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
 # ----------------------------------------------------------------------------- configs
 def _configs(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, softcap: float,
              window_left: int):
-    """Forward and backward configs: the dense problem's (database entry or per-arch default), with
-    the AMD tile the varlen kernel needs when a cap or a left window adds registers."""
-    from rocmflash.selection import device_identity, select_bwd_config, select_config
+    """Forward and backward configs. Forward: the measured varlen entry of the nearest bucket
+    (``rocmflash tune --mode varlen``), else the dense problem's (database entry or per-arch
+    default); both cached per problem and bucket. On AMD the tile becomes the one the varlen
+    kernel needs when a cap or a left window adds registers (the tune measured neither)."""
+    from rocmflash.selection import device_identity, select_bwd_config, select_varlen_config
 
-    fwd = select_config(device, head_dim, dtype, causal, group, max(1, max_seqlen_k), max(1, max_seqlen_k), "online")
+    fwd = select_varlen_config(device, head_dim, dtype, causal, group, max(1, max_seqlen_k))
     _, arch = device_identity(device)
     fwd = VK.amd_forward_tile(fwd, arch, head_dim, softcap > 0, window_left < M.UNBOUNDED)
     return fwd, select_bwd_config(device, head_dim)

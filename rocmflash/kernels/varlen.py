@@ -452,6 +452,31 @@ def triton_cdiv(a: int, b: int) -> int:
     return max(1, (int(a) + b - 1) // b)
 
 
+def _compile_geometry(head_dim: int, group: int, heads_kv: int, softcap: bool, window: bool, causal: bool):
+    """The :class:`VarlenCall` of a compile-only build and ``(q-like, kv-like)`` pointer stand-in factories."""
+    left = 256 if window else M.UNBOUNDED
+    right = 0 if causal else M.UNBOUNDED
+    call = VarlenCall(4, heads_kv * group, heads_kv, head_dim, 1024, 1024, 0.125, 30.0 if softcap else 0.0,
+                      left, right)
+    return call, (call.heads_q * head_dim, head_dim, 1), (call.heads_kv * head_dim, head_dim, 1)
+
+
+def compile_forward_for(target, fwd_cfg: KernelConfig, head_dim: int, dtype: str = "bf16", group: int = 1,
+                        causal: bool = True, heads_kv: int = 8, softcap: bool = False, window: bool = False):
+    """Cross-compile ``_varlen_fwd`` alone (LSE stored, as a training forward runs it) for ``target``.
+
+    The varlen tune's static phase (:mod:`rocmflash.tuning.varlen`) compiles this; ``heads_kv``
+    only sets the strides Triton specialises on (multiples of 16 or not).
+    """
+    call, D3, K3 = _compile_geometry(head_dim, group, heads_kv, softcap, window, causal)
+    t = "*" + dtype
+    q, o = _StridedPtr(t, D3), _StridedPtr(t, D3)
+    k, v = _StridedPtr(t, K3), _StridedPtr(t, K3)
+    lse, cu = _StridedPtr("*fp32", (8 * 4096, 1)), _StridedPtr("*i32", ())
+    return C.compile_kernel(_varlen_fwd, target, forward_args(call, q, k, v, o, lse, cu, cu),
+                            _fwd_constexprs(call, fwd_cfg, True), fwd_cfg)
+
+
 def compile_for(target, fwd_cfg: KernelConfig, bwd_cfg, head_dim: int, dtype: str = "bf16", group: int = 1,
                 softcap: bool = False, window: bool = False, causal: bool = True):
     """Cross-compile the three varlen kernels for ``target`` without tensors: ``(fwd, dq, dkdv)``.
@@ -460,12 +485,8 @@ def compile_for(target, fwd_cfg: KernelConfig, bwd_cfg, head_dim: int, dtype: st
     build serves every packed batch; ``window`` (a left window) and ``causal`` decide which
     sides of the band are bounded (constexprs: an unbounded side has no loop and no compare).
     """
-    left = 256 if window else M.UNBOUNDED
-    right = 0 if causal else M.UNBOUNDED
-    call = VarlenCall(4, 8 * group, 8, head_dim, 1024, 1024, 0.125, 30.0 if softcap else 0.0, left, right)
+    call, D3, K3 = _compile_geometry(head_dim, group, 8, softcap, window, causal)
     t = "*" + dtype
-    D3 = (call.heads_q * head_dim, head_dim, 1)
-    K3 = (call.heads_kv * head_dim, head_dim, 1)
 
     def ptr(ty, strides=()):
         return _StridedPtr(ty, strides)
@@ -474,8 +495,7 @@ def compile_for(target, fwd_cfg: KernelConfig, bwd_cfg, head_dim: int, dtype: st
     k, v, dk, dv = (ptr(t, K3) for _ in range(4))
     lse, delta = ptr("*fp32", (8 * 4096, 1)), ptr("*fp32", (8 * 4096, 1))
     cu = ptr("*i32")
-    fwd = C.compile_kernel(_varlen_fwd, target, forward_args(call, q, k, v, o, lse, cu, cu),
-                           _fwd_constexprs(call, fwd_cfg, True), fwd_cfg)
+    fwd = compile_forward_for(target, fwd_cfg, head_dim, dtype, group, causal, 8, softcap, window)
     dq_k = C.compile_kernel(_varlen_bwd_dq, target, dq_args(call, q, k, v, o, do, lse, None, delta, dq, cu, cu),
                             _dq_constexprs(call, bwd_cfg.dq, False), bwd_cfg.dq)
     dkdv = C.compile_kernel(_varlen_bwd_dkdv, target, dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu, cu),

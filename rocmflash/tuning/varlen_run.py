@@ -1,0 +1,171 @@
+"""The varlen tune end to end: static phase, live phase on a matching GPU, database entry, summary.
+
+Kept apart from :mod:`rocmflash.tuning.varlen` (problem, keys, space, compile entry, run-time
+lookup) and :mod:`rocmflash.tuning.varlen_worker` (what a timing worker runs) so the
+orchestration reads on its own. It follows :mod:`rocmflash.tuning.decode_run`: every static
+survivor is timed (a forward over one packed batch is cheap to time), plus the config
+``flash_attn_varlen_func`` served before (the dense entry or per-arch default), so each
+entry says what tuning the varlen kernel on its own gained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+from rocmflash.tuning.varlen import VarlenProblem, VarlenStatic, config_label, static_phase
+
+#: entries within this many percent of the best time are listed as near-best
+NEAR_BEST_PCT = 3.0
+#: result statuses counted in an entry
+STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
+
+
+@dataclasses.dataclass
+class VarlenTuneResult:
+    gpu: object
+    problem: VarlenProblem
+    static: VarlenStatic
+    key: str
+    entry: dict
+    db_path: str
+    measured: bool
+    why_unmeasured: Optional[str]
+    results: list
+    seconds: float
+
+
+def dense_choice(gpu, problem: VarlenProblem) -> dict:
+    """What ``flash_attn_varlen_func`` ran on ``gpu`` without a varlen entry: the measured dense entry of
+    the longest sequence's bucket (online variant), else the per-arch default. ``{"config", "source"}``."""
+    from rocmflash import db
+    from rocmflash.config import default_config
+
+    match = db.lookup_match(gpu.name, problem.head_dim, problem.dtype, problem.causal, problem.group,
+                            problem.max_seqlen, variant="online", measured_only=True)
+    if match is not None:
+        return {"config": match.config.to_dict(), "source": f"dense entry {match.key}"}
+    return {"config": default_config(gpu.arch, problem.head_dim).to_dict(), "source": f"per-arch default ({gpu.arch})"}
+
+
+def _measure_all(configs: list, problem: VarlenProblem, timeout_s: float, interpret: bool, on_result=None) -> list:
+    """Every config in one isolated worker pinned to the current device (a crash or hang costs that config);
+    on a GPU every config is compiled first, in parallel."""
+    from rocmflash.tuning.isolated import measure_isolated, prewarm_parallel
+    from rocmflash.tuning.varlen_worker import measure_varlen, prewarm_varlen
+
+    tasks = [{"config": c, "problem": problem.to_dict()} for c in configs]
+    if not interpret:
+        prewarm_parallel(tasks, prewarm_varlen, timeout_s)
+    return measure_isolated(tasks, measure_varlen, timeout_s, interpret, on_result)
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def measured_entry(problem: VarlenProblem, static: VarlenStatic, results: list, baseline: dict, env: dict,
+                   interpret: bool) -> dict:
+    """The entry of a live tune: the fastest config that passed the gate, its time and TFLOP/s, near-best
+    alternatives, the baseline's time (``speedup_vs_baseline``) and counts. ``measured`` is false (never
+    served) when nothing passed."""
+    ok = sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["time_ms"])
+    counts = {"space": len(static.rows), "survivors": len(static.ranked), "timed": len(results),
+              **{s: sum(1 for r in results if r["status"] == s) for s in STATUSES}}
+    entry = {"mode": "varlen", "problem": problem.to_dict(), "measured": bool(ok), "strategy": "all-survivors",
+             "counts": counts, "timing": "interpreter" if interpret else "gpu (L2 flushed, median)",
+             "fingerprint": env, "when": _stamp()}
+    if not ok:
+        entry.update(best=None, time_ms=None, why_unmeasured="no timed config passed the fp32 gate")
+        return entry
+    best = ok[0]
+    entry.update(best=best["config"], time_ms=round(best["time_ms"], 5), tflops=round(best["tflops"], 2),
+                 near_best=[{"config": r["config"], "time_ms": round(r["time_ms"], 5)} for r in ok[1:]
+                            if r["time_ms"] <= best["time_ms"] * (1 + NEAR_BEST_PCT / 100)][:10])
+    base = next((r for r in results if r["config"] == baseline["config"]), None)
+    entry["baseline"] = dict(baseline, status=base["status"] if base else None,
+                             time_ms=round(base["time_ms"], 5) if base and base["status"] == "ok" else None)
+    if entry["baseline"]["time_ms"]:
+        entry["speedup_vs_baseline"] = round(entry["baseline"]["time_ms"] / entry["time_ms"], 3)
+    return entry
+
+
+def static_entry(problem: VarlenProblem, static: VarlenStatic, why: str, env: dict) -> dict:
+    """The static #1, ``"measured": false``: a record of the ranking, never served at run time."""
+    top = static.ranked[0] if static.ranked else None
+    return {"mode": "varlen", "problem": problem.to_dict(), "measured": False, "why_unmeasured": why,
+            "strategy": "static", "best": top["config"] if top else None, "time_ms": None,
+            "counts": {"space": len(static.rows), "survivors": len(static.ranked), "timed": 0},
+            "fingerprint": env, "when": _stamp()}
+
+
+def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = None, cache_dir=None,
+                workers=None, timeout_s: float = 120.0, on_result=None,
+                configs: Optional[list] = None) -> VarlenTuneResult:
+    """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor (and the baseline) is
+    gated and timed; the entry is written to the database (atomically, under the tune lock) and the
+    run-time caches of this process are cleared. ``configs`` replaces the default space."""
+    from rocmflash import selection
+    from rocmflash.db import ConfigDB, default_db_path, environment, tune_lock
+    from rocmflash.kernels.common import interpreting
+    from rocmflash.tuning.run import _no_live_reason, resolve_gpu
+
+    start = time.perf_counter()
+    problem.validate()
+    gpu, live = resolve_gpu(gpu_name)
+    static = static_phase(gpu, problem, cache_dir, workers, configs=configs)
+    measuring = live is not None and live.name == gpu.name
+    interpret = interpreting()
+    results, why = [], None
+    if measuring:
+        import torch
+
+        env = environment(torch.cuda.get_device_properties(torch.cuda.current_device()).name)
+        baseline = dense_choice(gpu, problem)
+        timed = [r["config"] for r in static.ranked]
+        if baseline["config"] not in timed:
+            timed.append(baseline["config"])
+        results = _measure_all(timed, problem, timeout_s, interpret, on_result)
+        entry = measured_entry(problem, static, results, baseline, env, interpret)
+    else:
+        env = environment(None)
+        why = _no_live_reason(gpu)
+        entry = static_entry(problem, static, why, env)
+    path = db_path or default_db_path(gpu.name)
+    lock = tune_lock(path)
+    try:
+        db = ConfigDB.open(path, gpu.name, gpu.arch, env, gpu.compute_units)
+        db.put(problem.key(), entry)
+        db.save(env if measuring else None)
+    finally:
+        lock.release()
+    selection.clear_cache()  # also forgets lookup_varlen's answers: the new entry serves from the next call
+    return VarlenTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
+                            time.perf_counter() - start)
+
+
+def print_varlen_summary(result: VarlenTuneResult, console) -> None:
+    e, s, p = result.entry, result.static, result.problem
+    console.print(f"varlen tune {result.gpu.name} ({result.gpu.arch}) {result.key}: {len(p.lengths)} sequences "
+                  f"of {min(p.lengths)}..{p.max_seqlen} tokens; {len(s.rows)} configs, {len(s.ranked)} survive "
+                  "the static phase")
+    if result.measured:
+        c = e["counts"]
+        console.print(f"timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
+                      f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+        if e.get("best"):
+            console.print(f"best: {config_label(e['best'])}  {e['time_ms']:.3f} ms, {e['tflops']:.1f} TFLOP/s")
+            base = e["baseline"]
+            if e.get("speedup_vs_baseline"):
+                console.print(f"before: {base['source']} {base['time_ms']:.3f} ms ({e['speedup_vs_baseline']:.2f}x)")
+        if e.get("timing") == "interpreter":
+            console.print("(timed in Triton's CPU interpreter: recorded, never served at run time)")
+    else:
+        console.print(f"not measured ({result.why_unmeasured}); static #1 written with \"measured\": false: "
+                      f"{config_label(e['best']) if e.get('best') else None}")
+    console.print(f"database: {result.db_path}")
+
+
+__all__ = ["tune_varlen", "print_varlen_summary", "VarlenTuneResult", "measured_entry", "static_entry",
+           "dense_choice"]

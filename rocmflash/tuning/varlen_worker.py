@@ -1,0 +1,171 @@
+"""The varlen tune's live phase, worker side: packed inputs, the fp32 gate, the timing, the pre-warm.
+
+Runs in the isolated workers of :mod:`rocmflash.tuning.isolated` (one config per task: a crash
+or hang costs that config only). Every config runs through
+:func:`rocmflash.kernels.varlen.launch_forward`, the launch ``flash_attn_varlen_func`` makes, on
+the problem's packed batch (:class:`~rocmflash.tuning.varlen.VarlenProblem`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Optional
+
+from rocmflash.tuning.varlen import VarlenProblem
+
+#: timed runs per config (median); the L2 is flushed before each
+REPS = 20
+#: query rows per fp32 score block of the reference (bounds its memory at 32k keys to 512 MB)
+REFERENCE_ROWS = 4096
+
+_INPUTS: dict = {}
+
+
+def reference_heads(q, k, v, causal: bool, heads: int):
+    """fp32 attention of one sequence's first ``heads`` query heads (which share K/V head 0).
+
+    ``q (n, Hq, D)``, ``k/v (n, Hkv, D)`` with as many keys as queries (causal: query ``i``
+    sees keys ``<= i``); returns ``(n, heads, D)``. Scores are built ``REFERENCE_ROWS`` rows at
+    a time so the longest sequence of a tune fits beside its inputs.
+    """
+    import torch
+
+    n, d = q.shape[0], q.shape[2]
+    k0, v0 = k[:, 0].float(), v[:, 0].float()
+    out = torch.empty(n, heads, d, device=q.device, dtype=torch.float32)
+    keys = torch.arange(n, device=q.device)
+    for h in range(heads):
+        for r0 in range(0, n, REFERENCE_ROWS):
+            rows = torch.arange(r0, min(n, r0 + REFERENCE_ROWS), device=q.device)
+            s = (q[rows, h].float() @ k0.T) / math.sqrt(d)
+            if causal:
+                s.masked_fill_(keys[None, :] > rows[:, None], float("-inf"))
+            out[rows, h] = torch.softmax(s, -1) @ v0
+    return out
+
+
+def gated_sequences(p: VarlenProblem) -> list:
+    """Indices of the sequences the gate checks: the shortest and the longest (the ragged edges)."""
+    return list(dict.fromkeys((p.lengths.index(min(p.lengths)), p.lengths.index(p.max_seqlen))))
+
+
+def packed_inputs(p: VarlenProblem, device) -> dict:
+    """q, k, v, cu_seqlens, the output buffer, the reference of the gated sequences and an L2 flush
+    buffer; kept per problem (every config of a tune reuses them)."""
+    import torch
+
+    if _INPUTS.get("problem") != p:
+        _INPUTS.clear()
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        gen = torch.Generator(device=device).manual_seed(0)
+        total = sum(p.lengths)
+        q = torch.randn(total, p.heads_q, p.head_dim, device=device, dtype=dtype, generator=gen)
+        k = torch.randn(total, p.heads_kv, p.head_dim, device=device, dtype=dtype, generator=gen)
+        v = torch.randn(total, p.heads_kv, p.head_dim, device=device, dtype=dtype, generator=gen)
+        starts = [0, *itertools.accumulate(p.lengths)]
+        cu = torch.tensor(starts, dtype=torch.int32, device=device)
+        refs = {b: reference_heads(q[starts[b]:starts[b + 1]], k[starts[b]:starts[b + 1]],
+                                   v[starts[b]:starts[b + 1]], p.causal, p.group) for b in gated_sequences(p)}
+        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        _INPUTS.update(problem=p, q=q, k=k, v=v, cu=cu, starts=starts, out=torch.empty_like(q), refs=refs,
+                       flush=flush)
+    return _INPUTS
+
+
+def varlen_call(p: VarlenProblem):
+    """The :class:`~rocmflash.kernels.varlen.VarlenCall` of the problem (no window, no cap)."""
+    from rocmflash.kernels import masks as M
+    from rocmflash.kernels.varlen import VarlenCall
+
+    return VarlenCall(len(p.lengths), p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen, p.max_seqlen,
+                      1 / math.sqrt(p.head_dim), 0.0, M.UNBOUNDED, 0 if p.causal else M.UNBOUNDED)
+
+
+def gate_error(inp: dict, p: VarlenProblem) -> float:
+    """Largest relative error (norm) of the gated sequences' first GQA group against the fp32 reference;
+    NaN when an output the kernel should have written is not finite."""
+    worst = 0.0
+    for b, ref in inp["refs"].items():
+        got = inp["out"][inp["starts"][b]:inp["starts"][b + 1], :p.group].float()
+        if not bool(got.isfinite().all()):
+            return float("nan")
+        worst = max(worst, ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item())
+    return worst
+
+
+def measure_varlen(task: dict) -> dict:
+    """Gate one config on the packed batch, then time it (runs in the live worker).
+
+    ``task``: ``{"config": KernelConfig dict, "problem": VarlenProblem dict}``. The output is
+    NaN-poisoned before the gated run, so a tile that skips rows fails the gate. The time is
+    the median of :data:`REPS` launches with the L2 flushed before each (the interpreter: the
+    wall clock of one call, never a GPU time).
+    """
+    import torch
+
+    from rocmflash.config import KernelConfig
+    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.common import interpreting
+    from rocmflash.live import TOLERANCE
+    from rocmflash.tuning.isolated import time_flushed
+
+    p = VarlenProblem.from_dict(task["problem"])
+    result = {"config": task["config"], "status": "failed", "error": None, "rel_err": None, "time_ms": None}
+    try:
+        cfg = KernelConfig.from_dict(task["config"]).validate()
+        interp = interpreting()
+        inp = packed_inputs(p, torch.device("cpu" if interp else "cuda"))
+        call = varlen_call(p)
+
+        def run():
+            VK.launch_forward(call, inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], cfg, inp["out"], None)
+
+        inp["out"].fill_(float("nan"))
+        run()
+        err = gate_error(inp, p)
+        result["rel_err"] = err
+        if not err <= TOLERANCE[p.dtype]:
+            why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
+            result.update(status="incorrect", error=f"{why} against the fp32 reference")
+            return result
+        ms = time_flushed(run, inp["flush"], task.get("reps", REPS))
+        result.update(status="ok", time_ms=ms, tflops=p.flops() / (ms * 1e-3) / 1e12,
+                      timing="interpreter" if interp else "gpu")
+    except Exception as err:  # compile error, out of resources, launch failure
+        lines = str(err).strip().splitlines()
+        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+    return result
+
+
+def prewarm_varlen(task: dict) -> Optional[str]:
+    """Build one config's binary at the problem's specialisation (runs in a pre-warm worker).
+
+    One launch on a single 16-token sequence of the same heads and head dim: the strides and
+    integer arguments Triton specialises on are those of the problem (lengths are read from
+    ``cu_seqlens`` on the device), so the timing worker finds the binary in Triton's cache.
+    Returns None or the error.
+    """
+    import torch
+
+    from rocmflash.config import KernelConfig
+    from rocmflash.kernels import varlen as VK
+
+    try:
+        p = dataclasses.replace(VarlenProblem.from_dict(task["problem"]), lengths=(16,))
+        dev = torch.device("cuda")
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        q = torch.randn(16, p.heads_q, p.head_dim, device=dev, dtype=dtype)
+        k, v = (torch.randn(16, p.heads_kv, p.head_dim, device=dev, dtype=dtype) for _ in range(2))
+        cu = torch.tensor([0, 16], dtype=torch.int32, device=dev)
+        VK.launch_forward(varlen_call(p), q, k, v, cu, cu, KernelConfig.from_dict(task["config"]),
+                          torch.empty_like(q), None)
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:
+        lines = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+__all__ = ["measure_varlen", "prewarm_varlen", "packed_inputs", "reference_heads", "gated_sequences", "varlen_call"]
