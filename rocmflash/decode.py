@@ -61,16 +61,21 @@ def _int_tensor(name: str, t, ndim: int, device, dtypes=(torch.int32,)) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}; all must share a device")
 
 
-def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, check_values=True):
-    """Everything but the options; returns ``(paged, page_size, capacity, seqlens_before (B,) int32 tensor)``."""
+def _interpreting() -> bool:
+    """Whether CPU tensors are accepted (Triton's interpreter); a hook ``bench/host_profile.py --cpu-stub`` replaces."""
     from rocmflash.kernels.common import interpreting
 
+    return interpreting()
+
+
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, check_values=True):
+    """Everything but the options; returns ``(paged, page_size, capacity, seqlens_before (B,) int32 tensor)``."""
     _check4("q", q, "(B, Sq, Hq, D)")
     paged = block_table is not None
     layout = "(num_blocks, page_size, Hkv, D)" if paged else "(B, S_max, Hkv, D)"
     _check4("k_cache", k_cache, layout, q)
     _check4("v_cache", v_cache, layout, q)
-    if q.device.type != "cuda" and not interpreting():
+    if q.device.type != "cuda" and not _interpreting():
         raise ValueError(f"q is on {q.device}; rocmflash kernels need a CUDA or ROCm GPU tensor "
                          "(or set TRITON_INTERPRET=1 to run CPU tensors through Triton's interpreter)")
     if k_cache.shape != v_cache.shape:
