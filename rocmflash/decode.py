@@ -22,7 +22,7 @@ being captured only shapes and dtypes are checked.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from rocmflash.compat import require_supported_versions
 
@@ -30,6 +30,7 @@ require_supported_versions()
 
 import torch  # noqa: E402
 
+from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels import kv_decode as KD  # noqa: E402
 from rocmflash.varlen import _capturing, check_options  # noqa: E402
 
@@ -61,16 +62,23 @@ def _int_tensor(name: str, t, ndim: int, device, dtypes=(torch.int32,)) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}; all must share a device")
 
 
-def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, check_values=True):
-    """Everything but the options; returns ``(paged, page_size, capacity, seqlens_before (B,) int32 tensor)``."""
-    from rocmflash.kernels.common import interpreting
+def _interpreting() -> bool:
+    """Whether CPU tensors are accepted (Triton's interpreter); a hook ``bench/host_profile.py --cpu-stub`` replaces."""
+    return C.interpreting()
 
+
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits) -> tuple:
+    """Every check but the options' and those of tensor values; returns ``(paged, page_size, capacity, new)``.
+
+    It reads only metadata (types, dtypes, shapes, devices) and the value of an int
+    ``cache_seqlens``: what :func:`_signature` keys, so a call of a known signature passes it.
+    """
     _check4("q", q, "(B, Sq, Hq, D)")
     paged = block_table is not None
     layout = "(num_blocks, page_size, Hkv, D)" if paged else "(B, S_max, Hkv, D)"
     _check4("k_cache", k_cache, layout, q)
     _check4("v_cache", v_cache, layout, q)
-    if q.device.type != "cuda" and not interpreting():
+    if q.device.type != "cuda" and not _interpreting():
         raise ValueError(f"q is on {q.device}; rocmflash kernels need a CUDA or ROCm GPU tensor "
                          "(or set TRITON_INTERPRET=1 to run CPU tensors through Triton's interpreter)")
     if k_cache.shape != v_cache.shape:
@@ -113,20 +121,23 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
             raise ValueError("cache_seqlens is required with a paged cache (block_table)")
         if new:
             raise ValueError("cache_seqlens is required to append k/v (where do the new keys go?)")
-        lens = torch.full((B,), capacity, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if not 0 <= cache_seqlens <= capacity - new:
             raise ValueError(f"cache_seqlens={cache_seqlens} plus {new} new key(s) does not fit the cache "
                              f"(capacity {capacity})")
-        lens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
     else:
         _int_tensor("cache_seqlens", cache_seqlens, 1, q.device, (torch.int32, torch.int64))
         if cache_seqlens.shape[0] != B:
             raise ValueError(f"cache_seqlens must be (B={B},), got shape {tuple(cache_seqlens.shape)}")
-        lens = cache_seqlens.to(torch.int32)
-    if check_values:
-        _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, q.device)
-    return paged, page_size, capacity, lens, new
+    return paged, page_size, capacity, new
+
+
+def _lengths(cache_seqlens, batch: int, capacity: int, device):
+    """The validated ``cache_seqlens`` as an int32 ``(B,)`` tensor (None: the whole cache)."""
+    if isinstance(cache_seqlens, torch.Tensor):
+        return cache_seqlens.to(torch.int32)
+    fill = capacity if cache_seqlens is None else cache_seqlens
+    return torch.full((batch,), fill, dtype=torch.int32, device=device)
 
 
 def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device) -> None:
@@ -155,24 +166,45 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
 
 
 def _append(k_cache, v_cache, k, v, lens, block_table, page_size) -> None:
-    """Write the new keys/values at positions ``lens[b] + t`` (in place, no host sync)."""
+    """Write the new keys/values at positions ``lens[b] + t`` (in place, no host sync).
+
+    Each tensor op here is a kernel launch on a GPU (several µs of host time each), so the
+    indices are built with as few as give the same writes: one new token needs no ``arange``,
+    one sequence of a contiguous cache is written through a view (no batch index), the batch
+    index otherwise broadcasts against the positions instead of being expanded, and the
+    in-page offset is computed once for K and V.
+    """
     B, new = k.shape[0], k.shape[1]
-    pos = lens.to(torch.int64)[:, None] + torch.arange(new, device=k.device)[None, :]  # (B, new)
+    start = lens.to(torch.int64)  # (B,)
+    if block_table is None and B == 1:
+        pos = start + torch.arange(new, device=k.device) if new > 1 else start  # (new,)
+        k_cache[0, pos] = k[0]
+        v_cache[0, pos] = v[0]
+        return
+    pos = start[:, None]
+    if new > 1:
+        pos = pos + torch.arange(new, device=k.device)  # (B, new)
     if block_table is None:
-        rows = torch.arange(B, device=k.device)[:, None].expand(B, new)
+        rows = torch.arange(B, device=k.device)[:, None]  # (B, 1), broadcast against pos
         k_cache[rows, pos] = k
         v_cache[rows, pos] = v
     else:
         blocks = torch.gather(block_table.to(torch.int64), 1, pos // page_size)
-        k_cache[blocks, pos % page_size] = k
-        v_cache[blocks, pos % page_size] = v
+        offs = pos % page_size
+        k_cache[blocks, offs] = k
+        v_cache[blocks, offs] = v
 
 
 def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,
                   page_size: int = 0) -> "KD.DecodeConfig":
     """The decode config for this problem: the tuned database entry (``rocmflash tune --mode decode``) of the
-    nearest KV-length and batch buckets, else the per-arch default."""
-    key = (device, head_dim, dtype, group, max_seqlen_k, batch, page_size)
+    nearest KV-length and batch buckets, else the per-arch default.
+
+    Kept per bucket, not per length: the lookup reads the KV length and batch only through their
+    next powers of two (``tuning.decode._bucket``), so a cache one key longer each call
+    (transformers' generate) finds its config kept instead of looking it up anew every step.
+    """
+    key = (device, head_dim, dtype, group, C.next_pow2(max_seqlen_k), C.next_pow2(batch), page_size)
     cfg = _DECODE_CONFIGS.get(key)
     if cfg is None:
         from rocmflash.selection import device_identity
@@ -191,11 +223,153 @@ _DECODE_CONFIGS: dict = {}  #: per (device, problem) choice; cleared with :func:
 
 
 def clear_cache() -> None:
-    """Forget cached decode choices (after a new tune in this process)."""
+    """Forget cached decode choices (after a new tune in this process): configs, database lookups and call plans."""
     from rocmflash.tuning.decode import lookup_decode
 
     _DECODE_CONFIGS.clear()
+    _CALL_PLANS.clear()
+    _SEEN.clear()
+    _CALLS.clear()
     lookup_decode.cache_clear()
+
+
+# ----------------------------------------------------------------------------- per-signature plans
+# Eager decode at small batch is host-bound: the GPU work is a few µs, so the Python around two
+# launches is what a call costs. Everything that depends on metadata only -- the checks of types,
+# dtypes, shapes, devices and options, the DecodeCall, the config (a database lookup), the split
+# count and the two launch keys -- is kept in a _Plan once a signature repeats (:func:`_seen_before`).
+# Later calls of the same signature redo only what reads tensor values or allocates: the length /
+# block-table value checks (check_values), the append, the buffers and the launches.
+
+class _Plan(NamedTuple):
+    """What a call signature (:func:`_signature`) decides; made by a call that passed the checks."""
+
+    backend: str  #: ``"cuda"`` or ``"hip"`` (part of the signature: torch's build decides it)
+    on_gpu: bool  #: q on a CUDA/ROCm device (CPU tensors pass only while the interpreter is on: rechecked)
+    paged: bool
+    page_size: int
+    capacity: int
+    new: int  #: keys appended per sequence
+    lse_shape: Optional[tuple]  #: ``(B, Hq, Sq)`` when the LSE is returned
+    nonempty: bool  #: q has elements (else nothing is launched)
+    call: "KD.DecodeCall"
+    cfg: "KD.DecodeConfig"
+    splits: int
+    launch_keys: Optional[dict]  #: ``kv_decode.launch``'s kept launch keys for this signature (None: not kept)
+
+
+_CALL_PLANS: dict = {}  #: signature -> _Plan; cleared with :func:`clear_cache`
+_MAX_CALL_PLANS = 1024  #: a full table is emptied (a cache one key longer each call makes a new signature per call)
+_CALLS: dict = {}  #: DecodeCall -> the same (:func:`_interned`)
+_SEEN: set = set()  #: hashes of signatures seen once (:func:`_seen_before`)
+_SCALARS = (type(None), bool, int, float)  #: kinds of non-tensor inputs a signature holds as ``(type, value)``
+
+
+def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Optional[tuple]:
+    """A hashable key of everything the metadata checks and the launch keys read, or None when an
+    input is of a kind it does not cover (that call takes the checked path, uncached).
+
+    Per tensor: dtype, shape, strides, device and, on ROCm, whether its storage fits 2 GiB
+    (Triton's buffer-load specialisation). Alignment is not in it: ``kv_decode.launch`` checks it
+    per call. Other inputs (options, an int ``cache_seqlens``, None) as ``(type, value)``, so
+    ``True`` never stands for ``1`` nor ``1`` for ``1.0``: a key equal to a known good one is
+    one that passed :func:`_validate` and ``check_options``. Exact ``torch.Tensor`` only; a
+    subclass is checked on every call. NaN options are never equal to anything, so they always
+    reach the checks (which reject them).
+    """
+    parts = [backend]
+    for x in options:
+        kind = type(x)
+        if kind not in _SCALARS:
+            return None
+        parts.append((kind, x))
+    if type(window_size) not in (tuple, list) or len(window_size) != 2:
+        return None
+    for x in window_size:
+        kind = type(x)
+        if kind not in _SCALARS:
+            return None
+        parts.append((kind, x))
+    hip = backend == "hip"
+    for t in tensors:
+        kind = type(t)
+        if kind is torch.Tensor:
+            parts.append((t.dtype, t.shape, t.stride(), t.device,
+                          hip and t.untyped_storage().nbytes() <= C._MAX_INT32))
+        elif kind in _SCALARS:
+            parts.append((kind, t))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+               num_splits, want_lse: bool, backend: str, keep: bool = False) -> _Plan:
+    """Check every input's metadata and the options (raising before anything runs), choose the config and
+    split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys."""
+    paged, page_size, capacity, new = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits)
+    left, right = check_options(softmax_scale, causal, window_size, softcap)
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right))
+    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size)
+    splits = num_splits or cfg.num_splits
+    if not splits:
+        splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, C.num_compute_units(q.device),
+                                      KD.programs_per_cu(cfg))
+    splits = max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
+    return _Plan(backend, q.device.type == "cuda", paged, page_size, capacity, new, (B, Hq, Sq) if want_lse else None,
+                 q.numel() > 0, call, cfg, splits, {} if keep else None)
+
+
+def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
+    """One DecodeCall object per distinct value: launch keys holding it then compare by identity
+    (a dataclass's ``__eq__`` runs in Python) when a kept plan's key meets an earlier plan's equal one."""
+    hit = _CALLS.get(call)
+    if hit is None:
+        if len(_CALLS) >= _MAX_CALL_PLANS:
+            _CALLS.clear()
+        hit = _CALLS[call] = call
+    return hit
+
+
+def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+          num_splits, want_lse: bool) -> _Plan:
+    """The kept plan of this call's signature, or a new one (checked; kept when the signature is known)."""
+    backend = C.torch_backend()
+    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table),
+                     (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
+    plan = _CALL_PLANS.get(sig) if sig is not None else None
+    if plan is not None and (plan.on_gpu or _interpreting()):
+        return plan
+    keep = sig is not None and _seen_before(sig)
+    plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
+                      softcap, num_splits, want_lse, backend, keep)
+    if keep:
+        if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
+            _CALL_PLANS.clear()
+        _CALL_PLANS[sig] = plan
+    return plan
+
+
+def _seen_before(sig: tuple) -> bool:
+    """Whether ``sig`` was seen on an earlier call (by hash); remembers it otherwise.
+
+    Plans are kept from a signature's second call on. A cache one key longer each call
+    (transformers' generate without ``cache_seqlens``) makes a new signature per call: keeping
+    a plan for each would only add objects that live long enough for the garbage collector to
+    scan them again and again (``bench/host_profile.py --cpu-stub --case decode``, that row:
+    about 100 µs a call instead of 50). Hashes are ints, which it never scans; a collision only
+    keeps a plan early (the plans' dict compares whole signatures).
+    """
+    h = hash(sig)
+    if h in _SEEN:
+        return True
+    if len(_SEEN) >= _MAX_CALL_PLANS:
+        _SEEN.clear()
+    _SEEN.add(h)
+    return False
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
@@ -213,30 +387,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     *values* of ``cache_seqlens`` and ``block_table`` -- the one step that makes a call wait
     for the GPU. Shapes, dtypes and devices are always checked. Use it in a decode loop whose
     lengths and tables are known to fit the cache (a captured graph skips the read anyway).
-    """
-    paged, page_size, capacity, lens, new = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                                      num_splits, check_values)
-    left, right = check_options(softmax_scale, causal, window_size, softcap)
-    B, Sq, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    if new:
-        _append(k_cache, v_cache, k, v, lens, block_table, page_size)
-    seqlens = lens + new if new else lens
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    call = KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right)
-    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size)
-    splits = num_splits or cfg.num_splits
-    if not splits:
-        from rocmflash.kernels.common import num_compute_units
 
-        splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, num_compute_units(q.device),
-                                      KD.programs_per_cu(cfg))
-    splits = max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
+    The metadata checks, config and split count are worked out once per call signature
+    (dtypes, shapes, strides, devices, options) and kept; :func:`clear_cache` forgets them.
+    """
+    want_lse = bool(return_lse)
+    plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+                 num_splits, want_lse)
+    device = q.device
+    lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
+    new = plan.new
+    if check_values:
+        _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device)
+    if new:
+        _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size)
+    seqlens = lens + new if new else lens
     out = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-    if out.numel():
-        KD.launch(call, q, k_cache, v_cache, block_table if paged else seqlens, seqlens, cfg, splits, out, lse)
-    return (out, lse) if return_lse else out
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
+    if plan.nonempty:
+        KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
+                  plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend)
+    return (out, lse) if want_lse else out
 
 
 __all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache"]

@@ -102,6 +102,12 @@ def test_decode_one_token(interpret, page, group):
     run_case([0, 1, 57, 90], 1, group, 64, torch.bfloat16, page, seed=page + group, num_splits=3)
 
 
+@pytest.mark.parametrize("page,Sq", [(0, 1), (0, 3), (16, 1), (16, 3)])
+def test_decode_one_sequence(interpret, page, Sq):
+    """B=1: a contiguous cache's append writes through a view of its one sequence (no batch index)."""
+    run_case([57], Sq, 4, 64, torch.bfloat16, page, seed=31 + Sq + page, num_splits=2)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("page", [0, 16])
 def test_decode_several_tokens(interpret, causal, page):

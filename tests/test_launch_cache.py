@@ -43,6 +43,16 @@ def test_key_on_hip_tracks_the_2gib_buffer_bit(monkeypatch):
     assert _key((small,), backend="cuda") == _key((large_view,), backend="cuda")
 
 
+def test_a_kept_key_is_equal_to_and_hashes_like_the_plain_key():
+    """``KeptKey`` (a key hashed once, kept by kv_decode.launch) finds plans stored under the plain key and back."""
+    t = torch.empty(16, dtype=torch.float16)
+    plain = _key((t,), (True, 0.125))
+    kept = C.KeptKey(plain)
+    assert kept == plain and hash(kept) == hash(plain)
+    assert {plain: "plan"}.get(kept) == "plan" and {kept: "plan"}.get(plain) == "plan"
+    assert kept != _key((t,), (False, 0.125))
+
+
 class _FakeCompiled:
     """Stands in for Triton's CompiledKernel: ``compiled[grid](*args)`` records the launch."""
 

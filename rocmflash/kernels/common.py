@@ -530,6 +530,20 @@ def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str) -> 
     return tuple(parts)
 
 
+class KeptKey(tuple):
+    """A :func:`launch_key` that hashes once, for a caller that keeps a key across many launches
+    (``kv_decode.launch``): hashing a key hashes the dataclasses in it, in Python, on every lookup.
+    Equal to, and hashing like, the plain key, so either finds the other's plan."""
+
+    def __new__(cls, key: tuple):
+        self = super().__new__(cls, key)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled) -> Optional[_LaunchPlan]:
     """A plan from a first launch, or None when some tensor argument is not one of ``tensors``
     (its value could change between calls with the same key: never replay it)."""
@@ -549,7 +563,8 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled)
     return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots))
 
 
-def launch_cached(fn: _DualJIT, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str) -> None:
+def launch_cached(fn: _DualJIT, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
+                  key: Optional[tuple] = None) -> None:
     """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
     building them only on the first launch of each specialisation.
 
@@ -562,12 +577,17 @@ def launch_cached(fn: _DualJIT, scalars, tensors: tuple, build, cfg: KernelConfi
     binding and the per-call argument dictionaries: most of a launch's host cost. Under the
     interpreter, with ``observe_launches`` active or with ``FAST_LAUNCH`` off this is
     :func:`launch_kernel`.
+
+    ``key``: this launch's :func:`launch_key`, when the caller kept it from an earlier launch
+    and knows that nothing the key reads has changed since (see ``kv_decode.launch``);
+    computing the key is a large part of a cached launch's cost. None: computed here.
     """
     if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
         grid, args, constexprs = build()
         launch_kernel(fn, grid, args, constexprs, cfg, backend)
         return
-    key = launch_key(fn, scalars, tensors, cfg, backend)
+    if key is None:
+        key = launch_key(fn, scalars, tensors, cfg, backend)
     plan = _PLANS.get(key)
     if plan is not None:
         call = list(plan.template)

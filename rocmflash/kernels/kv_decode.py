@@ -358,7 +358,8 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
-           out, lse=None, workspace: Optional[tuple] = None) -> None:
+           out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
+           backend: Optional[str] = None) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -368,17 +369,28 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     ``block_table`` an int32 ``(B, max_blocks)`` tensor when ``call.paged``, else any int32 tensor.
     ``workspace``: optional preallocated ``(partial_o, partial_lse)`` buffers of at least the
     sizes this call needs (reused by benchmarks; a fresh pair otherwise).
+
+    ``keys``: a dict the caller keeps for one specialisation of these calls -- the same ``call``
+    and ``cfg``, and tensors of the same dtypes, shapes, strides and device (on ROCm also the
+    same side of 2 GiB of storage) -- where the launch keys (:func:`rocmflash.kernels.common.launch_key`)
+    are kept after their first computation instead of being recomputed per launch.
+    ``flash_attn_with_kvcache`` keeps one per call signature. Alignment, the one property
+    fresh buffers can change between such calls, is checked here on every call.
+    ``backend``: :func:`rocmflash.kernels.common.torch_backend`'s answer when the caller has it.
     """
-    backend = C.torch_backend()
+    backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
-        C.launch_cached(_decode_split, (call, cfg, 1, lse is not None), (q, k_cache, v_cache, block_table, seqlens,
-                                                                         out, lse_arg),
+        scalars = (call, cfg, 1, lse is not None)
+        tensors = (q, k_cache, v_cache, block_table, seqlens, out, lse_arg)
+        C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
                                             out, lse_arg),
-                                 _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend)
+                                 _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend,
+                        _kept_key(keys, ("direct", lse is not None, backend), _decode_split, scalars, tensors, kcfg,
+                                  backend))
         return
     rows = call.batch * call.heads_kv * num_splits
     if workspace is None:
@@ -386,15 +398,43 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
-    C.launch_cached(_decode_split, (call, cfg, num_splits), (q, k_cache, v_cache, block_table, seqlens, po, pl),
+    scalars = (call, cfg, num_splits)
+    tensors = (q, k_cache, v_cache, block_table, seqlens, po, pl)
+    C.launch_cached(_decode_split, scalars, tensors,
                     lambda: ((num_splits, call.batch * call.heads_kv),
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
-                             _split_constexprs(call, cfg)), kcfg, backend)
-    C.launch_cached(_decode_combine, (call, num_splits, lse is not None), (po, pl, out, lse_arg),
+                             _split_constexprs(call, cfg)), kcfg, backend,
+                    _kept_key(keys, ("split", num_splits, backend), _decode_split, scalars, tensors, kcfg, backend))
+    scalars = (call, num_splits, lse is not None)
+    tensors = (po, pl, out, lse_arg)
+    combine_cfg = _kernel_config(16, 4, 1, 0)
+    C.launch_cached(_decode_combine, scalars, tensors,
                     lambda: ((call.batch * call.heads_kv, call.seqlen_q * call.group),
                              combine_args(call, po, pl, out, lse_arg, num_splits),
                              _combine_constexprs(call, lse is not None, num_splits)),
-                    _kernel_config(16, 4, 1, 0), backend)
+                    combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
+                                                    _decode_combine, scalars, tensors, combine_cfg, backend))
+
+
+def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str):
+    """The launch key of ``fn`` from the caller's ``keys`` (see :func:`launch`) at ``slot``, computed and
+    kept on first use; None (``launch_cached`` computes it) without ``keys`` or when a tensor is not
+    16-byte aligned.
+
+    Kept keys are those of all-aligned launches only: under the caller's promise (same dtypes,
+    shapes, strides, device, storage class) alignment is all that can differ, so an aligned
+    launch's key equals the kept one. ``slot`` names the kernel, split count, LSE choice and backend,
+    so one dict never hands a key to another of these (the call and config are the caller's promise).
+    """
+    if keys is None:
+        return None
+    for t in tensors:
+        if t.data_ptr() % 16:
+            return None
+    key = keys.get(slot)
+    if key is None:
+        key = keys[slot] = C.KeptKey(C.launch_key(fn, scalars, tensors, kcfg, backend))
+    return key
 
 
 class _StridedPtr(C.Ptr):
