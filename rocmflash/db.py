@@ -402,6 +402,21 @@ def tune_lock(db_path: str):
     return lock
 
 
+def store_entry(db_path: str, gpu, fingerprint: dict, key: str, entry: dict, measured: bool) -> None:
+    """Write one tuned entry into ``db_path`` under the tune lock (atomic save).
+
+    ``measured``: the entry was timed on this machine, so the database's fingerprint becomes
+    this environment's; a static-only entry leaves the fingerprint as it was.
+    """
+    lock = tune_lock(db_path)
+    try:
+        db = ConfigDB.open(db_path, gpu.name, gpu.arch, fingerprint, gpu.compute_units)
+        db.put(key, entry)
+        db.save(fingerprint if measured else None)
+    finally:
+        lock.release()
+
+
 # ---------------------------------------------------------------------- run-time lookup
 _INDEX: dict = {}
 

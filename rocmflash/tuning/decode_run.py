@@ -91,7 +91,7 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
     """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor is gated and timed; the
     entry is written to the database (atomically, under the tune lock). ``configs`` replaces the
     default space (a list of DecodeConfig dicts)."""
-    from rocmflash.db import ConfigDB, default_db_path, environment, tune_lock
+    from rocmflash.db import default_db_path, environment, store_entry
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.run import _no_live_reason, resolve_gpu
 
@@ -117,13 +117,7 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
         why = _no_live_reason(gpu)
         entry = static_entry(problem, static, why, env)
     path = db_path or default_db_path(gpu.name)
-    lock = tune_lock(path)
-    try:
-        db = ConfigDB.open(path, gpu.name, gpu.arch, env, gpu.compute_units)
-        db.put(problem.key(), entry)
-        db.save(env if measuring else None)
-    finally:
-        lock.release()
+    store_entry(path, gpu, env, problem.key(), entry, measuring)
     lookup_decode.cache_clear()
     from rocmflash.decode import clear_cache
 

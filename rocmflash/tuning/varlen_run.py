@@ -107,7 +107,7 @@ def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = 
     gated and timed; the entry is written to the database (atomically, under the tune lock) and the
     run-time caches of this process are cleared. ``configs`` replaces the default space."""
     from rocmflash import selection
-    from rocmflash.db import ConfigDB, default_db_path, environment, tune_lock
+    from rocmflash.db import default_db_path, environment, store_entry
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.run import _no_live_reason, resolve_gpu
 
@@ -133,13 +133,7 @@ def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = 
         why = _no_live_reason(gpu)
         entry = static_entry(problem, static, why, env)
     path = db_path or default_db_path(gpu.name)
-    lock = tune_lock(path)
-    try:
-        db = ConfigDB.open(path, gpu.name, gpu.arch, env, gpu.compute_units)
-        db.put(problem.key(), entry)
-        db.save(env if measuring else None)
-    finally:
-        lock.release()
+    store_entry(path, gpu, env, problem.key(), entry, measuring)
     selection.clear_cache()  # also forgets lookup_varlen's answers: the new entry serves from the next call
     return VarlenTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
                             time.perf_counter() - start)
