@@ -212,15 +212,29 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_decode_tune(args: argparse.Namespace, console) -> int:
+def _one_gpu_tune(args: argparse.Namespace, run) -> int:
+    """Run a one-GPU tune (``--mode decode`` / ``varlen``): ``run()`` does the work; Ctrl-C is exit 130,
+    a bad argument, unknown GPU, database or no-live-GPU problem is one line and exit 2."""
     from rocmflash.db import DBError
-    from rocmflash.tuning.decode import DecodeProblem
-    from rocmflash.tuning.decode_run import print_decode_summary, print_page_size_comparison, tune_decode
     from rocmflash.tuning.spec import NoLiveGPUError
 
     try:
         if args.timeout is not None and not args.timeout > 0:
             raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
+        run()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (UnknownGPUError, DBError, NoLiveGPUError, ValueError) as err:
+        return _error(str(err))
+    return 0
+
+
+def _run_decode_tune(args: argparse.Namespace, console) -> int:
+    from rocmflash.tuning.decode import DecodeProblem
+    from rocmflash.tuning.decode_run import print_decode_summary, print_page_size_comparison, tune_decode
+
+    def run():
         for seqlen in args.seqlen:
             results = []
             for page_size in args.page_size:
@@ -231,12 +245,8 @@ def _run_decode_tune(args: argparse.Namespace, console) -> int:
                 print_decode_summary(results[-1], console)
             if len(results) > 1:
                 print_page_size_comparison(results, console)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (UnknownGPUError, DBError, NoLiveGPUError, ValueError) as err:
-        return _error(str(err))
-    return 0
+
+    return _one_gpu_tune(args, run)
 
 
 def parse_lengths(text: str) -> list:
@@ -276,23 +286,15 @@ def _varlen_problems(args: argparse.Namespace) -> list:
 
 
 def _run_varlen_tune(args: argparse.Namespace, console) -> int:
-    from rocmflash.db import DBError
-    from rocmflash.tuning.spec import NoLiveGPUError
     from rocmflash.tuning.varlen_run import print_varlen_summary, tune_varlen
 
-    try:
-        if args.timeout is not None and not args.timeout > 0:
-            raise ValueError(f"--timeout {args.timeout} is invalid; expected seconds > 0")
+    def run():
         problems = _varlen_problems(args)  # every problem checked before the first compile
         for problem in problems:
             result = tune_varlen(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout)
             print_varlen_summary(result, console)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (UnknownGPUError, DBError, NoLiveGPUError, ValueError) as err:
-        return _error(str(err))
-    return 0
+
+    return _one_gpu_tune(args, run)
 
 
 # ---------------------------------------------------------------------- export
