@@ -27,13 +27,21 @@ import statistics
 import sys
 
 
-def _entries(gpu_name: str, db_path: str):
+def _entries(gpu_name: str, db_path: str, keys=None):
+    """The measured forward entries of ``db_path`` (``keys``: only these); decode, backward and varlen
+    entries are other kernels, not ``rocmflash.attention``'s, and are left out."""
+    from rocmflash.cli_tune import NOT_FORWARD_MODES
     from rocmflash.db import ConfigDB
 
     data = ConfigDB.read(db_path)
     if data["gpu"] != gpu_name:
         raise SystemExit(f"{db_path} is for {data['gpu']}, the live GPU is {gpu_name}")
-    return data, {k: e for k, e in data["entries"].items() if e.get("measured") and e.get("best")}
+    unknown = sorted(set(keys or ()) - set(data["entries"]))
+    if unknown:
+        raise SystemExit(f"no entry {', '.join(unknown)} in {db_path}")
+    return data, {k: e for k, e in data["entries"].items()
+                  if e.get("measured") and e.get("best") and e.get("mode") not in NOT_FORWARD_MODES
+                  and (not keys or k in keys)}
 
 
 def measure(entries: dict, rounds: int) -> dict:
@@ -112,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--write-db", default=None, metavar="PATH", help="store api_tflops into this database file")
+    ap.add_argument("--keys", default=None, metavar="K1,K2", help="check only these entries (default: every forward entry)")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -123,7 +132,7 @@ def main(argv=None) -> int:
     if gpu is None:
         raise SystemExit("needs a live GPU in the catalog")
     db_path = args.db or shipped_db_path(gpu.name)
-    _, entries = _entries(gpu.name, db_path)
+    _, entries = _entries(gpu.name, db_path, args.keys.split(",") if args.keys else None)
     results = measure(entries, args.rounds)
     meta = {"db": os.path.relpath(db_path), "date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
