@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from rocmflash.family_report import REGISTER_COLUMNS, publish, register_values
-from rocmflash.tuning.decode import DecodeProblem, DecodeStatic, static_phase
+from rocmflash.tuning.decode import DecodeProblem, static_phase
 
 COLUMNS = ("config", *REGISTER_COLUMNS, "combine VGPR", "verdict", "rank", "reason")
 
@@ -19,10 +19,6 @@ def row_values(row: dict) -> list:
     return [label(row["config"]), *register_values(row["kernel"]), row["combine"].get("vgpr_count"),
             "kept" if row["kept"] else "pruned", row["static_rank"] if row["static_rank"] is not None else "-",
             row["reason"] or ""]
-
-
-def ordered(static: DecodeStatic) -> list:
-    return static.ranked + [r for r in static.rows if not r["kept"]]
 
 
 def main(args, command: str) -> int:
@@ -39,6 +35,6 @@ def main(args, command: str) -> int:
               f"{len(static.rows)} configs, {len(static.ranked)} kept; registers and occupancy read from the "
               "code objects (`isa_tools`), verdicts from `rocmflash.prune`"]
     publish(args.out or os.path.join("reports", f"vgpr-decode-{gpu.name}-d{problem.head_dim}-{problem.dtype}"),
-            f"decode kernels on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, ordered(static),
+            f"decode kernels on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, static.report_order,
             row_values, command, args.json, f"{len(static.ranked)} of {len(static.rows)} decode configs kept")
     return 0

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import importlib
 import os
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,4 +66,59 @@ def get_family(name: str) -> Family:
         raise ValueError(f"kernel family {name!r} is unknown; expected one of {sorted(FAMILIES)}") from None
 
 
-__all__ = ["Family", "FAMILIES", "get_family"]
+# ----------------------------------------------------------------------------- static-phase rows
+def family_rows(configs: list, observations: list, verdicts: list, key) -> list:
+    """One row per config of a family's static phase, space order, with its static rank.
+
+    Row: ``{"config", "kept", "reason", "detail", "static_rank", "kernel"}`` (``kernel``: the main
+    kernel's summary). Kept rows are ranked 0, 1, ... by ``key(config, observation, index)``
+    (smaller first; ``index`` is the position in ``configs``, a stable tie-break); pruned rows
+    have ``static_rank`` None.
+    """
+    rows = [{"config": cfg, "kept": v.kept, "reason": v.reason, "detail": v.detail, "static_rank": None,
+             "kernel": obs["kernels"][0] if obs.get("kernels") else {}}
+            for cfg, obs, v in zip(configs, observations, verdicts)]
+    kept = sorted((i for i, row in enumerate(rows) if row["kept"]),
+                  key=lambda i: key(configs[i], observations[i], i))
+    for rank, i in enumerate(kept):
+        rows[i]["static_rank"] = rank
+    return rows
+
+
+@dataclasses.dataclass
+class FamilyStatic:
+    """A family's static phase for one problem: its rows (:func:`family_rows`) and the sweep's stats."""
+
+    problem: object
+    rows: list
+    stats: object
+
+    @property
+    def ranked(self) -> list:
+        """The kept rows, best static rank first."""
+        return sorted((r for r in self.rows if r["kept"]), key=lambda r: r["static_rank"])
+
+    @property
+    def report_order(self) -> list:
+        """Kept rows by rank, then the pruned ones (the order of ``vgpr-report``'s tables)."""
+        return self.ranked + [r for r in self.rows if not r["kept"]]
+
+
+@dataclasses.dataclass
+class FamilyTuneResult:
+    """What a one-GPU family tune (``--mode decode`` / ``--mode varlen``) did: its static phase, the entry
+    it wrote under ``key`` in ``db_path``, and the live results (empty when not ``measured``)."""
+
+    gpu: object
+    problem: object
+    static: FamilyStatic
+    key: str
+    entry: dict
+    db_path: str
+    measured: bool
+    why_unmeasured: Optional[str]
+    results: list
+    seconds: float
+
+
+__all__ = ["Family", "FAMILIES", "get_family", "family_rows", "FamilyStatic", "FamilyTuneResult"]

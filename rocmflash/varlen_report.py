@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from rocmflash.family_report import REGISTER_COLUMNS, publish, register_values
-from rocmflash.tuning.varlen import VarlenProblem, VarlenStatic, config_label, static_phase
+from rocmflash.tuning.varlen import VarlenProblem, config_label, static_phase
 
 COLUMNS = ("config", *REGISTER_COLUMNS, "verdict", "rank", "reason")
 
@@ -13,10 +13,6 @@ COLUMNS = ("config", *REGISTER_COLUMNS, "verdict", "rank", "reason")
 def row_values(row: dict) -> list:
     return [config_label(row["config"]), *register_values(row["kernel"]), "kept" if row["kept"] else "pruned",
             row["static_rank"] if row["static_rank"] is not None else "-", row["reason"] or ""]
-
-
-def ordered(static: VarlenStatic) -> list:
-    return static.ranked + [r for r in static.rows if not r["kept"]]
 
 
 def main(args, command: str) -> int:
@@ -35,6 +31,6 @@ def main(args, command: str) -> int:
               f"{len(static.rows)} configs (the dense online space), {len(static.ranked)} kept; registers and "
               "occupancy read from the code objects (`isa_tools`), verdicts from `rocmflash.prune`"]
     publish(args.out or os.path.join("reports", f"vgpr-varlen-{gpu.name}-d{p.head_dim}-{p.dtype}"),
-            f"varlen forward kernel on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, ordered(static),
+            f"varlen forward kernel on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, static.report_order,
             row_values, command, args.json, f"{len(static.ranked)} of {len(static.rows)} varlen configs kept")
     return 0

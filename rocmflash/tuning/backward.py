@@ -150,27 +150,21 @@ def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=N
                  configs: Optional[list] = None) -> BwdStatic:
     """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU)."""
     from rocmflash.compile import sweep_family
+    from rocmflash.families import family_rows
     from rocmflash.prune import PruneSettings, prune
 
     configs = configs if configs is not None else bwd_space(gpu.arch, problem.head_dim)
     observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers)
     amd = gpu.arch.startswith("gfx")
     rows = []
-    for kernel in KERNELS:  # each kernel pruned on its own: "every config pruned" falls back per kernel
+    for kernel in KERNELS:  # each kernel pruned and ranked on its own: "every config pruned" falls back per kernel
         index = [i for i, c in enumerate(configs) if c["kernel"] == kernel]
-        verdicts = prune([observations[i] for i in index], settings or PruneSettings())
-        for i, verdict in zip(index, verdicts):
-            obs = observations[i]
-            summary = obs["kernels"][0] if obs.get("kernels") else {}
-            rows.append({"config": configs[i], "kept": verdict.kept, "reason": verdict.reason,
-                         "detail": verdict.detail, "static_rank": None, "kernel": summary,
-                         "_key": _static_key(configs[i], summary, amd, i)})
-    for kernel in KERNELS:
-        kept = sorted((r for r in rows if r["kept"] and r["config"]["kernel"] == kernel), key=lambda r: r["_key"])
-        for rank, row in enumerate(kept):
-            row["static_rank"] = rank
-    for row in rows:
-        row.pop("_key")
+        sub = [observations[i] for i in index]
+
+        def key(config, obs, j, index=index):
+            return _static_key(config, obs["kernels"][0] if obs.get("kernels") else {}, amd, index[j])
+
+        rows += family_rows([configs[i] for i in index], sub, prune(sub, settings or PruneSettings()), key)
     return BwdStatic(problem, rows, stats)
 
 

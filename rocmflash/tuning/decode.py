@@ -24,6 +24,7 @@ import math
 from typing import Optional
 
 from rocmflash.config import normalize_dtype
+from rocmflash.families import FamilyStatic, family_rows
 
 #: key prefix of decode entries in a config database
 PREFIX = "decode"
@@ -128,37 +129,19 @@ def _static_key(config: dict, obs: dict, index: int) -> tuple:
             -config["BLOCK_N"], index)
 
 
-@dataclasses.dataclass
-class DecodeStatic:
-    problem: DecodeProblem
-    rows: list  #: per config: {"config", "kept", "reason", "detail", "static_rank", "kernel": summary}
-    stats: object
-
-    @property
-    def ranked(self) -> list:
-        return sorted((r for r in self.rows if r["kept"]), key=lambda r: r["static_rank"])
-
-
 def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, settings=None,
-                 configs: Optional[list] = None) -> DecodeStatic:
-    """Cross-compile the decode space for ``gpu``'s arch, prune, rank (no GPU)."""
+                 configs: Optional[list] = None) -> FamilyStatic:
+    """Cross-compile the decode space for ``gpu``'s arch, prune, rank (no GPU). Rows also carry the
+    combine kernel's summary (``"combine"``)."""
     from rocmflash.compile import sweep_family
     from rocmflash.prune import PruneSettings, prune
 
     configs = configs if configs is not None else decode_space(gpu.arch)
     observations, stats = sweep_family("decode", configs, problem.to_dict(), gpu, cache_dir, workers)
-    verdicts = prune(observations, settings or PruneSettings())
-    rows = []
-    for i, (cfg, obs, verdict) in enumerate(zip(configs, observations, verdicts)):
-        kernel = obs["kernels"][0] if obs.get("kernels") else {}
-        rows.append({"config": cfg, "kept": verdict.kept, "reason": verdict.reason, "detail": verdict.detail,
-                     "static_rank": None, "kernel": kernel, "combine": obs["kernels"][1] if len(obs.get("kernels") or ()) > 1 else {},
-                     "_key": _static_key(cfg, obs, i)})
-    for rank, row in enumerate(sorted((r for r in rows if r["kept"]), key=lambda r: r["_key"])):
-        row["static_rank"] = rank
-    for row in rows:
-        row.pop("_key")
-    return DecodeStatic(problem, rows, stats)
+    rows = family_rows(configs, observations, prune(observations, settings or PruneSettings()), _static_key)
+    for row, obs in zip(rows, observations):
+        row["combine"] = obs["kernels"][1] if len(obs.get("kernels") or ()) > 1 else {}
+    return FamilyStatic(problem, rows, stats)
 
 
 # ----------------------------------------------------------------------------- run-time lookup

@@ -6,28 +6,12 @@ measurement, run-time lookup) so the orchestration reads on its own.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Optional
 
-from rocmflash.tuning.decode import DecodeProblem, DecodeStatic, lookup_decode, measure_decode, static_phase
-
-#: entries within this many percent of the best time are listed as near-best
-NEAR_BEST_PCT = 3.0
-
-
-@dataclasses.dataclass
-class DecodeTuneResult:
-    gpu: object
-    problem: DecodeProblem
-    static: DecodeStatic
-    key: str
-    entry: dict
-    db_path: str
-    measured: bool
-    why_unmeasured: Optional[str]
-    results: list
-    seconds: float
+from rocmflash.families import FamilyStatic, FamilyTuneResult
+from rocmflash.tuning.decode import DecodeProblem, lookup_decode, measure_decode, static_phase
+from rocmflash.tuning.spec import NEAR_BEST_PCT
 
 
 def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, interpret: bool, on_result=None,
@@ -55,7 +39,7 @@ def _measure_all(survivors: list, problem: DecodeProblem, timeout_s: float, inte
     return measure_isolated(tasks, measure_decode, timeout_s, interpret, on_result, pool=pool)
 
 
-def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: list, env: dict,
+def measured_entry(gpu, problem: DecodeProblem, static: FamilyStatic, results: list, env: dict,
                    interpret: bool) -> dict:
     timed = [(t, int(n), r["config"]) for r in results if r["status"] == "ok" for n, t in r["times_ms"].items()]
     counts = {"space": len(static.rows), "survivors": len(static.ranked), "timed": len(results),
@@ -77,7 +61,7 @@ def measured_entry(gpu, problem: DecodeProblem, static: DecodeStatic, results: l
     return entry
 
 
-def static_entry(problem: DecodeProblem, static: DecodeStatic, why: str, env: dict) -> dict:
+def static_entry(problem: DecodeProblem, static: FamilyStatic, why: str, env: dict) -> dict:
     top = static.ranked[0]["config"] if static.ranked else None
     return {"mode": "decode", "problem": problem.to_dict(), "measured": False, "why_unmeasured": why,
             "strategy": "static", "best": dict(top, num_splits=0) if top else None, "time_ms": None,
@@ -87,7 +71,7 @@ def static_entry(problem: DecodeProblem, static: DecodeStatic, why: str, env: di
 
 def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = None, cache_dir=None, workers=None,
                 timeout_s: float = 120.0, on_result=None, configs: Optional[list] = None,
-                pool=None) -> DecodeTuneResult:
+                pool=None) -> FamilyTuneResult:
     """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor is gated and timed; the
     entry is written to the database (atomically, under the tune lock). ``configs`` replaces the
     default space (a list of DecodeConfig dicts)."""
@@ -122,11 +106,11 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
     from rocmflash.decode import clear_cache
 
     clear_cache()
-    return DecodeTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
+    return FamilyTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
                             time.perf_counter() - start)
 
 
-def print_decode_summary(result: DecodeTuneResult, console) -> None:
+def print_decode_summary(result: FamilyTuneResult, console) -> None:
     e = result.entry
     s = result.static
     console.print(f"decode tune {result.gpu.name} ({result.gpu.arch}) {result.key}: {len(s.rows)} configs, "

@@ -26,7 +26,7 @@ class ModelTuneResult:
     why_unmeasured: Optional[str]
     forward: list  #: TuneResult per dtype
     backward: list  #: BwdTuneResult per dtype
-    decode: list  #: DecodeTuneResult per problem
+    decode: list  #: FamilyTuneResult per decode problem
     seconds: float
     workers: list  #: WorkerStats of the pool (empty on one GPU without a pool)
 

@@ -31,6 +31,7 @@ import functools
 from typing import NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, Problem, normalize_dtype
+from rocmflash.families import FamilyStatic, family_rows
 
 #: key prefix of varlen entries in a config database
 PREFIX = "varlen"
@@ -170,37 +171,23 @@ def compile_task(target, config: dict, problem: dict):
                                 problem["group"], problem["causal"], problem["heads_kv"]),)
 
 
-@dataclasses.dataclass
-class VarlenStatic:
-    problem: VarlenProblem
-    rows: list  #: per config: {"config", "kept", "reason", "detail", "static_rank", "kernel": summary}
-    stats: object
+def _static_key(config: dict, obs: dict, index: int) -> tuple:
+    """The dense forward's static score (:func:`rocmflash.tuning.static.static_key`) of a varlen config."""
+    from rocmflash.tuning.static import static_key
 
-    @property
-    def ranked(self) -> list:
-        return sorted((r for r in self.rows if r["kept"]), key=lambda r: r["static_rank"])
+    return static_key(KernelConfig.from_dict(config), obs, index)
 
 
 def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, settings=None,
-                 configs: Optional[list] = None) -> VarlenStatic:
+                 configs: Optional[list] = None) -> FamilyStatic:
     """Cross-compile the varlen space for ``gpu``'s arch, prune, rank by the dense forward's static score."""
     from rocmflash.compile import sweep_family
     from rocmflash.prune import PruneSettings, prune
-    from rocmflash.tuning.static import static_key
 
     configs = configs if configs is not None else varlen_space(gpu, problem)
     observations, stats = sweep_family("varlen", configs, problem.compile_dict(), gpu, cache_dir, workers)
-    verdicts = prune(observations, settings or PruneSettings())
-    rows = []
-    for i, (cfg, obs, verdict) in enumerate(zip(configs, observations, verdicts)):
-        rows.append({"config": cfg, "kept": verdict.kept, "reason": verdict.reason, "detail": verdict.detail,
-                     "static_rank": None, "kernel": obs["kernels"][0] if obs.get("kernels") else {},
-                     "_key": static_key(KernelConfig.from_dict(cfg), obs, i)})
-    for rank, row in enumerate(sorted((r for r in rows if r["kept"]), key=lambda r: r["_key"])):
-        row["static_rank"] = rank
-    for row in rows:
-        row.pop("_key")
-    return VarlenStatic(problem, rows, stats)
+    rows = family_rows(configs, observations, prune(observations, settings or PruneSettings()), _static_key)
+    return FamilyStatic(problem, rows, stats)
 
 
 # ----------------------------------------------------------------------------- run-time lookup
@@ -250,4 +237,4 @@ def clear_cache() -> None:
 
 
 __all__ = ["PREFIX", "VarlenProblem", "spread_lengths", "varlen_key", "parse_varlen_key", "varlen_space",
-           "config_label", "static_phase", "VarlenStatic", "lookup_varlen", "VarlenMatch", "clear_cache"]
+           "config_label", "static_phase", "lookup_varlen", "VarlenMatch", "clear_cache"]

@@ -10,30 +10,15 @@ entry says what tuning the varlen kernel on its own gained.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Optional
 
-from rocmflash.tuning.varlen import VarlenProblem, VarlenStatic, config_label, static_phase
+from rocmflash.families import FamilyStatic, FamilyTuneResult
+from rocmflash.tuning.spec import NEAR_BEST_PCT
+from rocmflash.tuning.varlen import VarlenProblem, config_label, static_phase
 
-#: entries within this many percent of the best time are listed as near-best
-NEAR_BEST_PCT = 3.0
 #: result statuses counted in an entry
 STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
-
-
-@dataclasses.dataclass
-class VarlenTuneResult:
-    gpu: object
-    problem: VarlenProblem
-    static: VarlenStatic
-    key: str
-    entry: dict
-    db_path: str
-    measured: bool
-    why_unmeasured: Optional[str]
-    results: list
-    seconds: float
 
 
 def dense_choice(gpu, problem: VarlenProblem) -> dict:
@@ -65,7 +50,7 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def measured_entry(problem: VarlenProblem, static: VarlenStatic, results: list, baseline: dict, env: dict,
+def measured_entry(problem: VarlenProblem, static: FamilyStatic, results: list, baseline: dict, env: dict,
                    interpret: bool) -> dict:
     """The entry of a live tune: the fastest config that passed the gate, its time and TFLOP/s, near-best
     alternatives, the baseline's time (``speedup_vs_baseline``) and counts. ``measured`` is false (never
@@ -91,7 +76,7 @@ def measured_entry(problem: VarlenProblem, static: VarlenStatic, results: list, 
     return entry
 
 
-def static_entry(problem: VarlenProblem, static: VarlenStatic, why: str, env: dict) -> dict:
+def static_entry(problem: VarlenProblem, static: FamilyStatic, why: str, env: dict) -> dict:
     """The static #1, ``"measured": false``: a record of the ranking, never served at run time."""
     top = static.ranked[0] if static.ranked else None
     return {"mode": "varlen", "problem": problem.to_dict(), "measured": False, "why_unmeasured": why,
@@ -102,7 +87,7 @@ def static_entry(problem: VarlenProblem, static: VarlenStatic, why: str, env: di
 
 def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = None, cache_dir=None,
                 workers=None, timeout_s: float = 120.0, on_result=None,
-                configs: Optional[list] = None) -> VarlenTuneResult:
+                configs: Optional[list] = None) -> FamilyTuneResult:
     """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor (and the baseline) is
     gated and timed; the entry is written to the database (atomically, under the tune lock) and the
     run-time caches of this process are cleared. ``configs`` replaces the default space."""
@@ -135,11 +120,11 @@ def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = 
     path = db_path or default_db_path(gpu.name)
     store_entry(path, gpu, env, problem.key(), entry, measuring)
     selection.clear_cache()  # also forgets lookup_varlen's answers: the new entry serves from the next call
-    return VarlenTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
+    return FamilyTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
                             time.perf_counter() - start)
 
 
-def print_varlen_summary(result: VarlenTuneResult, console) -> None:
+def print_varlen_summary(result: FamilyTuneResult, console) -> None:
     e, s, p = result.entry, result.static, result.problem
     console.print(f"varlen tune {result.gpu.name} ({result.gpu.arch}) {result.key}: {len(p.lengths)} sequences "
                   f"of {min(p.lengths)}..{p.max_seqlen} tokens; {len(s.rows)} configs, {len(s.ranked)} survive "
@@ -161,5 +146,5 @@ def print_varlen_summary(result: VarlenTuneResult, console) -> None:
     console.print(f"database: {result.db_path}")
 
 
-__all__ = ["tune_varlen", "print_varlen_summary", "VarlenTuneResult", "measured_entry", "static_entry",
+__all__ = ["tune_varlen", "print_varlen_summary", "measured_entry", "static_entry",
            "dense_choice"]
