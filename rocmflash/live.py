@@ -281,6 +281,13 @@ def _time_interpreted(mod, cfg: KernelConfig, shape: Shape) -> tuple[list[float]
     return times, tiny
 
 
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """``"TypeName: first line of the message"`` (cut at ``limit`` characters): how a worker reports a
+    failed compile, launch or run in a result (the full text can be pages of MLIR)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:limit] if lines else ''}"
+
+
 def _median(times: list[float]) -> float:
     ordered = sorted(times)
     mid = len(ordered) // 2
@@ -371,8 +378,7 @@ def measure(task: dict) -> dict:
             result.update(status="ok", median_ms=med, times_ms=[round(t, 5) for t in times],
                           tflops=tflops(timed, med))
     except Exception as err:  # compile error, out of resources, launch failure, device fault
-        lines = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+        result["error"] = error_line(err)
         if _device_broken():
             result.update(status="crashed", fatal=True,
                           error=result["error"] + " (device context unusable: worker replaced)")
@@ -414,8 +420,7 @@ def prewarm_one(task: dict) -> Optional[str]:
             _launch_once(get_variant(cfg.variant), cfg, s)
         return None
     except Exception as err:
-        lines = str(err).strip().splitlines()
-        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+        return error_line(err, 200)
 
 
 def prewarm_plan(mod, cfg: KernelConfig, s: Shape, compute_units: int) -> tuple[KernelConfig, int, int]:

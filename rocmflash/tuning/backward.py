@@ -316,7 +316,7 @@ def measure_bwd(task: dict) -> dict:
 
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import interpreting, torch_backend
-    from rocmflash.live import TOLERANCE, interpreted_shape
+    from rocmflash.live import TOLERANCE, error_line, interpreted_shape
     from rocmflash.roofline import Shape
     from rocmflash.tuning.isolated import back_to_back_ms, time_flushed
 
@@ -367,8 +367,7 @@ def measure_bwd(task: dict) -> dict:
             result["times_ms"][str(n)] = max(gpu, call)
         result["status"] = "ok"
     except Exception as err:  # compile error, out of resources, launch failure
-        lines = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+        result["error"] = error_line(err)
         _INPUTS.clear()
     return result
 
@@ -381,6 +380,7 @@ def prewarm_bwd(task: dict) -> Optional[str]:
 
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import torch_backend
+    from rocmflash.live import error_line
     from rocmflash.roofline import Shape
 
     try:
@@ -404,8 +404,7 @@ def prewarm_bwd(task: dict) -> Optional[str]:
         torch.cuda.synchronize()
         return None
     except Exception as err:
-        lines = str(err).strip().splitlines()
-        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+        return error_line(err, 200)
 
 
 __all__ = ["PREFIX", "KERNELS", "bwd_key", "parse_bwd_key", "bwd_space", "kernel_config", "space_point",

@@ -279,6 +279,7 @@ def measure_decode(task: dict) -> dict:
     import torch
 
     from rocmflash.kernels import kv_decode as KD
+    from rocmflash.live import error_line
     from rocmflash.kernels.common import interpreting, num_compute_units
     from rocmflash.tuning.isolated import graph_replay_ms, time_flushed
 
@@ -317,8 +318,7 @@ def measure_decode(task: dict) -> dict:
         result["timing"] = "graph" if inp["flush"] is not None else "interpreter"
         result["status"] = "ok"
     except Exception as err:  # compile error, out of resources, launch failure
-        lines = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+        result["error"] = error_line(err)
     return result
 
 
@@ -332,6 +332,7 @@ def prewarm_decode(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.kernels import kv_decode as KD
+    from rocmflash.live import error_line
 
     p = DecodeProblem(**task["problem"])
     try:
@@ -347,5 +348,4 @@ def prewarm_decode(task: dict) -> Optional[str]:
         torch.cuda.synchronize()
         return None
     except Exception as err:
-        lines = str(err).strip().splitlines()
-        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+        return error_line(err, 200)

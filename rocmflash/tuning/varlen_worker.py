@@ -108,7 +108,7 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.kernels.common import interpreting
-    from rocmflash.live import TOLERANCE
+    from rocmflash.live import TOLERANCE, error_line
     from rocmflash.tuning.isolated import time_flushed
 
     p = VarlenProblem.from_dict(task["problem"])
@@ -134,8 +134,7 @@ def measure_varlen(task: dict) -> dict:
         result.update(status="ok", time_ms=ms, tflops=p.flops() / (ms * 1e-3) / 1e12,
                       timing="interpreter" if interp else "gpu")
     except Exception as err:  # compile error, out of resources, launch failure
-        lines = str(err).strip().splitlines()
-        result["error"] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+        result["error"] = error_line(err)
     return result
 
 
@@ -151,6 +150,7 @@ def prewarm_varlen(task: dict) -> Optional[str]:
 
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
+    from rocmflash.live import error_line
 
     try:
         p = dataclasses.replace(VarlenProblem.from_dict(task["problem"]), lengths=(16,))
@@ -164,8 +164,7 @@ def prewarm_varlen(task: dict) -> Optional[str]:
         torch.cuda.synchronize()
         return None
     except Exception as err:
-        lines = str(err).strip().splitlines()
-        return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+        return error_line(err, 200)
 
 
 __all__ = ["measure_varlen", "prewarm_varlen", "packed_inputs", "reference_heads", "gated_sequences", "varlen_call"]
