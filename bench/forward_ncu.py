@@ -2,9 +2,11 @@
 
 Run under ``ncu`` (NVIDIA only; on ROCm use ``rocprofv3`` on the same script)::
 
+    ncu --profile-from-start off --metrics $(python bench/forward_ncu.py --metrics) --csv --page raw \\
+        python bench/forward_ncu.py > ncu-raw.csv
     ncu --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \\
-        --section Occupancy --csv --page details python bench/forward_ncu.py > ncu.csv
-    python bench/forward_ncu.py --summarise ncu.csv
+        --section WarpStateStats --section Occupancy --csv --page details python bench/forward_ncu.py > ncu.csv
+    python bench/forward_ncu.py --summarise ncu-raw.csv      # or ncu.csv
 
 The script warms both paths up (compiles, cuDNN plan), then profiles exactly one
 ``rocmflash.attention`` call and one SDPA cuDNN call per shape between
@@ -46,6 +48,15 @@ def profile_calls() -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
+#: what bounds an attention kernel: tensor pipe, exp2 (XU) pipe, FP32 pipes, issue slots, occupancy
+METRICS = ("gpu__time_duration.sum", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+           "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+           "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+           "smsp__issue_active.avg.pct_of_peak_sustained_active", "sm__warps_active.avg.pct_of_peak_sustained_active",
+           "launch__registers_per_thread")
+
+
 def summarise(path: str) -> str:
     """A markdown table, one row per profiled kernel and one column per metric, from ncu's CSV
     (``--csv --page details`` or ``--page raw``; other lines ncu prints are skipped)."""
@@ -60,8 +71,8 @@ def summarise(path: str) -> str:
     if "Metric Name" in df.columns:  # details page: one row per metric
         df = df.pivot_table(index=["ID", "Kernel Name"], columns="Metric Name", values="Metric Value",
                             aggfunc="first").reset_index()
-    else:  # raw page: one row per kernel, the second row holds units
-        df = df.iloc[1:]
+    else:  # raw page: one row per kernel (the second row holds units); the METRICS columns
+        df = df.iloc[1:][["ID", "Kernel Name", "Block Size", "Grid Size", *[m for m in METRICS if m in df.columns]]]
     df["Kernel Name"] = df["Kernel Name"].astype(str).str.slice(0, 40)
     head = [str(c) for c in df.columns]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -72,7 +83,11 @@ def summarise(path: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summarise", metavar="CSV", default=None, help="print a table from ncu's CSV instead of running")
+    ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu --metrics and stop")
     args = ap.parse_args(argv)
+    if args.metrics:
+        print(",".join(METRICS))
+        return 0
     if args.summarise:
         print(summarise(args.summarise))
         return 0
