@@ -61,7 +61,7 @@ def _indices(text: str) -> list:
 def run(args) -> int:
     import torch
 
-    from rocmflash.compile import ObservationCache
+    from rocmflash.compile import triton_cache_dir
     from rocmflash.config import KernelConfig
     from rocmflash.live import LiveRunner, LiveSettings
     from rocmflash.tune import TuneSpec, shape_key, tune
@@ -69,8 +69,9 @@ def run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90)
     caches = {s: os.path.join(args.work, s, "cache") for s in ("race", "exhaustive")}
-    runners = {s: LiveRunner(settings, triton_cache_dir=os.path.join(ObservationCache(c).root, "live-triton"),
-                             prewarm_workers=args.prewarm_workers) for s, c in caches.items()}
+    # as tune() wires its own runner: the workers launch from the static phase's Triton cache
+    runners = {s: LiveRunner(settings, triton_cache_dir=triton_cache_dir(c), prewarm_workers=args.prewarm_workers)
+               for s, c in caches.items()}
     log(f"device {torch.cuda.get_device_name(0)}; torch {torch.__version__}; settings {settings}")
     results_path = os.path.join(args.out, f"race-heldout-{args.label}.json")
     results = []
@@ -83,13 +84,14 @@ def run(args) -> int:
                                 kv_heads=kv, strategy=strategy, db_path=os.path.join(args.work, strategy, "gpu.json"),
                                 cache_dir=caches[strategy], workers=args.workers, live_settings=settings)
                 row["key"] = shape_key(spec.validate().shape(S))
-                os.environ["TRITON_CACHE_DIR"] = os.path.join(caches[strategy], "static-triton")  # static phase
                 t0 = time.time()
                 res = tune(spec, runner=runners[strategy], console=None, progress=False)
                 e = res.outcomes[0].entry
                 row[strategy] = {"wall_s": round(time.time() - t0, 2), "best": e.get("best"),
                                  "tflops": e.get("tflops"), "counts": e["counts"],
-                                 "best_static_rank": e.get("best_static_rank")}
+                                 "best_static_rank": e.get("best_static_rank"),
+                                 "static_s": round(res.outcomes[0].static_seconds, 2),
+                                 "records_s": _records_seconds(args.work, strategy, row["key"])}
                 log(f"[{i}] {row['key']} {strategy}: {e.get('tflops')} TFLOP/s, {row[strategy]['wall_s']} s, "
                     f"counts {e['counts']}")
             shape = spec.shape(S)
@@ -121,6 +123,20 @@ def run(args) -> int:
     return 0
 
 
+def _records_seconds(work: str, strategy: str, key: str) -> float:
+    """Wall seconds of the strategy's timing records of ``key`` (what is neither static phase nor pre-warm)."""
+    total = 0.0
+    with open(os.path.join(work, strategy, "gpu.journal.jsonl")) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("key") == key and r.get("wall_s"):
+                total += r["wall_s"]
+    return round(total, 2)
+
+
 def _copy_journals(args) -> None:
     import shutil
 
@@ -148,6 +164,14 @@ def _static_correlation(work: str, key: str):
     return None if rho is None else round(rho, 3)
 
 
+def _split(tune_row: dict) -> str:
+    """``"compile / timing"`` seconds of one tune: timing = its records' wall time, compile = the rest
+    (static phase, pre-warm, set-up); ``-`` for runs that did not record it."""
+    if tune_row.get("records_s") is None:
+        return "-"
+    return f"{tune_row['wall_s'] - tune_row['records_s']:.1f} / {tune_row['records_s']:.1f}"
+
+
 def report(args) -> int:
     rows = []
     for d in args.results:
@@ -159,7 +183,8 @@ def report(args) -> int:
 
     lines = ["| problem | exhaustive best | winner | race best | race winner | ratio | same-run re-measure "
              "(exh./race time) | timed: race rounds | exhaustive timed | wall race / exhaustive (s) | fraction | "
-             "Spearman (static rank vs speed) |", "|" + "---|" * 12]
+             "Spearman (static rank vs speed) | race: compile / timing (s) | exhaustive: compile / timing (s) |",
+             "|" + "---|" * 14]
     for r in rows:
         e, ra = r["exhaustive"], r["race"]
         gqa = f" GQA {r['heads'] // r['kv_heads']}:1" if r.get("kv_heads") else ""
@@ -168,7 +193,7 @@ def report(args) -> int:
         lines.append(f"| {name} | {e['tflops']} | {_label(e['best']) if e['best'] else '-'} | {ra['tflops']} | "
                      f"{_label(ra['best']) if ra['best'] else '-'} | {r.get('ratio')} | {r.get('remeasured_ratio')} | "
                      f"{rounds} | {e['counts']['timed']} | {ra['wall_s']} / {e['wall_s']} | {r.get('wall_fraction')} | "
-                     f"{r.get('spearman')} |")
+                     f"{r.get('spearman')} | {_split(ra)} | {_split(e)} |")
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     again = [r["remeasured_ratio"] for r in rows if r.get("remeasured_ratio")]
     fractions = [r["wall_fraction"] for r in rows if r.get("wall_fraction")]

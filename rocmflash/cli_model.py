@@ -16,9 +16,9 @@ def _error(msg: str) -> int:
 
 
 def _triton_cache(args) -> str:
-    from rocmflash.compile import ObservationCache, default_cache_dir
+    from rocmflash.compile import triton_cache_dir
 
-    return os.path.join(ObservationCache(args.cache_dir or default_cache_dir()).root, "live-triton")
+    return triton_cache_dir(args.cache_dir)
 
 
 def make_pool(args: argparse.Namespace, gpu_name: str):

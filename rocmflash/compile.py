@@ -29,8 +29,10 @@ from rocmflash.gpus import GPU
 require_supported_versions()  # the sweep cross-compiles: fail in one line before any worker starts
 
 #: 2: each kernel's observation says where it uses scratch (``scratch_*`` keys, :mod:`isa_tools.scratch`);
-#: a v1 entry lacks them and lives under static-v1/, so it is recompiled rather than misread
-CACHE_SCHEMA = 2
+#: a v1 entry lacks them and lives under static-v1/, so it is recompiled rather than misread.
+#: 3: pointers compiled as a launch marks them (on AMD: buffer loads for tensors under 2 GiB,
+#: :func:`rocmflash.kernels.common.launch_attributes`); v2 builds used global loads
+CACHE_SCHEMA = 3
 CACHE_ENV = "ROCMFLASH_CACHE_DIR"
 DEFAULT_TIMEOUT_S = 180.0
 _SOURCE_HASH: Optional[str] = None
@@ -278,11 +280,23 @@ def _observe_all(keys: list, tasks: list, gpu: GPU, cache_dir, workers, timeout_
     return results, stats
 
 
+def triton_cache_dir(cache_root: Optional[str] = None) -> str:
+    """Triton's cache of rocmflash's builds: ``<cache root>/triton`` (default root: :func:`default_cache_dir`).
+
+    The static phase compiles into it and a live tune's runner launches from it. Triton
+    keys a build by kernel source, argument types and specialisation, target and options,
+    and the static phase compiles with the specialisation a launch of the tuned shape has
+    (:func:`rocmflash.kernels.common.compile_kernel`), so a config it built for the live
+    GPU's arch is found there at the first launch instead of being compiled a second time.
+    ``rocmflash isa`` reads every code object a sweep produced from it.
+    """
+    return os.path.join(cache_root or default_cache_dir(), "triton")
+
+
 def _compile_in_pool(tasks: dict, cache_root: str, workers: Optional[int], timeout_s: float):
     """Yield ``(index, observation)`` as compiles finish; a timed-out compile's worker is killed.
 
-    Triton's own cache goes to ``<cache_root>/triton``, so ``rocmflash isa`` can read
-    every code object a sweep produced.
+    Triton's own cache is :func:`triton_cache_dir` of ``cache_root``.
     """
     from concurrent.futures import as_completed
 
@@ -290,7 +304,7 @@ def _compile_in_pool(tasks: dict, cache_root: str, workers: Optional[int], timeo
 
     workers = max(1, workers or os.cpu_count() or 1)
     context = multiprocessing.get_context("spawn")
-    triton_cache = os.path.join(cache_root, "triton")
+    triton_cache = triton_cache_dir(cache_root)
     with pebble.ProcessPool(max_workers=min(workers, len(tasks)), context=context,
                             initializer=_worker_init, initargs=(triton_cache,)) as pool:
         futures = {pool.schedule(observe, args=(task,), timeout=timeout_s): i for i, task in tasks.items()}

@@ -296,10 +296,25 @@ def _dtype_name(dtype) -> str:
 
 
 class Ptr:
-    """Stand-in for a tensor argument in a compile-only build: just its Triton element type."""
+    """Stand-in for a tensor argument in a compile-only build: its Triton element type and storage size.
 
-    def __init__(self, ty: str):
+    Triton's backends specialise a tensor argument on its address (16-byte aligned: every
+    torch allocation is) and, on AMD, on whether its storage fits 32-bit offsets (< 2 GiB:
+    the loads become buffer loads). The stand-in answers those two questions the way a
+    tensor of ``nbytes`` would (default 0: a tensor well under 2 GiB, as almost every
+    attention operand is).
+    """
+
+    def __init__(self, ty: str, nbytes: int = 0):
         self.ty = ty
+        self.nbytes = int(nbytes)
+
+    def data_ptr(self) -> int:
+        return 0  # aligned
+
+    def ptr_range(self) -> int:
+        """The bytes a kernel may address from this pointer (Triton's AMD backend reads it)."""
+        return self.nbytes
 
 
 def attention_args(g: Geometry, q, k, v, o, lse, sm_scale: float) -> dict:
@@ -315,9 +330,13 @@ def attention_args(g: Geometry, q, k, v, o, lse, sm_scale: float) -> dict:
 
 
 def compile_args(g: Geometry, store_lse: bool) -> dict:
-    """``attention_args`` for a compile-only build: pointers replaced by :class:`Ptr`."""
+    """``attention_args`` for a compile-only build: pointers replaced by :class:`Ptr` of the problem's sizes."""
     t = "*" + g.dtype
-    return attention_args(g, Ptr(t), Ptr(t), Ptr(t), Ptr(t), Ptr("*fp32"), 1.0)
+    q_bytes = 2 * g.batch * g.heads_q * g.seqlen_q * g.head_dim
+    kv_bytes = 2 * g.batch * g.heads_kv * g.seqlen_k * g.head_dim
+    lse_bytes = 4 * g.batch * g.heads_q * g.seqlen_q if store_lse else 0
+    return attention_args(g, Ptr(t, q_bytes), Ptr(t, kv_bytes), Ptr(t, kv_bytes), Ptr(t, q_bytes),
+                          Ptr("*fp32", lse_bytes), 1.0)
 
 
 # ----------------------------------------------------------------------------- compile / launch
@@ -356,12 +375,16 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
     """Cross-compile ``fn`` for ``target`` as a launch with these arguments would.
 
     Integer arguments get Triton's launch-time specialisation (``== 1`` becomes a
-    constant, multiples of 16 get ``tt.divisibility``); pointers are taken as 16-byte
-    aligned. Returns Triton's ``CompiledKernel``.
+    constant, multiples of 16 get ``tt.divisibility``); pointers get what the target's
+    backend gives a tensor at launch (:func:`launch_attributes`): 16-byte alignment and,
+    on AMD, buffer loads for storage under 2 GiB. The build is then the one a launch of
+    the same shape runs -- and the same entry of Triton's cache. Returns Triton's
+    ``CompiledKernel``.
     """
     from triton.compiler import ASTSource
 
     target = as_target(target)
+    pointer_attrs, int_attrs = launch_attributes(target)
     signature, consts, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -373,7 +396,7 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
         val = args[name]
         if isinstance(val, Ptr):
             signature[name] = val.ty
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[(i,)] = pointer_attrs(val)
         elif isinstance(val, float):
             signature[name] = "fp32"
         elif isinstance(val, bool) or not isinstance(val, int):
@@ -383,10 +406,51 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
             signature[name] = ty
             if ty == "constexpr":
                 consts[name] = val
-            elif divisible:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+            else:
+                attrs[(i,)] = int_attrs(divisible)
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=target, options=cfg.compile_options(target.backend))
+
+
+#: the storage size up to which Triton's AMD backend addresses a tensor with 32-bit buffer offsets
+MAX_32BIT_RANGE = 2**31 - 1
+
+
+def launch_attributes(target):
+    """``(pointer_attrs(ptr), int_attrs(divisible))``: the compile attributes a launch on ``target`` gives
+    a tensor argument (a :class:`Ptr`) and a non-constant integer.
+
+    Asked of the target's Triton backend itself (``get_tensor_specialization`` and
+    ``parse_attr``, the hooks its launcher calls), so the static phase compiles what this
+    Triton launches: on AMD, a tensor under 2 GiB gets ``tt.pointer_range = 32`` and its
+    loads become buffer loads (unless ``AMDGCN_USE_BUFFER_OPS=0``), which changes register
+    use. A Triton without those hooks gets the attributes they give in Triton 3.6.
+    """
+    backend = _backend(target)
+    try:
+        backend.get_tensor_specialization(Ptr("*fp16"), align=True)
+        backend.parse_attr("D")
+    except (AttributeError, TypeError):
+        def pointer_attrs(ptr):
+            return [["tt.divisibility", 16]]
+
+        def int_attrs(divisible):
+            return [["tt.divisibility", 16]] if divisible else []
+        return pointer_attrs, int_attrs
+
+    def pointer_attrs(ptr):
+        return backend.parse_attr(backend.get_tensor_specialization(ptr, align=True))
+
+    def int_attrs(divisible):
+        return backend.parse_attr("D" if divisible else "")
+    return pointer_attrs, int_attrs
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(target):
+    from triton.compiler import make_backend
+
+    return make_backend(target)
 
 
 _BF16_DOT_PATCHED = False

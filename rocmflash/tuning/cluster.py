@@ -47,11 +47,11 @@ class TimingActor:
 
             self.runner = ReplayRunner.from_journal(replay)
         else:
-            from rocmflash.compile import ObservationCache, default_cache_dir
+            from rocmflash.compile import triton_cache_dir
             from rocmflash.live import LiveRunner
 
-            triton_cache = os.path.join(ObservationCache(cache_dir or default_cache_dir()).root, "live-triton")
-            self.runner = LiveRunner(LiveSettings(**(settings or {})), triton_cache_dir=triton_cache, device_index=0)
+            self.runner = LiveRunner(LiveSettings(**(settings or {})), triton_cache_dir=triton_cache_dir(cache_dir),
+                                     device_index=0)
 
     def _tick(self) -> None:
         self.calls += 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from typing import Optional
@@ -129,9 +128,9 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
                      else "--resume: nothing to resume (nothing is measured without a live GPU)")
         statics: dict = {}
         if own_runner:
-            from rocmflash.compile import ObservationCache, default_cache_dir
+            from rocmflash.compile import triton_cache_dir
 
-            triton_cache = os.path.join(ObservationCache(spec.cache_dir or default_cache_dir()).root, "live-triton")
+            triton_cache = triton_cache_dir(spec.cache_dir)  # the static phase's builds: not compiled again
             import torch
 
             # the device identify_live_device() resolved: the current one, pinned in the workers
