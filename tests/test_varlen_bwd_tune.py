@@ -325,6 +325,17 @@ def test_dense_entry_that_spills_as_the_varlen_kernel_is_replaced(fake_rocm, tmp
     selection.clear_cache()
 
 
+def test_build_check_on_sm_90(tmp_path):
+    """The check cross-compiles for NVIDIA too: at D=128 GQA 4 a 128-key dK/dV block spills kilobytes per thread
+    as the varlen kernel on sm_90 and is replaced; the dQ tile builds clean and stays (real ptxas builds)."""
+    cfg = BwdConfig(K(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2), K(BLOCK_M=64, BLOCK_N=64, num_warps=4,
+                                                                              num_stages=3))
+    default = default_bwd_config("sm_90", 128)
+    served, replaced = VB.usable_config("h100", cfg, default, VB.build_problem(128, "bf16", 4, True), str(tmp_path))
+    assert list(replaced) == ["dkdv"] and "local memory per thread" in replaced["dkdv"], replaced
+    assert served == BwdConfig(default.dkdv, cfg.dq)
+
+
 @pytest.mark.parametrize("softcap, window", [(0.0, (-1, -1)), (20.0, (16, -1))], ids=["causal", "softcap-window"])
 def test_flash_attn_varlen_func_backward_runs_the_selected_entry(fake_rocm, tmp_path, monkeypatch, softcap, window):
     """The measured varlen-bwd entry's non-default tiles are what the backward launches (looked up when the
