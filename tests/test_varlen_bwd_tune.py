@@ -220,6 +220,7 @@ def test_gate_catches_wrong_and_unwritten_gradients(worker, monkeypatch):
     for task in tasks.values():
         good = worker.measure_varlen_bwd(task)
         assert good["status"] == "ok" and good["rel_err"] < 1e-2 and good["times_ms"]["1"] > 0, good
+        assert sorted(good["rel_errs"]) == (["delta", "dq"] if task["config"]["kernel"] == "dq" else ["dk", "dv"])
     real_dq, real_dkdv = VK.launch_dq, VK.launch_dkdv
 
     def wrong_delta(*a):  # dQ right, the delta it writes for the dK/dV kernel off by one
@@ -229,6 +230,7 @@ def test_gate_catches_wrong_and_unwritten_gradients(worker, monkeypatch):
     monkeypatch.setattr(VK, "launch_dq", wrong_delta)
     bad = worker.measure_varlen_bwd(tasks["dq"])
     assert bad["status"] == "incorrect" and "relative error" in bad["error"] and not bad["times_ms"], bad
+    assert bad["rel_errs"]["dq"] < 1e-2 < bad["rel_errs"]["delta"]  # caught by the delta it wrote
     monkeypatch.setattr(VK, "launch_dkdv", lambda *a: None)  # leaves the NaN poison in place
     bad = worker.measure_varlen_bwd(tasks["dkdv"])
     assert bad["status"] == "incorrect" and "unwritten" in bad["error"], bad
@@ -322,6 +324,14 @@ def test_dense_entry_that_spills_as_the_varlen_kernel_is_replaced(fake_rocm, tmp
     assert details["replaced"]["dkdv"].startswith("spills: _varlen_bwd_dkdv")
     assert cfg.dq == K(**dq) and cfg.dkdv == default_bwd_config("gfx942", 128).dkdv
     assert "does not build as the varlen kernel" in details["text"]
+    # the tune's baseline is what this selection serves, replaced kernel included
+    from rocmflash.gpus import get_gpu
+    from rocmflash.tuning.varlen_run import backward_baseline
+
+    base = backward_baseline(get_gpu("mi300x"), TV.VarlenProblem(head_dim=128, dtype="bf16", heads_q=32, heads_kv=8,
+                                                                 lengths=(10, 40)))
+    assert base["config"] == {"dq": TB.space_point("dq", cfg.dq), "dkdv": TB.space_point("dkdv", cfg.dkdv)}
+    assert base["source"].startswith("dense entry bwd-d128-bf16-causal-gqa4-s64 (dkdv: per-arch default, spills")
     selection.clear_cache()
 
 

@@ -105,12 +105,14 @@ BUILD_RULES = ("compile_failed", "spills", "lds_over_budget")
 
 def build_problem(head_dim: int, dtype, group: int, causal: bool, softcap: bool = False,
                   window: bool = False) -> dict:
-    """The compile problem of a varlen backward call (:func:`compile_task`'s ``problem``); ``heads_kv`` 8
-    as the register studies of :mod:`rocmflash.kernels.varlen` build them."""
+    """The compile problem of a varlen backward call (:func:`compile_task`'s ``problem``): ``heads_kv`` 8 as
+    the register studies of :mod:`rocmflash.kernels.varlen` build them (it only sets strides); without a cap
+    or a window, the :meth:`VarlenProblem.compile_dict` of such a problem (a tune's cached builds serve)."""
     from rocmflash.config import normalize_dtype
 
-    return {"head_dim": int(head_dim), "dtype": normalize_dtype(dtype), "group": int(group), "heads_kv": 8,
-            "causal": bool(causal), "softcap": bool(softcap), "window": bool(window)}
+    problem = {"head_dim": int(head_dim), "dtype": normalize_dtype(dtype), "group": int(group), "heads_kv": 8,
+               "causal": bool(causal)}
+    return dict(problem, **{name: True for name, on in (("softcap", softcap), ("window", window)) if on})
 
 
 def build_rejection(gpu, kernel: str, cfg, problem: dict, cache_dir=None) -> Optional[str]:

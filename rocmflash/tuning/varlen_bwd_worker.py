@@ -71,25 +71,24 @@ def _rel_err(got, ref) -> float:
     return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def gate_error(inp: dict, p: VarlenProblem, kernel: str) -> float:
-    """Largest relative error (norm) of one kernel's outputs on the gated sequences against the fp32
-    reference -- dQ of the first GQA group and the delta it wrote, or dK and dV of key/value head 0 --;
-    NaN when any output the kernel should have written (anywhere in the packed batch) is not finite."""
-    outputs = ("dq", "delta_out") if kernel == "dq" else ("dk", "dv")
-    if not all(bool(inp[name].isfinite().all()) for name in outputs):
-        return float("nan")
-    if kernel == "dq":
-        worst = _rel_err(inp["delta_out"], inp["delta"])
-    else:
-        worst = 0.0
+def gate_errors(inp: dict, p: VarlenProblem, kernel: str) -> dict:
+    """Relative error (norm) of each output of one kernel on the gated sequences against the fp32 reference:
+    ``{"dq", "delta"}`` (dQ of the first GQA group and the delta it wrote) or ``{"dk", "dv"}`` (key/value head
+    0), the worst gated sequence each; NaN for an output not finite everywhere in the packed batch (unwritten)."""
+    names = {"dq": "dq", "delta": "delta_out", "dk": "dk", "dv": "dv"}
+    outputs = ("dq", "delta") if kernel == "dq" else ("dk", "dv")
+    errs = {o: (0.0 if bool(inp[names[o]].isfinite().all()) else float("nan")) for o in outputs}
+    if "delta" in errs and errs["delta"] == 0.0:
+        errs["delta"] = _rel_err(inp["delta_out"], inp["delta"])
     starts = inp["starts"]
     for b, (ref_dq, ref_dk, ref_dv) in inp["refs"].items():
         rows = slice(starts[b], starts[b + 1])
-        if kernel == "dq":
-            worst = max(worst, _rel_err(inp["dq"][rows, :p.group], ref_dq))
-        else:
-            worst = max(worst, _rel_err(inp["dk"][rows, 0], ref_dk), _rel_err(inp["dv"][rows, 0], ref_dv))
-    return worst
+        got = {"dq": (inp["dq"][rows, :p.group], ref_dq), "dk": (inp["dk"][rows, 0], ref_dk),
+               "dv": (inp["dv"][rows, 0], ref_dv)}
+        for o in outputs:
+            if o in got and not math.isnan(errs[o]):
+                errs[o] = max(errs[o], _rel_err(*got[o]))
+    return errs
 
 
 def _launcher(inp: dict, call, kernel: str, cfg):
@@ -107,7 +106,8 @@ def measure_varlen_bwd(task: dict) -> dict:
     """Gate one backward kernel config on the packed batch, then time it (runs in the live worker).
 
     ``task``: ``{"config": backward space point, "problem": VarlenProblem dict}``. The kernel's outputs
-    are NaN-poisoned before the gated run, so a tile that skips rows fails the gate. The time
+    are NaN-poisoned before the gated run, so a tile that skips rows fails the gate; ``rel_errs`` holds
+    the error of each output (:func:`gate_errors`), ``rel_err`` the worst. The time
     (``times_ms["1"]``: the dense backward tune's result format, one entry as there are no head splits)
     is the median of :data:`~rocmflash.tuning.varlen_worker.REPS` launches with the L2 flushed before
     each (the interpreter: the wall clock of one call, never a GPU time).
@@ -130,12 +130,14 @@ def measure_varlen_bwd(task: dict) -> dict:
         for name in (("dq", "delta_out") if kernel == "dq" else ("dk", "dv")):
             inp[name].fill_(float("nan"))
         run()
-        err = gate_error(inp, p, kernel)
-        result["rel_err"] = err
+        errs = gate_errors(inp, p, kernel)
+        err = float("nan") if any(math.isnan(e) for e in errs.values()) else max(errs.values())
+        result.update(rel_err=err, rel_errs=errs)
         tol = TOLERANCE[p.dtype]
         if not err <= tol:
-            why = "unwritten or non-finite gradients" if math.isnan(err) else f"relative error {err:.3g} > {tol:g}"
-            result.update(status="incorrect", error=f"{why} against the fp32 reference gradient")
+            worst = ", ".join(f"{o} {e:.3g}" for o, e in errs.items())
+            why = "unwritten or non-finite gradients" if math.isnan(err) else f"relative error > {tol:g}"
+            result.update(status="incorrect", error=f"{why} against the fp32 reference gradient ({worst})")
             return result
         result["times_ms"]["1"] = time_flushed(run, inp["flush"], task.get("reps", REPS))
         result.update(status="ok", timing="interpreter" if interp else "gpu")
@@ -175,4 +177,4 @@ def prewarm_varlen_bwd(task: dict) -> Optional[str]:
         return error_line(err, 200)
 
 
-__all__ = ["measure_varlen_bwd", "prewarm_varlen_bwd", "backward_inputs", "gate_error"]
+__all__ = ["measure_varlen_bwd", "prewarm_varlen_bwd", "backward_inputs", "gate_errors"]

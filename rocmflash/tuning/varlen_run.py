@@ -158,15 +158,21 @@ def print_varlen_summary(result: FamilyTuneResult, console) -> None:
 
 # ----------------------------------------------------------------------------- the backward
 def backward_baseline(gpu, problem: VarlenProblem) -> dict:
-    """What ``flash_attn_varlen_func``'s backward ran on ``gpu`` without a ``varlen-bwd-`` entry: the measured
-    dense ``bwd-`` entry of the longest sequence's bucket, else the per-arch default (the fallbacks of
-    :func:`rocmflash.selection.select_varlen_bwd_config`). ``{"config": {"dq", "dkdv"}: space points, "source"}``."""
+    """What ``flash_attn_varlen_func``'s backward ran on ``gpu`` without a ``varlen-bwd-`` entry, as
+    :func:`rocmflash.selection.select_varlen_bwd_config` chooses it: the measured dense ``bwd-`` entry of the
+    longest sequence's bucket (each kernel that does not build as the varlen kernel replaced by the per-arch
+    default's), else the per-arch default. ``{"config": {"dq", "dkdv"}: space points, "source"}``."""
     from rocmflash.kernels.backward import default_bwd_config
     from rocmflash.tuning.backward import lookup_bwd, space_point
+    from rocmflash.tuning.varlen_bwd import build_problem, usable_config
 
+    default = default_bwd_config(gpu.arch, problem.head_dim)
     match = lookup_bwd(gpu.name, problem.head_dim, problem.dtype, problem.causal, problem.group, problem.max_seqlen)
-    cfg = match.config if match is not None else default_bwd_config(gpu.arch, problem.head_dim)
-    source = f"dense entry {match.key}" if match is not None else f"per-arch default ({gpu.arch})"
+    cfg, source = default, f"per-arch default ({gpu.arch})"
+    if match is not None:
+        cfg, replaced = usable_config(gpu.name, match.config, default,
+                                      build_problem(problem.head_dim, problem.dtype, problem.group, problem.causal))
+        source = f"dense entry {match.key}" + "".join(f" ({k}: per-arch default, {why})" for k, why in replaced.items())
     return {"config": {k: space_point(k, getattr(cfg, k)) for k in ("dq", "dkdv")}, "source": source}
 
 
