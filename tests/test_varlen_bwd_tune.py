@@ -43,8 +43,9 @@ def test_keys_round_trip_and_only_the_varlen_backward_lookup_reads_them(tmp_path
                                                                     "varlen-bwd-d64-fp16-gqa1-s4096")
     assert VB.parse_varlen_bwd_key(key) == {"head_dim": 128, "dtype": "bf16", "group": 4, "causal": True,
                                             "bucket": 4096}
-    for other in ("varlen-d128-bf16-gqa4-causal-s4096", "bwd-d128-bf16-causal-gqa4-s4096", "d128-bf16-causal-gqa4-s4096",
-                  "varlen-bwd-d128-bf16-gqa4-full-s4096", "varlen-bwd-x128-bf16-gqa4-s4096"):
+    for other in ("varlen-d128-bf16-gqa4-causal-s4096", "bwd-d128-bf16-causal-gqa4-s4096",
+                  "d128-bf16-causal-gqa4-s4096", "varlen-bwd-d128-bf16-gqa4-full-s4096",
+                  "varlen-bwd-x128-bf16-gqa4-s4096"):
         assert VB.parse_varlen_bwd_key(other) is None, other
     assert TV.parse_varlen_key(key) is None and TV.parse_varlen_key("varlen-bwd-d128-bf16-gqa4-s4096") is None
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))  # h200: no shipped database
