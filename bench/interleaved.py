@@ -42,10 +42,11 @@ def interleaved_medians(torch, paths: dict, rounds: int, iters: int) -> dict:
 
 
 class MarkdownTable:
-    """A header and table rows written to ``path``; :meth:`flush` rewrites the whole file."""
+    """A header, table rows and ``tail`` lines (after a blank line) written to ``path``; :meth:`flush`
+    rewrites the whole file."""
 
     def __init__(self, path: str, head: list):
-        self.path, self.head, self.rows = path, list(head), []
+        self.path, self.head, self.rows, self.tail = path, list(head), [], []
         self.flush()
 
     def add(self, row: str) -> None:
@@ -54,4 +55,4 @@ class MarkdownTable:
 
     def flush(self) -> None:
         with open(self.path, "w") as f:
-            f.write("\n".join(self.head + self.rows) + "\n")
+            f.write("\n".join(self.head + self.rows + ([""] + self.tail if self.tail else [])) + "\n")

@@ -12,9 +12,21 @@ Forward and forward+backward, through the public APIs (host time included). TFLO
 useful work: 4·Hq·D·sum(Sq_b·Sk_b)/2 per causal forward, 3.5x that for forward+backward. Timing:
 ``n`` back-to-back calls between CUDA events after a warm-up, median over interleaved rounds.
 
+Options for the varlen backward (``rocmflash tune --mode varlen --pass bwd``):
+
+* ``--mixes tuned``: the packed batches of the live GPU's varlen forward entries in the databases
+  run-time selection reads (the shipped one and yours), each exactly as tuned, instead of the bench's mixes;
+* ``--bwd-default``: also time ``rocmflash varlen (bwd default)``, the same public call with the
+  backward pinned to the per-arch default (what it ran before ``varlen-bwd-``/``bwd-`` entries were
+  served), in the same interleaved rounds;
+* ``--varlen-only``: skip the padded dense and SDPA paths.
+
+Below the table, each mix's backward selection (source, entry, config) is listed.
+
 Usage (on a GPU)::
 
     python bench/varlen.py --out $OUT [--rounds 5] [--quick]
+    python bench/varlen.py --out $OUT --mixes tuned --bwd-default --varlen-only
 """
 
 from __future__ import annotations
@@ -40,7 +52,52 @@ def _mixes(torch, quick: bool):
     return mixes
 
 
-def _cases(torch, lengths, hq, hkv, d, dtype):
+def _tuned_mixes(torch) -> dict:
+    """The packed batch of every measured varlen forward entry of the live GPU's databases (as tuned)."""
+    from rocmflash.db import iter_database_entries, servable
+    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.tuning.varlen import VarlenProblem, parse_varlen_key
+
+    gpu = detect_live_gpu()
+    if gpu is None:
+        raise SystemExit("--mixes tuned: the live GPU is not in the catalog")
+    mixes = {}
+    for _, _, key, entry in iter_database_entries(gpu.name):
+        if parse_varlen_key(key) is None or not servable(entry) or key in mixes:
+            continue
+        p = VarlenProblem.from_dict(entry["problem"])
+        if not p.causal or p.dtype != "bf16":
+            continue  # the bench runs causal bf16
+        name = (f"{key}: {len(p.lengths)} seqs {min(p.lengths)}..{p.max_seqlen} Hq{p.heads_q} Hkv{p.heads_kv} "
+                f"D{p.head_dim}")
+        mixes[key] = (name, (list(p.lengths), p.heads_q, p.heads_kv, p.head_dim))
+    if not mixes:
+        raise SystemExit(f"--mixes tuned: no measured causal bf16 varlen entry for {gpu.name}")
+    return dict(mixes.values())
+
+
+class _PinnedBackward:
+    """Within ``with``: ``flash_attn_varlen_func``'s backward runs the per-arch default (selection bypassed)."""
+
+    def __enter__(self):
+        import rocmflash.selection as S
+        from rocmflash.kernels.backward import default_bwd_config
+
+        self.real = S.select_varlen_bwd_config
+
+        def pinned(device, head_dim, *args, **kwargs):
+            return default_bwd_config(S.device_identity(device)[1], head_dim)
+
+        S.select_varlen_bwd_config = pinned
+        return self
+
+    def __exit__(self, *exc):
+        import rocmflash.selection as S
+
+        S.select_varlen_bwd_config = self.real
+
+
+def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=False):
     import torch.nn.functional as F
 
     import rocmflash
@@ -75,7 +132,31 @@ def _cases(torch, lengths, hq, hkv, d, dtype):
         if bwd:
             out.backward(go_pad.transpose(1, 2))
 
-    return {"rocmflash varlen": varlen, "rocmflash dense padded": dense, "sdpa padded": sdpa}
+    def varlen_bwd_default(bwd):
+        with _PinnedBackward():
+            varlen(bwd)
+
+    cases = {"rocmflash varlen": varlen}
+    if bwd_default:
+        cases["rocmflash varlen (bwd default)"] = varlen_bwd_default
+    if not varlen_only:
+        cases.update({"rocmflash dense padded": dense, "sdpa padded": sdpa})
+    return cases
+
+
+def _backward_served(torch, lengths, hq, hkv, d) -> str:
+    """The varlen backward's selection for this mix (run one backward first)."""
+    from rocmflash import selection
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    details = selection.varlen_bwd_selection_details(device, d, torch.bfloat16, True, hq // hkv, max(lengths))
+    if details is None:
+        return "not selected"
+    cfg = details["config"]
+    tiles = (f"dQ {cfg.dq.BLOCK_M}x{cfg.dq.BLOCK_N} w{cfg.dq.num_warps} s{cfg.dq.num_stages}, dK/dV "
+             f"{cfg.dkdv.BLOCK_M}x{cfg.dkdv.BLOCK_N} w{cfg.dkdv.num_warps} s{cfg.dkdv.num_stages}")
+    replaced = f"; replaced by the default: {details['replaced']}" if details["replaced"] else ""
+    return f"{details['source']} {details['entry'] or ''} ({tiles}){replaced}"
 
 
 def main(argv=None) -> int:
@@ -84,6 +165,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10, help="calls per timed round")
     ap.add_argument("--quick", action="store_true", help="two mixes only")
+    ap.add_argument("--mixes", choices=("bench", "tuned"), default="bench",
+                    help="bench: the four mixes below (default); tuned: the packed batches of the live GPU's "
+                         "measured varlen forward entries")
+    ap.add_argument("--bwd-default", action="store_true",
+                    help="also time the varlen path with its backward pinned to the per-arch default")
+    ap.add_argument("--varlen-only", action="store_true", help="skip the padded dense and SDPA paths")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -99,9 +186,10 @@ def main(argv=None) -> int:
             "useful TFLOP/s (padding not counted); ratio = time / rocmflash varlen", "",
             "| mix | pass | path | µs | TFLOP/s | time vs varlen |", "|---|---|---|---|---|---|"]
     table = MarkdownTable(path, head)
-    for name, (lengths, hq, hkv, d) in _mixes(torch, args.quick).items():
+    mixes = _tuned_mixes(torch) if args.mixes == "tuned" else _mixes(torch, args.quick)
+    for name, (lengths, hq, hkv, d) in mixes.items():
         useful = 4.0 * hq * d * sum(n * n for n in lengths) / 2
-        cases = _cases(torch, lengths, hq, hkv, d, torch.bfloat16)
+        cases = _cases(torch, lengths, hq, hkv, d, torch.bfloat16, args.varlen_only, args.bwd_default)
         for bwd in (False, True):
             med = interleaved_medians(torch, {p: (lambda fn=fn: fn(bwd)) for p, fn in cases.items()}, args.rounds,
                                       args.iters)
@@ -110,6 +198,10 @@ def main(argv=None) -> int:
                 table.add(f"| {name} | {'fwd+bwd' if bwd else 'fwd'} | {p} | {t:.0f} | {flops / t / 1e6:.0f} | "
                           f"{t / med['rocmflash varlen']:.2f}x |")
             table.flush()
+        line = f"- {name}: varlen backward served {_backward_served(torch, lengths, hq, hkv, d)}"
+        print(line, flush=True)
+        table.tail.append(line)
+        table.flush()
         del cases
         torch.cuda.empty_cache()
     return 0

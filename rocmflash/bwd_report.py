@@ -24,7 +24,19 @@ def label(cfg: dict) -> str:
 
 
 def ordered(static: BwdStatic) -> list:
+    """Report order: per kernel (dQ, then dK/dV), the kept rows by rank, then the pruned ones."""
     return [r for k in KERNELS for r in static.ranked(k) + [r for r in static.of(k) if not r["kept"]]]
+
+
+def row_values(defaults: list):
+    """The row -> table values function of a backward report; ``defaults``: the per-arch default's space points."""
+
+    def values(row: dict) -> list:
+        return [row["config"]["kernel"], label(row["config"]), *register_values(row["kernel"]),
+                "kept" if row["kept"] else "pruned", row["static_rank"] if row["static_rank"] is not None else "-",
+                "yes" if row["config"] in defaults else "", row["reason"] or ""]
+
+    return values
 
 
 def main(args, command: str) -> int:
@@ -40,11 +52,6 @@ def main(args, command: str) -> int:
     default = default_bwd_config(gpu.arch, problem.head_dim)
     defaults = [space_point("dkdv", default.dkdv), space_point("dq", default.dq)]
 
-    def row_values(row: dict) -> list:
-        return [row["config"]["kernel"], label(row["config"]), *register_values(row["kernel"]),
-                "kept" if row["kept"] else "pruned", row["static_rank"] if row["static_rank"] is not None else "-",
-                "yes" if row["config"] in defaults else "", row["reason"] or ""]
-
     kept = {k: len(static.ranked(k)) for k in KERNELS}
     header = [f"problem: D={problem.head_dim} {problem.dtype} {'causal' if problem.causal else 'non-causal'}, "
               f"Hq {problem.heads_q} / Hkv {problem.heads_kv}",
@@ -55,6 +62,6 @@ def main(args, command: str) -> int:
     causal = "-causal" if problem.causal else ""
     out = args.out or os.path.join("reports", f"vgpr-bwd-{gpu.name}-d{problem.head_dim}-{problem.dtype}{causal}")
     publish(out, f"backward kernels on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, ordered(static),
-            row_values, command, args.json, f"kept {kept['dq']} dQ and {kept['dkdv']} dK/dV configs of "
+            row_values(defaults), command, args.json, f"kept {kept['dq']} dQ and {kept['dkdv']} dK/dV configs of "
             f"{len(static.rows)}", max_rows=100)
     return 0

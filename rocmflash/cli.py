@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "of flash_attn_varlen_func over the dense online space (--causal, --heads, --kv-heads)")
     report.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                         help="fwd: the forward space (default); bwd: the backward's dQ and dK/dV kernels "
-                             "(--mode prefill only)")
+                             "(--mode prefill; --mode varlen: the packed backward's, over the same space)")
     report.add_argument("--batch", type=int, default=None, metavar="B", help="--mode decode: batch (default 32)")
     report.add_argument("--seqlen", type=int, default=None, metavar="S", help="--mode decode: cached keys (default 4096)")
     report.add_argument("--heads", type=int, default=None, metavar="H",
@@ -132,11 +132,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_tune(args) if args.command == "tune" else run_export(args)
         if args.command == "explain":
             return _explain(args)
-        if args.command == "vgpr-report" and args.pass_ == "bwd":
+        if args.command == "vgpr-report" and args.pass_ == "bwd" and args.mode != "varlen":
             if args.mode == "decode":
-                raise ValueError("--pass bwd is for --mode prefill (decode has no backward)")
-            if args.mode == "varlen":
-                raise ValueError("--pass bwd is for --mode prefill (--mode varlen reports the packed forward)")
+                raise ValueError("--pass bwd is for --mode prefill or varlen (decode has no backward)")
             from rocmflash import bwd_report
 
             return bwd_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))

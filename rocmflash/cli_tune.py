@@ -82,13 +82,17 @@ def add_tune_parsers(subparsers) -> None:
                            "sequences (default max(2, 32768 // S)) whose lengths are spread evenly from S/8 to "
                            "S = --seqlen (N=8, S=4096: 512, 1024, ..., 4096; or --lengths), queries = keys, "
                            "--heads/--kv-heads as prefill: the forward's online knobs, every static survivor "
-                           "and the config served before timed; entries varlen-d{D}-{dtype}-gqa{G}[-causal]-s{bucket}")
+                           "and the config served before timed; entries varlen-d{D}-{dtype}-gqa{G}[-causal]-s{bucket} "
+                           "(--pass bwd|both: also the backward's dQ and dK/dV kernels over the dense backward's "
+                           "space, entries varlen-bwd-...)")
     tune.add_argument("--lengths", default=None, metavar="L1,L2,...",
                       help="--mode varlen: the packed batch's sequence lengths, one by one, instead of --batch and "
                            "--seqlen's spread (stored under the longest one's bucket)")
     tune.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "both"), default=None,
                       help="--mode prefill: which kernels to tune: the forward, the backward's dQ and dK/dV "
-                           "kernels (entries bwd-<key>, used by the autograd backward), or both (default)")
+                           "kernels (entries bwd-<key>, used by the autograd backward), or both (default); "
+                           "--mode varlen: the packed forward (default), the packed backward's dQ and dK/dV "
+                           "kernels (entries varlen-bwd-<key>), or both")
     tune.add_argument("--seqlen-q", type=int, default=1, metavar="N", help="--mode decode: new tokens per step (default 1)")
     tune.add_argument("--page-size", type=_page_sizes, default=(0,), metavar="P[,P...]",
                       help="--mode decode: tune for a paged cache with this page size (default 0: contiguous); "
@@ -154,7 +158,7 @@ def run_tune(args: argparse.Namespace) -> int:
         if args.gpus or args.cluster:
             return _error("--gpus/--cluster with --mode decode: use --model, or tune decode on one GPU")
         if passes is not None:
-            return _error(f"--pass {passes} is for --mode prefill (decode has no backward)")
+            return _error(f"--pass {passes} is for --mode prefill or varlen (decode has no backward)")
         return _run_decode_tune(args, console)
     passes = passes or ("fwd" if args.replay else "both")  # a replayed journal holds forward results only
     try:
@@ -265,10 +269,9 @@ def _varlen_problems(args: argparse.Namespace) -> list:
     from rocmflash.tuning.varlen import VarlenProblem
 
     for flag, value in (("--model", args.model), ("--gpus", args.gpus), ("--cluster", args.cluster),
-                        ("--pass", args.pass_), ("--replay", args.replay), ("--variant", args.variant),
-                        ("--dry-run", args.dry_run or None)):
+                        ("--replay", args.replay), ("--variant", args.variant), ("--dry-run", args.dry_run or None)):
         if value is not None:
-            raise ValueError(f"{flag} does not go with --mode varlen (it tunes one packed forward on one GPU)")
+            raise ValueError(f"{flag} does not go with --mode varlen (it tunes one packed batch on one GPU)")
     missing = [flag for flag, value in (("--head-dim", args.head_dim), ("--dtype", args.dtype)) if value is None]
     if args.seqlen is None and args.lengths is None:
         missing.append("--seqlen (or --lengths)")
@@ -285,14 +288,28 @@ def _varlen_problems(args: argparse.Namespace) -> list:
             for s in args.seqlen]
 
 
+#: ``--pass`` of ``--mode varlen`` when none is given: the forward alone, as before the backward could be tuned
+#: (a backward tune roughly doubles the time of a varlen tune, and packed prefill for inference never runs it)
+VARLEN_DEFAULT_PASS = "fwd"
+
+
 def _run_varlen_tune(args: argparse.Namespace, console) -> int:
-    from rocmflash.tuning.varlen_run import print_varlen_summary, tune_varlen
+    from rocmflash.tuning.varlen_run import (print_varlen_bwd_summary, print_varlen_summary, tune_varlen,
+                                             tune_varlen_backward)
+
+    passes = args.pass_ or VARLEN_DEFAULT_PASS
 
     def run():
         problems = _varlen_problems(args)  # every problem checked before the first compile
         for problem in problems:
-            result = tune_varlen(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout)
-            print_varlen_summary(result, console)
+            if passes != "bwd":
+                print_varlen_summary(tune_varlen(args.gpu, problem, args.db, args.cache_dir, args.workers,
+                                                 args.timeout), console)
+            if passes != "fwd":
+                print_varlen_bwd_summary(tune_varlen_backward(args.gpu, problem, args.db, args.cache_dir,
+                                                              args.workers, args.timeout), console)
+        if args.pass_ is None:
+            console.print("(forward only: --pass bwd or --pass both also tunes the varlen backward for training)")
 
     return _one_gpu_tune(args, run)
 

@@ -254,6 +254,26 @@ def sweep_family(family_name: str, configs: list[dict], problem: dict, gpu: GPU,
     return _observe_all(keys, tasks, gpu, cache_dir, workers, timeout_s, on_result)
 
 
+def observe_family_config(family_name: str, config: dict, problem: dict, gpu: GPU,
+                          cache_dir: Optional[str] = None) -> dict:
+    """One observation of a family config, from the cache or compiled in this process (no worker pool).
+
+    For run-time checks of a single config (:func:`rocmflash.tuning.varlen_bwd.usable_config`): the
+    same fingerprint and cache as :func:`sweep_family`, so a check after a tune's static phase (or
+    an earlier process's check) compiles nothing.
+    """
+    from rocmflash.families import get_family
+
+    key = family_fingerprint(get_family(family_name), config, problem, gpu)
+    cache = ObservationCache(cache_dir or default_cache_dir())
+    record = cache.get(key)
+    if record is None:
+        record = observe({"family": family_name, "config": config, "problem": problem, "fingerprint": key,
+                          "gpu": gpu.name})
+        cache.put(key, record)
+    return record
+
+
 def _observe_all(keys: list, tasks: list, gpu: GPU, cache_dir, workers, timeout_s, on_result):
     """Observations for ``tasks`` (cache first, the rest compiled in a pool), in order, with stats."""
     start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Kernel families the static phase compiles besides the forward variants (decode, backward, varlen).
+"""Kernel families the static phase compiles besides the forward variants (decode, backward, varlen and
+the varlen backward).
 
 A family names the module that builds its kernels and the source files whose contents
 decide what they compile to (the compile cache key). Its module provides:
@@ -55,6 +56,9 @@ FAMILIES = {
                        ("config.py", "kernels/common.py", "kernels/backward.py", "tuning/backward.py")),
     "varlen": Family("varlen", "rocmflash.tuning.varlen",
                      ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/varlen.py", "tuning/varlen.py")),
+    "varlen_bwd": Family("varlen_bwd", "rocmflash.tuning.varlen_bwd",
+                         ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/varlen.py",
+                          "tuning/varlen_bwd.py")),
 }
 
 

@@ -15,7 +15,9 @@
    per-arch default the kernel tests run with.
 
 :func:`select_varlen_config` (``flash_attn_varlen_func``'s forward) reads the packed kernel's own
-``varlen-`` entries first and falls back to the above for the dense problem of the longest sequence.
+``varlen-`` entries first and falls back to the above for the dense problem of the longest sequence;
+:func:`select_varlen_bwd_config` (its backward) reads ``varlen-bwd-`` entries, then the dense ``bwd-``
+entry, then the per-arch backward default, and serves only configs that build as the varlen kernels.
 
 Nothing is ever tuned here. Every answer is cached per (device, problem key), so a
 repeat call is one dict lookup (well under a microsecond; see
@@ -40,6 +42,7 @@ _DEVICE: dict = {}  # device key -> (gpu catalog name or None, arch or None)
 _FWD: dict = {}  # problem key -> KernelConfig
 _BWD: dict = {}
 _VARLEN: dict = {}  # packed-forward problem key -> KernelConfig
+_VARLEN_BWD: dict = {}  # packed-backward problem key -> BwdConfig
 _LAST_SOURCE: dict = {}  # problem key -> "db" | "default" (introspection / tests)
 
 
@@ -49,6 +52,7 @@ def clear_cache() -> None:
     _FWD.clear()
     _BWD.clear()
     _VARLEN.clear()
+    _VARLEN_BWD.clear()
     _LAST_SOURCE.clear()
     try:
         from rocmflash import db
@@ -59,9 +63,11 @@ def clear_cache() -> None:
         clear()
     from rocmflash.tuning.backward import clear_cache as clear_bwd
     from rocmflash.tuning.varlen import clear_cache as clear_varlen
+    from rocmflash.tuning.varlen_bwd import clear_cache as clear_varlen_bwd
 
     clear_bwd()
     clear_varlen()
+    clear_varlen_bwd()
 
 
 def _interpreting() -> bool:
@@ -290,10 +296,86 @@ def bwd_selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) 
     return _LAST_SOURCE.get(key)
 
 
+def _varlen_bwd_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k, softcap, window) -> tuple:
+    return ("varlen-bwd", getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+            int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(max_seqlen_k), bool(softcap),
+            bool(window))
+
+
+def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, max_seqlen_k: int,
+                             softcap: bool = False, window: bool = False):
+    """The packed (varlen) backward's :class:`~rocmflash.kernels.backward.BwdConfig` on ``device``, in order:
+
+    1. the nearest measured ``varlen-bwd-`` entry (``rocmflash tune --mode varlen --pass bwd``,
+       :func:`rocmflash.tuning.varlen_bwd.lookup_varlen_bwd`: same head dim, dtype, causal flag and GQA
+       ratio, nearest bucket of the longest key sequence);
+    2. else the dense backward's choice (:func:`select_bwd_config` with the longest key sequence: the
+       nearest measured ``bwd-`` entry);
+    3. else the per-arch backward default.
+
+    A config from 1 or 2 that was not measured as this build -- every dense entry, and a varlen entry
+    when ``softcap`` or a left ``window`` adds registers (the tune measured neither) -- is cross-compiled
+    for the device's arch as the varlen kernels (in this process, cached on disk) and each kernel that
+    fails to compile, spills in a loop or overflows LDS is replaced by the per-arch default's
+    (:func:`rocmflash.tuning.varlen_bwd.usable_config`). Cached per problem, bucket and flags; logged once.
+    """
+    key = _varlen_bwd_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k, softcap, window)
+    cfg = _VARLEN_BWD.get(key)
+    if cfg is not None:
+        return cfg
+    from rocmflash.kernels.backward import default_bwd_config
+
+    gpu_name, arch = device_identity(device)
+    seqlen = max(int(max_seqlen_k), 1)
+    match = None
+    if gpu_name is not None and not db_disabled():
+        try:
+            from rocmflash.tuning.varlen_bwd import lookup_varlen_bwd
+
+            match = lookup_varlen_bwd(gpu_name, int(head_dim), normalize_dtype(dtype), int(gqa_ratio), bool(causal),
+                                      seqlen)
+        except Exception as err:  # a broken database must not break training: warn, use the dense choice
+            warnings.warn(f"rocmflash: varlen backward config lookup failed ({err}); using the dense choice",
+                          RuntimeWarning, stacklevel=3)
+    if match is not None:
+        cfg, source, entry = match.config, "varlen-db", match.key
+        distance = "the asked bucket" if match.bucket_distance == 0 else f"{match.bucket_distance} bucket(s) away"
+        text = f"varlen backward: database entry {match.key} ({distance}) of {match.path}"
+        measured_build = not (softcap or window)
+    else:
+        cfg = select_bwd_config(device, head_dim, dtype, causal, gqa_ratio, seqlen)
+        dense = bwd_selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen)
+        source, entry = ("dense-db", dense["entry"]) if dense["source"] == "db" else ("default", None)
+        text = f"varlen backward: no measured varlen-bwd entry; the dense choice: {dense['text']}"
+        measured_build = source == "default"  # the per-arch default is register-checked as the varlen kernels
+    replaced = {}
+    if not measured_build:
+        from rocmflash.tuning.varlen_bwd import build_problem, usable_config
+
+        cfg, replaced = usable_config(gpu_name, cfg, default_bwd_config(arch, int(head_dim)),
+                                      build_problem(head_dim, dtype, gqa_ratio, causal, softcap, window))
+        for kernel, why in replaced.items():
+            text += f"; its {kernel} config does not build as the varlen kernel ({why}): per-arch default instead"
+    _LAST_SOURCE[key] = {"source": source, "entry": entry, "bucket_distance": match and match.bucket_distance,
+                         "path": match and match.path, "config": cfg, "replaced": replaced, "text": text}
+    _log.info("rocmflash: %s", text)
+    _VARLEN_BWD[key] = cfg
+    return cfg
+
+
+def varlen_bwd_selection_details(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k, softcap=False,
+                                 window=False) -> Optional[dict]:
+    """For a packed backward already selected on ``device``: ``{"source": "varlen-db" | "dense-db" | "default",
+    "entry", "bucket_distance", "path", "config", "replaced": {kernel: why}, "text"}``, else None."""
+    return _LAST_SOURCE.get(_varlen_bwd_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k, softcap,
+                                            window))
+
+
 def _bucket(seqlen: int) -> int:
     s = max(int(seqlen), 1)
     return 1 << (s - 1).bit_length()
 
 
-__all__ = ["select_config", "select_bwd_config", "select_varlen_config", "varlen_selection_details", "bwd_selection_details", "clear_cache", "device_identity", "selection_source",
-           "selection_details"]
+__all__ = ["select_config", "select_bwd_config", "select_varlen_config", "select_varlen_bwd_config",
+           "varlen_selection_details", "varlen_bwd_selection_details", "bwd_selection_details", "clear_cache",
+           "device_identity", "selection_source", "selection_details"]

@@ -138,24 +138,35 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
 
 
 # ----------------------------------------------------------------------------- configs
-def _configs(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, softcap: float,
-             window_left: int):
-    """Forward and backward configs. Forward: the measured varlen entry of the nearest bucket
-    (``rocmflash tune --mode varlen``), else the dense problem's (database entry or per-arch
-    default); both cached per problem and bucket. On AMD the tile becomes the one the varlen
-    kernel needs when a cap or a left window adds registers (the tune measured neither)."""
-    from rocmflash.selection import device_identity, select_bwd_config, select_varlen_config
+def _forward_config(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, softcap: float,
+                    window_left: int):
+    """The forward config, cached per problem and bucket: the measured varlen entry of the nearest bucket
+    (``rocmflash tune --mode varlen``), else the dense problem's (database entry or per-arch default). On
+    AMD the tile becomes the one the varlen kernel needs when a cap or a left window adds registers (the
+    tune measured neither)."""
+    from rocmflash.selection import device_identity, select_varlen_config
 
     fwd = select_varlen_config(device, head_dim, dtype, causal, group, max(1, max_seqlen_k))
     _, arch = device_identity(device)
-    fwd = VK.amd_forward_tile(fwd, arch, head_dim, softcap > 0, window_left < M.UNBOUNDED)
-    return fwd, select_bwd_config(device, head_dim)
+    return VK.amd_forward_tile(fwd, arch, head_dim, softcap > 0, window_left < M.UNBOUNDED)
+
+
+def _backward_config(device, dtype, call: VK.VarlenCall):
+    """The backward config, chosen when a backward runs (a forward-only call never reads a backward entry
+    nor builds one): :func:`rocmflash.selection.select_varlen_bwd_config` -- the measured ``varlen-bwd-``
+    entry of the nearest bucket (``rocmflash tune --mode varlen --pass bwd``), else the dense ``bwd-``
+    entry, else the per-arch default, each kernel checked to build as the varlen kernel with this call's
+    cap and window. Cached per problem, bucket and flags."""
+    from rocmflash.selection import select_varlen_bwd_config
+
+    return select_varlen_bwd_config(device, call.head_dim, dtype, call.win_right == 0, call.group,
+                                    max(1, call.max_seqlen_k), call.softcap > 0, call.win_left < M.UNBOUNDED)
 
 
 # ----------------------------------------------------------------------------- autograd
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, call, fwd_cfg, bwd_cfg, need_lse):
+    def forward(ctx, q, k, v, cu_q, cu_k, call, fwd_cfg, need_lse):
         out = torch.empty_like(q)
         needs_grad = any(ctx.needs_input_grad[:3])
         lse = None
@@ -164,7 +175,7 @@ class _VarlenAttention(torch.autograd.Function):
         if q.shape[0]:
             VK.launch_forward(call, q, k, v, cu_q, cu_k, fwd_cfg, out, lse)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.call, ctx.bwd_cfg = call, bwd_cfg
+        ctx.call = call
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -174,10 +185,11 @@ class _VarlenAttention(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         if q.shape[0] == 0 or k.shape[0] == 0:
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None, None
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None
+        bwd_cfg = _backward_config(q.device, q.dtype, ctx.call)
         dq, dk, dv = VK.launch_backward(ctx.call, dout, q, k, v, out, lse,
-                                        dlse.contiguous() if dlse is not None else None, cu_q, cu_k, ctx.bwd_cfg)
-        return dq, dk, dv, None, None, None, None, None, None
+                                        dlse.contiguous() if dlse is not None else None, cu_q, cu_k, bwd_cfg)
+        return dq, dk, dv, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- public
@@ -217,8 +229,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_seqlen_q), int(max_seqlen_k), scale,
                          float(softcap), left, right)
-    fwd_cfg, bwd_cfg = _configs(q.device, D, q.dtype, right == 0, call.group, int(max_seqlen_k), float(softcap), left)
-    out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, fwd_cfg, bwd_cfg, bool(return_lse))
+    fwd_cfg = _forward_config(q.device, D, q.dtype, right == 0, call.group, int(max_seqlen_k), float(softcap), left)
+    out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, fwd_cfg, bool(return_lse))
     return (out, lse) if return_lse else out
 
 

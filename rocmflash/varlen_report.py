@@ -1,4 +1,11 @@
-"""``rocmflash vgpr-report --mode varlen``: the packed forward kernel's register use and pruning for a GPU's arch."""
+"""``rocmflash vgpr-report --mode varlen [--pass bwd]``: the packed kernels' register use and pruning for a GPU's arch.
+
+``--pass fwd`` (default): the packed forward over the dense online space. ``--pass bwd``: the packed
+backward's dQ and dK/dV kernels over the dense backward's space, cross-compiled as the varlen kernels,
+with the rows of the dense backward's report (:mod:`rocmflash.bwd_report`): registers, spills,
+scratch, LDS, waves, the pruner's verdict and reason, the static rank, and which row is the config the
+varlen backward serves without a ``varlen-bwd-`` entry (the per-arch default).
+"""
 
 from __future__ import annotations
 
@@ -24,13 +31,40 @@ def main(args, command: str) -> int:
     problem = VarlenProblem.spread(args.batch or 8, args.seqlen or 4096, head_dim=args.head_dim, dtype=args.dtype,
                                    heads_q=heads, heads_kv=args.kv_heads if args.kv_heads is not None else heads,
                                    causal=args.causal)
-    static = static_phase(gpu, problem, args.cache_dir, args.workers)
     p = problem
-    header = [f"problem: D={p.head_dim} {p.dtype}, Hq {p.heads_q} / Hkv {p.heads_kv} (GQA {p.group}), "
-              f"{'causal' if p.causal else 'full'}; the packed forward (`flash_attn_varlen_func`), LSE stored",
+    geometry = (f"problem: D={p.head_dim} {p.dtype}, Hq {p.heads_q} / Hkv {p.heads_kv} (GQA {p.group}), "
+                f"{'causal' if p.causal else 'full'}")
+    if getattr(args, "pass_", "fwd") == "bwd":
+        return _backward(args, command, gpu, problem, geometry)
+    static = static_phase(gpu, problem, args.cache_dir, args.workers)
+    header = [f"{geometry}; the packed forward (`flash_attn_varlen_func`), LSE stored",
               f"{len(static.rows)} configs (the dense online space), {len(static.ranked)} kept; registers and "
               "occupancy read from the code objects (`isa_tools`), verdicts from `rocmflash.prune`"]
     publish(args.out or os.path.join("reports", f"vgpr-varlen-{gpu.name}-d{p.head_dim}-{p.dtype}"),
             f"varlen forward kernel on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, static.report_order,
             row_values, command, args.json, f"{len(static.ranked)} of {len(static.rows)} varlen configs kept")
+    return 0
+
+
+def _backward(args, command: str, gpu, problem: VarlenProblem, geometry: str) -> int:
+    from rocmflash import bwd_report
+    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.tuning.backward import KERNELS, space_point
+    from rocmflash.tuning.varlen_bwd import static_phase as bwd_static_phase
+
+    static = bwd_static_phase(gpu, problem, args.cache_dir, args.workers)
+    default = default_bwd_config(gpu.arch, problem.head_dim)
+    defaults = [space_point("dkdv", default.dkdv), space_point("dq", default.dq)]
+    kept = {k: len(static.ranked(k)) for k in KERNELS}
+    header = [f"{geometry}; the packed backward (`flash_attn_varlen_func`'s dQ and dK/dV kernels)",
+              f"{len(static.rows)} configs (the dense backward's space: dQ {len(static.of('dq'))}, dK/dV "
+              f"{len(static.of('dkdv'))}); kept: dQ {kept['dq']}, dK/dV {kept['dkdv']}; registers and occupancy "
+              "read from the code objects (`isa_tools`), verdicts from `rocmflash.prune`; 'own'/'loop' = the block "
+              "a program owns / loops over",
+              "default = the per-arch default the varlen backward serves without a measured varlen-bwd or bwd entry"]
+    causal = "-causal" if problem.causal else ""
+    out = args.out or os.path.join("reports", f"vgpr-varlen-bwd-{gpu.name}-d{problem.head_dim}-{problem.dtype}{causal}")
+    publish(out, f"varlen backward kernels on {gpu.name} ({gpu.arch}), cross-compiled", header, bwd_report.COLUMNS,
+            bwd_report.ordered(static), bwd_report.row_values(defaults), command, args.json,
+            f"kept {kept['dq']} dQ and {kept['dkdv']} dK/dV varlen configs of {len(static.rows)}", max_rows=100)
     return 0

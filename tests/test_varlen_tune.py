@@ -133,6 +133,7 @@ def test_cli_tune_varlen_static_only_on_cpu(small_space, cache_dir, tmp_path, ca
     out = capsys.readouterr().out
     assert code == 0, out
     assert "not measured" in out and "3 survive the static phase" in out
+    assert "forward only: --pass bwd or --pass both also tunes the varlen backward" in out  # no --pass: forward
     data = D.ConfigDB.read(str(tmp_path / "mi300x.json"))
     assert list(data["entries"]) == ["varlen-d128-bf16-gqa4-causal-s4096"]
     entry = data["entries"]["varlen-d128-bf16-gqa4-causal-s4096"]
@@ -159,7 +160,7 @@ def test_cli_tune_varlen_static_only_on_cpu(small_space, cache_dir, tmp_path, ca
     (["--lengths", "256,0"], "--lengths '256,0' is invalid"),
     (["--lengths", "256", "--seqlen", "256"], "--lengths gives the packed batch itself"),
     ([], "needs --seqlen (or --lengths)"),
-    (["--seqlen", "4096", "--pass", "bwd"], "--pass does not go with --mode varlen"),
+    (["--seqlen", "4096", "--replay", "journal.jsonl"], "--replay does not go with --mode varlen"),
     (["--seqlen", "4096", "--gpus", "all"], "--gpus does not go with --mode varlen"),
     (["--seqlen", "4096", "--gpu", "mi999"], "mi999"),
 ])
@@ -176,13 +177,6 @@ def test_cli_tune_varlen_bad_input_is_one_line(args, words, capsys):
     assert err.startswith("error: ") and words in err and err.count("\n") == 1 and "Traceback" not in err
     assert main(["tune", "--gpu", "mi300x", "--head-dim", "128", "--dtype", "bf16", "--lengths", "8,16"]) == 2
     assert "--lengths is for --mode varlen" in capsys.readouterr().err
-
-
-def test_vgpr_report_varlen_has_no_backward(capsys):
-    from rocmflash.cli import main
-
-    assert main(["vgpr-report", "--gpu", "mi300x", "--mode", "varlen", "--pass", "bwd"]) == 2
-    assert "--pass bwd is for --mode prefill" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- live phase (fake ROCm, interpreter)

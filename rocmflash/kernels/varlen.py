@@ -411,22 +411,30 @@ def _dkdv_constexprs(call: VarlenCall, cfg: KernelConfig) -> dict:
                 SOFTCAP=call.softcap > 0, **call.bounded())
 
 
-def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg):
-    """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.BwdConfig`."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    delta = torch.empty_like(lse)
-    backend = C.torch_backend()
-    cfg = bwd_cfg.dq
+def launch_dq(call: VarlenCall, do, q, k, v, out, lse, dlse, delta, dq, cu_q, cu_k, cfg: KernelConfig):
+    """Run ``_varlen_bwd_dq`` with ``cfg``: ``dq`` and, for its rows, ``delta = rowsum(dO * O) - dLSE``."""
     dlse_arg = dlse if dlse is not None else lse
     C.launch_cached(_varlen_bwd_dq, (call, dlse is None), (q, k, v, out, do, lse, dlse_arg, delta, dq, cu_q, cu_k),
                     lambda: ((triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
                              dq_args(call, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k),
-                             _dq_constexprs(call, cfg, dlse is not None)), cfg, backend)
-    dkdv_cfg = bwd_cfg.dkdv
+                             _dq_constexprs(call, cfg, dlse is not None)), cfg, C.torch_backend())
+
+
+def launch_dkdv(call: VarlenCall, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, cfg: KernelConfig):
+    """Run ``_varlen_bwd_dkdv`` with ``cfg`` (reads the ``delta`` the dQ kernel wrote): ``dk`` and ``dv``."""
     C.launch_cached(_varlen_bwd_dkdv, (call,), (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
-                    lambda: ((triton_cdiv(call.max_seqlen_k, dkdv_cfg.BLOCK_N), call.batch * call.heads_kv),
+                    lambda: ((triton_cdiv(call.max_seqlen_k, cfg.BLOCK_N), call.batch * call.heads_kv),
                              dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
-                             _dkdv_constexprs(call, dkdv_cfg)), dkdv_cfg, backend)
+                             _dkdv_constexprs(call, cfg)), cfg, C.torch_backend())
+
+
+def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg):
+    """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.BwdConfig`
+    (its ``head_splits`` is not used: the dK/dV kernel sums the whole GQA group in registers)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
+    launch_dq(call, do, q, k, v, out, lse, dlse, delta, dq, cu_q, cu_k, bwd_cfg.dq)
+    launch_dkdv(call, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, bwd_cfg.dkdv)
     return dq, dk, dv
 
 
@@ -477,6 +485,30 @@ def compile_forward_for(target, fwd_cfg: KernelConfig, head_dim: int, dtype: str
                             _fwd_constexprs(call, fwd_cfg, True), fwd_cfg)
 
 
+def compile_backward_kernel_for(target, kernel: str, cfg: KernelConfig, head_dim: int, dtype: str = "bf16",
+                                group: int = 1, causal: bool = True, heads_kv: int = 8, softcap: bool = False,
+                                window: bool = False):
+    """Cross-compile one varlen backward kernel (``"dq"`` or ``"dkdv"``) for ``target`` without tensors.
+
+    The varlen backward tune's static phase (:mod:`rocmflash.tuning.varlen_bwd`) compiles this;
+    ``heads_kv`` only sets the strides Triton specialises on. The dQ build is the one a call without
+    an LSE gradient runs.
+    """
+    if kernel not in ("dq", "dkdv"):
+        raise ValueError(f"varlen backward kernel {kernel!r} is unknown; expected 'dq' or 'dkdv'")
+    call, D3, K3 = _compile_geometry(head_dim, group, heads_kv, softcap, window, causal)
+    t = "*" + dtype
+    q, o, do, dq = (_StridedPtr(t, D3) for _ in range(4))
+    k, v, dk, dv = (_StridedPtr(t, K3) for _ in range(4))
+    lse, delta = _StridedPtr("*fp32", (8 * 4096, 1)), _StridedPtr("*fp32", (8 * 4096, 1))
+    cu = _StridedPtr("*i32", ())
+    if kernel == "dq":
+        return C.compile_kernel(_varlen_bwd_dq, target, dq_args(call, q, k, v, o, do, lse, None, delta, dq, cu, cu),
+                                _dq_constexprs(call, cfg, False), cfg)
+    return C.compile_kernel(_varlen_bwd_dkdv, target, dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu, cu),
+                            _dkdv_constexprs(call, cfg), cfg)
+
+
 def compile_for(target, fwd_cfg: KernelConfig, bwd_cfg, head_dim: int, dtype: str = "bf16", group: int = 1,
                 softcap: bool = False, window: bool = False, causal: bool = True):
     """Cross-compile the three varlen kernels for ``target`` without tensors: ``(fwd, dq, dkdv)``.
@@ -485,19 +517,6 @@ def compile_for(target, fwd_cfg: KernelConfig, bwd_cfg, head_dim: int, dtype: st
     build serves every packed batch; ``window`` (a left window) and ``causal`` decide which
     sides of the band are bounded (constexprs: an unbounded side has no loop and no compare).
     """
-    call, D3, K3 = _compile_geometry(head_dim, group, 8, softcap, window, causal)
-    t = "*" + dtype
-
-    def ptr(ty, strides=()):
-        return _StridedPtr(ty, strides)
-
-    q, o, do, dq = (ptr(t, D3) for _ in range(4))
-    k, v, dk, dv = (ptr(t, K3) for _ in range(4))
-    lse, delta = ptr("*fp32", (8 * 4096, 1)), ptr("*fp32", (8 * 4096, 1))
-    cu = ptr("*i32")
     fwd = compile_forward_for(target, fwd_cfg, head_dim, dtype, group, causal, 8, softcap, window)
-    dq_k = C.compile_kernel(_varlen_bwd_dq, target, dq_args(call, q, k, v, o, do, lse, None, delta, dq, cu, cu),
-                            _dq_constexprs(call, bwd_cfg.dq, False), bwd_cfg.dq)
-    dkdv = C.compile_kernel(_varlen_bwd_dkdv, target, dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu, cu),
-                            _dkdv_constexprs(call, bwd_cfg.dkdv), bwd_cfg.dkdv)
-    return fwd, dq_k, dkdv
+    return (fwd, *(compile_backward_kernel_for(target, kernel, getattr(bwd_cfg, kernel), head_dim, dtype, group,
+                                               causal, 8, softcap, window) for kernel in ("dq", "dkdv")))

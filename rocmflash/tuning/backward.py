@@ -133,7 +133,7 @@ def _static_key(config: dict, kernel: dict, amd: bool, index: int) -> tuple:
 
 @dataclasses.dataclass
 class BwdStatic:
-    problem: Problem
+    problem: object  #: a Problem (dense backward) or a VarlenProblem (the varlen backward)
     rows: list  #: per config: {"config", "kept", "reason", "detail", "static_rank", "kernel": summary}
     stats: object
 
@@ -146,18 +146,15 @@ class BwdStatic:
         return [r for r in self.rows if r["config"]["kernel"] == kernel]
 
 
-def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=None,
-                 configs: Optional[list] = None) -> BwdStatic:
-    """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU)."""
-    from rocmflash.compile import sweep_family
+def rank_each_kernel(gpu, configs: list, observations: list, settings=None) -> list:
+    """The static phase's rows of a backward space (:func:`rocmflash.families.family_rows`): each kernel's
+    configs pruned and ranked on their own, so "every config pruned" falls back per kernel."""
     from rocmflash.families import family_rows
     from rocmflash.prune import PruneSettings, prune
 
-    configs = configs if configs is not None else bwd_space(gpu.arch, problem.head_dim)
-    observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers)
     amd = gpu.arch.startswith("gfx")
     rows = []
-    for kernel in KERNELS:  # each kernel pruned and ranked on its own: "every config pruned" falls back per kernel
+    for kernel in KERNELS:
         index = [i for i, c in enumerate(configs) if c["kernel"] == kernel]
         sub = [observations[i] for i in index]
 
@@ -165,7 +162,17 @@ def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=N
             return _static_key(config, obs["kernels"][0] if obs.get("kernels") else {}, amd, index[j])
 
         rows += family_rows([configs[i] for i in index], sub, prune(sub, settings or PruneSettings()), key)
-    return BwdStatic(problem, rows, stats)
+    return rows
+
+
+def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=None,
+                 configs: Optional[list] = None) -> BwdStatic:
+    """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU)."""
+    from rocmflash.compile import sweep_family
+
+    configs = configs if configs is not None else bwd_space(gpu.arch, problem.head_dim)
+    observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers)
+    return BwdStatic(problem, rank_each_kernel(gpu, configs, observations, settings), stats)
 
 
 # ----------------------------------------------------------------------------- run-time lookup
@@ -408,5 +415,5 @@ def prewarm_bwd(task: dict) -> Optional[str]:
 
 
 __all__ = ["PREFIX", "KERNELS", "bwd_key", "parse_bwd_key", "bwd_space", "kernel_config", "space_point",
-           "static_phase", "BwdStatic", "lookup_bwd", "BwdMatch", "entry_config", "reference_grads", "measure_bwd",
-           "prewarm_bwd", "split_choices", "clear_cache"]
+           "static_phase", "rank_each_kernel", "BwdStatic", "lookup_bwd", "BwdMatch", "entry_config",
+           "reference_grads", "measure_bwd", "prewarm_bwd", "split_choices", "clear_cache"]

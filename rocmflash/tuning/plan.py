@@ -6,8 +6,9 @@ A model (:mod:`rocmflash.tuning.models`) calls, per dtype and sequence-length bu
 * its **backward** (``bwd-<forward key>``; training), and
 * the KV-cache **decode** step (``decode-d<D>-<dtype>-gqa<r>-kv<bucket>-b<batch bucket>``).
 
-Sliding-window and soft-capped layers run on the varlen kernel, which reads the same
-forward entries; they are not tuned separately, and the plan says so.
+Sliding-window and soft-capped layers run on the varlen kernels, which read the same
+forward and backward entries (the backward's after a check that they build as the varlen
+kernels with the cap and window); they are not tuned separately, and the plan says so.
 
 The estimate is rough by design: live seconds per timed config measured on an H100
 (``SECONDS_PER_CONFIG``), divided over the GPUs, plus a cross-compile estimate for configs
@@ -135,8 +136,8 @@ def make_plan(model: ModelAttention, gpu, dtypes: Optional[list] = None, seqlens
     if model.sliding_window or model.softcap:
         what = " and ".join(filter(None, (f"a {model.sliding_window}-key sliding window" if model.sliding_window
                                           else "", f"softcap {model.softcap:g}" if model.softcap else "")))
-        notes.append(f"layers with {what} run on the varlen kernel, which reads the same causal forward "
-                     "entries; they are not tuned separately")
+        notes.append(f"layers with {what} run on the varlen kernels, which read the same causal forward and "
+                     "backward entries; they are not tuned separately")
     if dropped:
         notes.append(f"seqlen buckets {', '.join(map(str, dropped))} are beyond {model.name}'s context length "
                      f"{model.max_positions}: left out (name them with --seqlen to tune them anyway)")

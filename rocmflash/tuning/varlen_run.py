@@ -1,11 +1,14 @@
-"""The varlen tune end to end: static phase, live phase on a matching GPU, database entry, summary.
+"""The varlen tunes end to end: static phase, live phase on a matching GPU, database entry, summary.
 
-Kept apart from :mod:`rocmflash.tuning.varlen` (problem, keys, space, compile entry, run-time
-lookup) and :mod:`rocmflash.tuning.varlen_worker` (what a timing worker runs) so the
-orchestration reads on its own. It follows :mod:`rocmflash.tuning.decode_run`: every static
-survivor is timed (a forward over one packed batch is cheap to time), plus the config
-``flash_attn_varlen_func`` served before (the dense entry or per-arch default), so each
-entry says what tuning the varlen kernel on its own gained.
+Kept apart from :mod:`rocmflash.tuning.varlen` / :mod:`rocmflash.tuning.varlen_bwd` (problem,
+keys, space, compile entries, run-time lookups) and :mod:`rocmflash.tuning.varlen_worker` /
+:mod:`rocmflash.tuning.varlen_bwd_worker` (what a timing worker runs) so the orchestration reads
+on its own. It follows :mod:`rocmflash.tuning.decode_run`: every static survivor is timed (one
+packed batch is cheap to time), plus the config ``flash_attn_varlen_func`` served before (for
+the forward the dense entry or per-arch default, for the backward the dense ``bwd-`` entry or
+per-arch default), so each entry says what tuning the varlen kernels on their own gained.
+:func:`tune_varlen` tunes the forward (``--pass fwd``), :func:`tune_varlen_backward` the
+backward's dQ and dK/dV kernels (``--pass bwd``).
 """
 
 from __future__ import annotations
@@ -34,16 +37,23 @@ def dense_choice(gpu, problem: VarlenProblem) -> dict:
     return {"config": default_config(gpu.arch, problem.head_dim).to_dict(), "source": f"per-arch default ({gpu.arch})"}
 
 
-def _measure_all(configs: list, problem: VarlenProblem, timeout_s: float, interpret: bool, on_result=None) -> list:
+def _measure_all(configs: list, problem: VarlenProblem, timeout_s: float, interpret: bool, on_result=None,
+                 backward: bool = False) -> list:
     """Every config in one isolated worker pinned to the current device (a crash or hang costs that config);
-    on a GPU every config is compiled first, in parallel."""
+    on a GPU every config is compiled first, in parallel. ``backward``: the configs are backward space
+    points, run by :mod:`rocmflash.tuning.varlen_bwd_worker`."""
     from rocmflash.tuning.isolated import measure_isolated, prewarm_parallel
-    from rocmflash.tuning.varlen_worker import measure_varlen, prewarm_varlen
 
+    if backward:
+        from rocmflash.tuning.varlen_bwd_worker import measure_varlen_bwd as measure
+        from rocmflash.tuning.varlen_bwd_worker import prewarm_varlen_bwd as prewarm
+    else:
+        from rocmflash.tuning.varlen_worker import measure_varlen as measure
+        from rocmflash.tuning.varlen_worker import prewarm_varlen as prewarm
     tasks = [{"config": c, "problem": problem.to_dict()} for c in configs]
     if not interpret:
-        prewarm_parallel(tasks, prewarm_varlen, timeout_s)
-    return measure_isolated(tasks, measure_varlen, timeout_s, interpret, on_result)
+        prewarm_parallel(tasks, prewarm, timeout_s)
+    return measure_isolated(tasks, measure, timeout_s, interpret, on_result)
 
 
 def _stamp() -> str:
@@ -146,5 +156,114 @@ def print_varlen_summary(result: FamilyTuneResult, console) -> None:
     console.print(f"database: {result.db_path}")
 
 
-__all__ = ["tune_varlen", "print_varlen_summary", "measured_entry", "static_entry",
-           "dense_choice"]
+# ----------------------------------------------------------------------------- the backward
+def backward_baseline(gpu, problem: VarlenProblem) -> dict:
+    """What ``flash_attn_varlen_func``'s backward ran on ``gpu`` without a ``varlen-bwd-`` entry, as
+    :func:`rocmflash.selection.select_varlen_bwd_config` chooses it: the measured dense ``bwd-`` entry of the
+    longest sequence's bucket (each kernel that does not build as the varlen kernel replaced by the per-arch
+    default's), else the per-arch default. ``{"config": {"dq", "dkdv"}: space points, "source"}``."""
+    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.tuning.backward import lookup_bwd, space_point
+    from rocmflash.tuning.varlen_bwd import build_problem, usable_config
+
+    default = default_bwd_config(gpu.arch, problem.head_dim)
+    match = lookup_bwd(gpu.name, problem.head_dim, problem.dtype, problem.causal, problem.group, problem.max_seqlen)
+    cfg, source = default, f"per-arch default ({gpu.arch})"
+    if match is not None:
+        cfg, replaced = usable_config(gpu.name, match.config, default,
+                                      build_problem(problem.head_dim, problem.dtype, problem.group, problem.causal))
+        source = f"dense entry {match.key}" + "".join(f" ({k}: per-arch default, {why})" for k, why in replaced.items())
+    return {"config": {k: space_point(k, getattr(cfg, k)) for k in ("dq", "dkdv")}, "source": source}
+
+
+def _varlen_bwd_entry(entry: dict, baseline: Optional[dict] = None) -> dict:
+    """A dense backward entry (:mod:`rocmflash.tuning.backward_run`) made a varlen one: ``"mode": "varlen"``,
+    ``"pass": "bwd"``, the forward varlen entry's timing text, and the served-before config as ``baseline``."""
+    entry.update(mode="varlen", **{"pass": "bwd"})
+    if entry.get("timing") == "gpu":
+        entry["timing"] = "gpu (L2 flushed, median)"
+    if baseline is not None:
+        entry["baseline"] = {"source": baseline["source"], "config": baseline["config"],
+                             "time_ms": entry.pop("default_time_ms", None)}
+        speedup = entry.pop("speedup_vs_default", None)
+        if speedup is not None:
+            entry["speedup_vs_baseline"] = speedup
+    return entry
+
+
+def tune_varlen_backward(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = None, cache_dir=None,
+                         workers=None, timeout_s: float = 120.0, on_result=None,
+                         configs: Optional[list] = None) -> FamilyTuneResult:
+    """The varlen backward tune (:mod:`rocmflash.tuning.varlen_bwd`): static phase for ``gpu_name``'s arch; on
+    a matching live GPU every dQ and dK/dV survivor and the baseline (:func:`backward_baseline`) are gated
+    and timed and each kernel's fastest correct config stored; else the static #1 of each, unmeasured. The
+    entry goes to the database under the tune lock and this process's run-time caches are cleared.
+    ``configs`` (backward space points) replaces the default space."""
+    from rocmflash import selection
+    from rocmflash.db import default_db_path, environment, store_entry
+    from rocmflash.kernels.common import interpreting
+    from rocmflash.tuning import backward_run
+    from rocmflash.tuning.run import _no_live_reason, resolve_gpu
+    from rocmflash.tuning.varlen_bwd import problem_key
+    from rocmflash.tuning.varlen_bwd import static_phase as bwd_static_phase
+
+    start = time.perf_counter()
+    problem.validate()
+    gpu, live = resolve_gpu(gpu_name)
+    static = bwd_static_phase(gpu, problem, cache_dir, workers, configs=configs)
+    measuring = live is not None and live.name == gpu.name
+    interpret = interpreting()
+    results, why = [], None
+    if measuring:
+        import torch
+
+        env = environment(torch.cuda.get_device_properties(torch.cuda.current_device()).name)
+        baseline = backward_baseline(gpu, problem)
+        timed = backward_run.to_time(static, "race", None, baseline["config"])  # every survivor + the baseline
+        results = _measure_all(timed, problem, timeout_s, interpret, on_result, backward=True)
+        entry = _varlen_bwd_entry(backward_run.measured_entry(problem, static, results, baseline["config"],
+                                                              "all-survivors", env, interpret), baseline)
+    else:
+        env = environment(None)
+        why = _no_live_reason(gpu)
+        entry = _varlen_bwd_entry(backward_run.static_entry(problem, static, why, env))
+    key = problem_key(problem)
+    path = db_path or default_db_path(gpu.name)
+    store_entry(path, gpu, env, key, entry, measuring)
+    selection.clear_cache()  # also forgets lookup_varlen_bwd's answers: the new entry serves from the next call
+    return FamilyTuneResult(gpu, problem, static, key, entry, path, measuring, why, results,
+                            time.perf_counter() - start)
+
+
+def print_varlen_bwd_summary(result: FamilyTuneResult, console) -> None:
+    from rocmflash.bwd_report import label
+
+    e, s, p = result.entry, result.static, result.problem
+    console.print(f"varlen backward tune {result.gpu.name} ({result.gpu.arch}) {result.key}: {len(p.lengths)} "
+                  f"sequences of {min(p.lengths)}..{p.max_seqlen} tokens")
+    console.print(f"{len(s.rows)} configs (dQ {len(s.of('dq'))}, dK/dV {len(s.of('dkdv'))}), {len(s.ranked('dq'))} "
+                  f"dQ and {len(s.ranked('dkdv'))} dK/dV survive the static phase")
+    if result.measured:
+        c = e["counts"]
+        console.print(f"timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
+                      f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+        if e.get("measured"):
+            b, t = e["best"], e["time_ms"]
+            console.print(f"best: dQ {label(dict(b['dq'], kernel='dq'))} {t['dq']:.3f} ms + dK/dV "
+                          f"{label(dict(b['dkdv'], kernel='dkdv'))} {t['dkdv']:.3f} ms = {t['total']:.3f} ms")
+            base = e["baseline"]
+            if e.get("speedup_vs_baseline"):
+                console.print(f"before: {base['source']} {base['time_ms']['total']:.3f} ms "
+                              f"({e['speedup_vs_baseline']:.2f}x)")
+            if e.get("timing") == "interpreter":
+                console.print("(timed in Triton's CPU interpreter: recorded, never served at run time)")
+        else:
+            console.print(f"not measured: {e.get('why_unmeasured')}")
+    else:
+        console.print(f"not measured ({result.why_unmeasured}); static #1 of each kernel written with "
+                      "\"measured\": false")
+    console.print(f"database: {result.db_path}")
+
+
+__all__ = ["tune_varlen", "print_varlen_summary", "measured_entry", "static_entry", "dense_choice",
+           "tune_varlen_backward", "print_varlen_bwd_summary", "backward_baseline"]

@@ -1,0 +1,180 @@
+"""The varlen backward tune's live phase, worker side: packed inputs, the fp32 gate, the timing, the pre-warm.
+
+Runs in the isolated workers of :mod:`rocmflash.tuning.isolated` (one config per task: a crash or
+hang costs that config only). Each task is one kernel's config (a point of the backward space:
+``{"kernel": "dq" | "dkdv", ...}``), run through :func:`rocmflash.kernels.varlen.launch_dq` or
+:func:`~rocmflash.kernels.varlen.launch_dkdv`, the launches ``flash_attn_varlen_func``'s backward
+makes, on the problem's packed batch (:class:`~rocmflash.tuning.varlen.VarlenProblem`).
+
+The forward's output and LSE come from ``flash_attn_varlen_func`` itself; ``delta = rowsum(dO * O)``
+is computed in torch, so the dK/dV configs read a delta no config under test wrote, and the dQ
+configs are gated on the delta they write as well as on dQ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from typing import Optional
+
+from rocmflash.tuning.varlen import VarlenProblem
+from rocmflash.tuning.varlen_worker import REPS, gated_sequences, varlen_call
+
+_INPUTS: dict = {}
+
+
+def _sequence_grads(q, k, v, do, causal: bool, scale: float):
+    """fp32 reference gradients of one packed sequence (``(n, H, D)`` views): dQ of the first GQA group as
+    ``(n, group, D)``, dK and dV of key/value head 0 as ``(n, D)``."""
+    from rocmflash.tuning.backward import reference_grads
+
+    dq, dk, dv = reference_grads(*(t.transpose(0, 1)[None] for t in (q, k, v, do)), causal, scale)
+    return dq.transpose(0, 1), dk, dv
+
+
+def backward_inputs(p: VarlenProblem, device) -> dict:
+    """Fresh random q, k, v, dO of the packed batch, the forward's output and LSE, delta, the fp32 reference
+    gradients of the gated sequences, output buffers and an L2 flush buffer; kept per problem (every config
+    a worker times reuses them)."""
+    import torch
+
+    import rocmflash
+
+    if _INPUTS.get("problem") != p:
+        _INPUTS.clear()
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        gen = torch.Generator(device=device).manual_seed(int.from_bytes(os.urandom(7), "little"))
+        total = sum(p.lengths)
+
+        def rand(heads):
+            return torch.randn(total, heads, p.head_dim, device=device, dtype=dtype, generator=gen)
+
+        q, do, k, v = rand(p.heads_q), rand(p.heads_q), rand(p.heads_kv), rand(p.heads_kv)
+        starts = [0, *itertools.accumulate(p.lengths)]
+        cu = torch.tensor(starts, dtype=torch.int32, device=device)
+        out, lse = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, p.max_seqlen, p.max_seqlen, causal=p.causal,
+                                                    return_lse=True)
+        delta = (do.float() * out.float()).sum(-1).T.contiguous()  # (Hq, total), as the dQ kernel computes it
+        scale = 1.0 / math.sqrt(p.head_dim)
+        refs = {b: _sequence_grads(*(t[starts[b]:starts[b + 1]] for t in (q, k, v, do)), p.causal, scale)
+                for b in gated_sequences(p)}
+        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        _INPUTS.update(problem=p, q=q, k=k, v=v, do=do, cu=cu, starts=starts, out=out, lse=lse, delta=delta,
+                       refs=refs, flush=flush, dq=torch.empty_like(q), dk=torch.empty_like(k),
+                       dv=torch.empty_like(v), delta_out=torch.empty_like(delta))
+    return _INPUTS
+
+
+def _rel_err(got, ref) -> float:
+    return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def gate_errors(inp: dict, p: VarlenProblem, kernel: str) -> dict:
+    """Relative error (norm) of each output of one kernel on the gated sequences against the fp32 reference:
+    ``{"dq", "delta"}`` (dQ of the first GQA group and the delta it wrote) or ``{"dk", "dv"}`` (key/value head
+    0), the worst gated sequence each; NaN for an output not finite everywhere in the packed batch (unwritten)."""
+    names = {"dq": "dq", "delta": "delta_out", "dk": "dk", "dv": "dv"}
+    outputs = ("dq", "delta") if kernel == "dq" else ("dk", "dv")
+    errs = {o: (0.0 if bool(inp[names[o]].isfinite().all()) else float("nan")) for o in outputs}
+    if "delta" in errs and errs["delta"] == 0.0:
+        errs["delta"] = _rel_err(inp["delta_out"], inp["delta"])
+    starts = inp["starts"]
+    for b, (ref_dq, ref_dk, ref_dv) in inp["refs"].items():
+        rows = slice(starts[b], starts[b + 1])
+        got = {"dq": (inp["dq"][rows, :p.group], ref_dq), "dk": (inp["dk"][rows, 0], ref_dk),
+               "dv": (inp["dv"][rows, 0], ref_dv)}
+        for o in outputs:
+            if o in got and not math.isnan(errs[o]):
+                errs[o] = max(errs[o], _rel_err(*got[o]))
+    return errs
+
+
+def _launcher(inp: dict, call, kernel: str, cfg):
+    """The launch a config of ``kernel`` makes on the packed inputs (no LSE gradient, as a plain backward)."""
+    from rocmflash.kernels import varlen as VK
+
+    if kernel == "dq":
+        return lambda: VK.launch_dq(call, inp["do"], inp["q"], inp["k"], inp["v"], inp["out"], inp["lse"], None,
+                                    inp["delta_out"], inp["dq"], inp["cu"], inp["cu"], cfg)
+    return lambda: VK.launch_dkdv(call, inp["do"], inp["q"], inp["k"], inp["v"], inp["lse"], inp["delta"], inp["dk"],
+                                  inp["dv"], inp["cu"], inp["cu"], cfg)
+
+
+def measure_varlen_bwd(task: dict) -> dict:
+    """Gate one backward kernel config on the packed batch, then time it (runs in the live worker).
+
+    ``task``: ``{"config": backward space point, "problem": VarlenProblem dict}``. The kernel's outputs
+    are NaN-poisoned before the gated run, so a tile that skips rows fails the gate; ``rel_errs`` holds
+    the error of each output (:func:`gate_errors`), ``rel_err`` the worst. The time
+    (``times_ms["1"]``: the dense backward tune's result format, one entry as there are no head splits)
+    is the median of :data:`~rocmflash.tuning.varlen_worker.REPS` launches with the L2 flushed before
+    each (the interpreter: the wall clock of one call, never a GPU time).
+    """
+    import torch
+
+    from rocmflash.kernels.common import interpreting
+    from rocmflash.live import TOLERANCE, error_line
+    from rocmflash.tuning.backward import kernel_config
+    from rocmflash.tuning.isolated import time_flushed
+
+    p = VarlenProblem.from_dict(task["problem"])
+    kernel = task["config"]["kernel"]
+    result = {"config": task["config"], "status": "failed", "error": None, "rel_err": None, "times_ms": {}}
+    try:
+        cfg = kernel_config(task["config"]).validate()
+        interp = interpreting()
+        inp = backward_inputs(p, torch.device("cpu" if interp else "cuda"))
+        run = _launcher(inp, varlen_call(p), kernel, cfg)
+        for name in (("dq", "delta_out") if kernel == "dq" else ("dk", "dv")):
+            inp[name].fill_(float("nan"))
+        run()
+        errs = gate_errors(inp, p, kernel)
+        err = float("nan") if any(math.isnan(e) for e in errs.values()) else max(errs.values())
+        result.update(rel_err=err, rel_errs=errs)
+        tol = TOLERANCE[p.dtype]
+        if not err <= tol:
+            worst = ", ".join(f"{o} {e:.3g}" for o, e in errs.items())
+            why = "unwritten or non-finite gradients" if math.isnan(err) else f"relative error > {tol:g}"
+            result.update(status="incorrect", error=f"{why} against the fp32 reference gradient ({worst})")
+            return result
+        result["times_ms"]["1"] = time_flushed(run, inp["flush"], task.get("reps", REPS))
+        result.update(status="ok", timing="interpreter" if interp else "gpu")
+    except Exception as err:  # compile error, out of resources, launch failure
+        result["error"] = error_line(err)
+        _INPUTS.clear()
+    return result
+
+
+def prewarm_varlen_bwd(task: dict) -> Optional[str]:
+    """Build one kernel config's binary at the problem's specialisation (runs in a pre-warm worker).
+
+    One launch on a single 16-token sequence of the same heads and head dim, with LSE and delta
+    buffers as wide as the problem's packed batch (their row stride is an argument Triton
+    specialises on), so the timing worker finds the binary in Triton's cache. Returns None or the error.
+    """
+    import torch
+
+    from rocmflash.live import error_line
+    from rocmflash.tuning.backward import kernel_config
+
+    try:
+        full = VarlenProblem.from_dict(task["problem"])
+        p = dataclasses.replace(full, lengths=(16,))
+        dev = torch.device("cuda")
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        q, do, out = (torch.randn(16, p.heads_q, p.head_dim, device=dev, dtype=dtype) for _ in range(3))
+        k, v = (torch.randn(16, p.heads_kv, p.head_dim, device=dev, dtype=dtype) for _ in range(2))
+        lse, delta = (torch.zeros(p.heads_q, sum(full.lengths), device=dev, dtype=torch.float32) for _ in range(2))
+        inp = {"q": q, "k": k, "v": v, "do": do, "out": out, "lse": lse, "delta": delta, "delta_out": delta,
+               "cu": torch.tensor([0, 16], dtype=torch.int32, device=dev), "dq": torch.empty_like(q),
+               "dk": torch.empty_like(k), "dv": torch.empty_like(v)}
+        _launcher(inp, varlen_call(p), task["config"]["kernel"], kernel_config(task["config"]))()
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:
+        return error_line(err, 200)
+
+
+__all__ = ["measure_varlen_bwd", "prewarm_varlen_bwd", "backward_inputs", "gate_errors"]
