@@ -31,7 +31,7 @@ require_supported_versions()  # the sweep cross-compiles: fail in one line befor
 #: 2: each kernel's observation says where it uses scratch (``scratch_*`` keys, :mod:`isa_tools.scratch`);
 #: a v1 entry lacks them and lives under static-v1/, so it is recompiled rather than misread.
 #: 3: pointers compiled as a launch marks them (on AMD: buffer loads for tensors under 2 GiB,
-#: :func:`rocmflash.kernels.common.launch_attributes`); v2 builds used global loads
+#: :func:`rocmflash.kernels.build.launch_attributes`); v2 builds used global loads
 CACHE_SCHEMA = 3
 CACHE_ENV = "ROCMFLASH_CACHE_DIR"
 DEFAULT_TIMEOUT_S = 180.0
@@ -50,8 +50,8 @@ def default_cache_dir() -> str:
 
 #: the files that decide what a forward variant compiles to (the backward kernels are not swept,
 #: so editing them must not invalidate every cached observation)
-FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/online.py",
-                   "kernels/split_kv.py", "kernels/two_phase.py", "kernels/split_d.py")
+FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py",
+                   "kernels/online.py", "kernels/split_kv.py", "kernels/two_phase.py", "kernels/split_d.py")
 
 
 def kernel_source_hash() -> str:

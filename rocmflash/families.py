@@ -49,16 +49,17 @@ class Family:
         return self._mod().compile_task(target, config, problem)
 
 
+#: every family compiles through these (kernel helpers and the compile-only build)
+_SHARED = ("config.py", "kernels/common.py", "kernels/build.py")
 FAMILIES = {
     "decode": Family("decode", "rocmflash.tuning.decode",
-                     ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/kv_decode.py", "tuning/decode.py")),
+                     _SHARED + ("kernels/masks.py", "kernels/kv_decode.py", "tuning/decode.py")),
     "backward": Family("backward", "rocmflash.tuning.backward",
-                       ("config.py", "kernels/common.py", "kernels/backward.py", "tuning/backward.py")),
+                       _SHARED + ("kernels/backward.py", "tuning/backward.py")),
     "varlen": Family("varlen", "rocmflash.tuning.varlen",
-                     ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/varlen.py", "tuning/varlen.py")),
+                     _SHARED + ("kernels/masks.py", "kernels/varlen.py", "tuning/varlen.py")),
     "varlen_bwd": Family("varlen_bwd", "rocmflash.tuning.varlen_bwd",
-                         ("config.py", "kernels/common.py", "kernels/masks.py", "kernels/varlen.py",
-                          "tuning/varlen_bwd.py")),
+                         _SHARED + ("kernels/masks.py", "kernels/varlen.py", "tuning/varlen_bwd.py")),
 }
 
 

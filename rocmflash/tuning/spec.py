@@ -102,7 +102,7 @@ def static_problem(shape: Shape) -> Problem:
     and on the batch only through the tensors' size (on AMD, storage under 2 GiB is read
     with buffer loads): batch 1 unless the shape's tensors are larger than that.
     """
-    from rocmflash.kernels.common import MAX_32BIT_RANGE
+    from rocmflash.kernels.build import MAX_32BIT_RANGE
 
     def canon(s):
         return 4096 if s % 16 == 0 else s
