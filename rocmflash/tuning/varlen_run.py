@@ -101,6 +101,25 @@ def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = 
     """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor (and the baseline) is
     gated and timed; the entry is written to the database (atomically, under the tune lock) and the
     run-time caches of this process are cleared. ``configs`` replaces the default space."""
+    def measure(gpu, static, env, interpret):
+        baseline = dense_choice(gpu, problem)
+        timed = [r["config"] for r in static.ranked]
+        if baseline["config"] not in timed:
+            timed.append(baseline["config"])
+        results = _measure_all(timed, problem, timeout_s, interpret, on_result)
+        return results, measured_entry(problem, static, results, baseline, env, interpret)
+
+    return _tune_family(gpu_name, problem, VarlenProblem.key, db_path,
+                        lambda gpu: static_phase(gpu, problem, cache_dir, workers, configs=configs), measure,
+                        lambda static, why, env: static_entry(problem, static, why, env))
+
+
+def _tune_family(gpu_name: str, problem: VarlenProblem, key_of, db_path: Optional[str], run_static, measure,
+                 unmeasured) -> FamilyTuneResult:
+    """What both varlen tunes do around their own steps: validate, resolve the GPU, ``run_static(gpu)``; on a
+    matching live GPU ``measure(gpu, static, env, interpret) -> (results, entry)``, else
+    ``unmeasured(static, why, env) -> entry``; store the entry under ``key_of(problem)`` (atomically, under
+    the tune lock) and clear this process's run-time caches so the new entry serves from the next call."""
     from rocmflash import selection
     from rocmflash.db import default_db_path, environment, store_entry
     from rocmflash.kernels.common import interpreting
@@ -108,29 +127,24 @@ def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = 
 
     start = time.perf_counter()
     problem.validate()
+    key = key_of(problem)
     gpu, live = resolve_gpu(gpu_name)
-    static = static_phase(gpu, problem, cache_dir, workers, configs=configs)
+    static = run_static(gpu)
     measuring = live is not None and live.name == gpu.name
-    interpret = interpreting()
     results, why = [], None
     if measuring:
         import torch
 
         env = environment(torch.cuda.get_device_properties(torch.cuda.current_device()).name)
-        baseline = dense_choice(gpu, problem)
-        timed = [r["config"] for r in static.ranked]
-        if baseline["config"] not in timed:
-            timed.append(baseline["config"])
-        results = _measure_all(timed, problem, timeout_s, interpret, on_result)
-        entry = measured_entry(problem, static, results, baseline, env, interpret)
+        results, entry = measure(gpu, static, env, interpreting())
     else:
         env = environment(None)
         why = _no_live_reason(gpu)
-        entry = static_entry(problem, static, why, env)
+        entry = unmeasured(static, why, env)
     path = db_path or default_db_path(gpu.name)
-    store_entry(path, gpu, env, problem.key(), entry, measuring)
-    selection.clear_cache()  # also forgets lookup_varlen's answers: the new entry serves from the next call
-    return FamilyTuneResult(gpu, problem, static, problem.key(), entry, path, measuring, why, results,
+    store_entry(path, gpu, env, key, entry, measuring)
+    selection.clear_cache()  # also forgets the varlen lookups' answers
+    return FamilyTuneResult(gpu, problem, static, key, entry, path, measuring, why, results,
                             time.perf_counter() - start)
 
 
@@ -199,40 +213,21 @@ def tune_varlen_backward(gpu_name: str, problem: VarlenProblem, db_path: Optiona
     and timed and each kernel's fastest correct config stored; else the static #1 of each, unmeasured. The
     entry goes to the database under the tune lock and this process's run-time caches are cleared.
     ``configs`` (backward space points) replaces the default space."""
-    from rocmflash import selection
-    from rocmflash.db import default_db_path, environment, store_entry
-    from rocmflash.kernels.common import interpreting
     from rocmflash.tuning import backward_run
-    from rocmflash.tuning.run import _no_live_reason, resolve_gpu
     from rocmflash.tuning.varlen_bwd import problem_key
     from rocmflash.tuning.varlen_bwd import static_phase as bwd_static_phase
 
-    start = time.perf_counter()
-    problem.validate()
-    gpu, live = resolve_gpu(gpu_name)
-    static = bwd_static_phase(gpu, problem, cache_dir, workers, configs=configs)
-    measuring = live is not None and live.name == gpu.name
-    interpret = interpreting()
-    results, why = [], None
-    if measuring:
-        import torch
-
-        env = environment(torch.cuda.get_device_properties(torch.cuda.current_device()).name)
+    def measure(gpu, static, env, interpret):
         baseline = backward_baseline(gpu, problem)
         timed = backward_run.to_time(static, "race", None, baseline["config"])  # every survivor + the baseline
         results = _measure_all(timed, problem, timeout_s, interpret, on_result, backward=True)
-        entry = _varlen_bwd_entry(backward_run.measured_entry(problem, static, results, baseline["config"],
-                                                              "all-survivors", env, interpret), baseline)
-    else:
-        env = environment(None)
-        why = _no_live_reason(gpu)
-        entry = _varlen_bwd_entry(backward_run.static_entry(problem, static, why, env))
-    key = problem_key(problem)
-    path = db_path or default_db_path(gpu.name)
-    store_entry(path, gpu, env, key, entry, measuring)
-    selection.clear_cache()  # also forgets lookup_varlen_bwd's answers: the new entry serves from the next call
-    return FamilyTuneResult(gpu, problem, static, key, entry, path, measuring, why, results,
-                            time.perf_counter() - start)
+        return results, _varlen_bwd_entry(backward_run.measured_entry(problem, static, results, baseline["config"],
+                                                                      "all-survivors", env, interpret), baseline)
+
+    return _tune_family(gpu_name, problem, problem_key, db_path,
+                        lambda gpu: bwd_static_phase(gpu, problem, cache_dir, workers, configs=configs), measure,
+                        lambda static, why, env: _varlen_bwd_entry(backward_run.static_entry(problem, static, why,
+                                                                                              env)))
 
 
 def print_varlen_bwd_summary(result: FamilyTuneResult, console) -> None:
