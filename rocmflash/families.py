@@ -127,3 +127,10 @@ class FamilyTuneResult:
 
 
 __all__ = ["Family", "FAMILIES", "get_family", "family_rows", "FamilyStatic", "FamilyTuneResult"]
+
+
+def timed_line(counts: dict) -> str:
+    """The summary line of a family tune's live phase: ``timed N on the live GPU (ok, incorrect, failed)``."""
+    failed = counts["failed"] + counts["timeout"] + counts["crashed"]
+    return (f"timed {counts['timed']} on the live GPU ({counts['ok']} ok, {counts['incorrect']} incorrect, "
+            f"{failed} failed)")

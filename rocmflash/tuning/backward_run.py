@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Callable, Optional
 
+from rocmflash.families import timed_line
 from rocmflash.tuning.backward import (KERNELS, BwdStatic, bwd_key, clear_cache, measure_bwd, prewarm_bwd,
                                        space_point, static_phase)
 
@@ -229,8 +230,7 @@ def print_backward_summary(result: BwdTuneResult, console) -> None:
                       f"{survivors['dkdv']} dK/dV survive the static phase")
         if result.measured:
             c = e["counts"]
-            console.print(f"  timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
-                          f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+            console.print(f"  {timed_line(c)}")
         if e.get("measured"):
             b, t = e["best"], e["time_ms"]
             gain = (f"; per-arch default {e['default_time_ms']['total']:.3f} ms ({e['speedup_vs_default']:.2f}x)"

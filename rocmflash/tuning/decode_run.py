@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from rocmflash.families import FamilyStatic, FamilyTuneResult
+from rocmflash.families import FamilyStatic, FamilyTuneResult, timed_line
 from rocmflash.tuning.decode import DecodeProblem, lookup_decode, measure_decode, static_phase
 from rocmflash.tuning.spec import NEAR_BEST_PCT
 
@@ -117,8 +117,7 @@ def print_decode_summary(result: FamilyTuneResult, console) -> None:
                   f"{len(s.ranked)} survive the static phase")
     if result.measured:
         c = e["counts"]
-        console.print(f"timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
-                      f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+        console.print(timed_line(c))
         if e.get("best"):
             console.print(f"best: {e['best']}  {e['time_ms'] * 1e3:.1f} µs, K/V read at {e['kv_gbs']:.0f} GB/s "
                           f"({100 * e['hbm_efficiency']:.0f}% of {result.gpu.name}'s HBM peak)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from rocmflash.families import FamilyStatic, FamilyTuneResult
+from rocmflash.families import FamilyStatic, FamilyTuneResult, timed_line
 from rocmflash.tuning.spec import NEAR_BEST_PCT
 from rocmflash.tuning.varlen import VarlenProblem, config_label, static_phase
 
@@ -155,8 +155,7 @@ def print_varlen_summary(result: FamilyTuneResult, console) -> None:
                   "the static phase")
     if result.measured:
         c = e["counts"]
-        console.print(f"timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
-                      f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+        console.print(timed_line(c))
         if e.get("best"):
             console.print(f"best: {config_label(e['best'])}  {e['time_ms']:.3f} ms, {e['tflops']:.1f} TFLOP/s")
             base = e["baseline"]
@@ -240,8 +239,7 @@ def print_varlen_bwd_summary(result: FamilyTuneResult, console) -> None:
                   f"dQ and {len(s.ranked('dkdv'))} dK/dV survive the static phase")
     if result.measured:
         c = e["counts"]
-        console.print(f"timed {c['timed']} on the live GPU ({c['ok']} ok, {c['incorrect']} incorrect, "
-                      f"{c['failed'] + c['timeout'] + c['crashed']} failed)")
+        console.print(timed_line(c))
         if e.get("measured"):
             b, t = e["best"], e["time_ms"]
             console.print(f"best: dQ {label(dict(b['dq'], kernel='dq'))} {t['dq']:.3f} ms + dK/dV "
