@@ -7,14 +7,8 @@ killed at the timeout (``timeout``), a Triton compile error or out-of-resources 
 CUDA/HIP context unusable) is reported as ``crashed`` and the worker is replaced before
 the next candidate. One config is lost, never the tune.
 
-Numeric gate (before any timing). Fresh random inputs of the tuned shape with batch 1
-(every head, so the gate runs the very kernel that is timed), drawn from a new seed when
-a worker first gates that shape and kept, with their fp32 reference (TF32 off), for every
-config the worker gates on it: the reference of a long sequence costs more than the
-config's own measurement (~0.19 s at S=16k, 32 heads, on an H100), and a race gates its
-finalists again in every pass. Each config's output is poisoned with NaN first; every
-element must be finite and the relative error ``||out - ref|| / ||ref||`` must be
-<= 1e-2 (fp16) or 2e-2 (bf16). A config that fails is ``incorrect`` and is never timed.
+Numeric gate (before any timing): :mod:`rocmflash.live_gate` -- every config's output checked
+against an fp32 reference of the tuned shape; a config that fails is ``incorrect`` and is never timed.
 
 Timing. Rotating input sets (``n_inputs`` of them, each a full ``q, k, v, out``) so no
 run finds its inputs in cache; the L2 is flushed before every timed run by zeroing a
@@ -56,9 +50,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
 from rocmflash.config import KernelConfig, Problem
+from rocmflash.live_gate import TOLERANCE  # noqa: F401  (the other tunes' gates import it from here)
+from rocmflash.live_gate import interpreting as _interpreting
+from rocmflash.live_gate import torch_dtype as _torch_dtype
+from rocmflash.live_gate import gate as _gate
 from rocmflash.roofline import Shape, tflops
 
-TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
 #: worker results with these statuses are final for a config (journaled, never retried)
 STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
 #: test mode: ``task["inject"]`` makes the worker fail on purpose
@@ -113,111 +110,6 @@ def worker_init(triton_cache_dir: Optional[str], env: Optional[dict] = None, int
     torch.backends.cudnn.allow_tf32 = False
     if torch.cuda.is_available() and not interpret:
         torch.cuda.init()
-
-
-def _interpreting() -> bool:
-    from rocmflash.kernels.common import interpreting
-
-    return interpreting()
-
-
-def _device():
-    """Where a worker's tensors live: the GPU, or the CPU under the interpreter."""
-    import torch
-
-    return torch.device("cpu" if _interpreting() else "cuda")
-
-
-def _synchronize() -> None:
-    import torch
-
-    if not _interpreting():  # interpreted launches are synchronous
-        torch.cuda.synchronize()
-
-
-def _torch_dtype(torch, name: str):
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
-
-
-def _reference(q, k, v, causal: bool, scale: float):
-    """fp32 attention per (batch, head), bottom-right causal, GQA by head grouping."""
-    import torch
-
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    group = Hq // Hkv
-    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    mask = None
-    if causal:
-        i = torch.arange(Sq, device=q.device)[:, None]
-        j = torch.arange(Sk, device=q.device)[None, :]
-        mask = j > i + (Sk - Sq)
-    for b in range(B):
-        for h in range(Hq):
-            s = (q[b, h].float() @ k[b, h // group].float().T) * scale
-            if mask is not None:
-                s.masked_fill_(mask, float("-inf"))
-            p = torch.softmax(s, dim=-1).nan_to_num_(0.0)
-            out[b, h] = p @ v[b, h // group].float()
-    return out
-
-
-_GATE: dict = {}
-
-
-def _gate_inputs(shape: Shape):
-    """``(q, k, v, fp32 reference)`` of the gate for ``shape``: drawn from a fresh seed the first time this
-    worker gates the shape, then kept (with the reference) for every config it gates on it."""
-    import torch
-
-    if _GATE.get("shape") != shape:
-        _GATE.clear()
-        dev = _device()
-        dtype = _torch_dtype(torch, shape.dtype)
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(int.from_bytes(os.urandom(7), "little"))
-        # one batch, all heads: the gate must launch the very kernel that is timed (Triton
-        # specialises the head count on % 16 and == 1, so fewer heads could compile another one)
-        hkv, hq = shape.heads_kv, shape.heads_q
-        q = torch.randn(1, hq, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype, generator=gen)
-        k = torch.randn(1, hkv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype, generator=gen)
-        v = torch.randn(1, hkv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype, generator=gen)
-        ref = _reference(q, k, v, shape.causal, 1.0 / math.sqrt(shape.head_dim))
-        _GATE.update(shape=shape, tensors=(q, k, v, ref), fingerprint=_fingerprint((q, k, v)))
-    return _GATE["tensors"]
-
-
-def _fingerprint(tensors) -> list:
-    """Sum and sum of squares of each tensor (fp64): changes when a kernel writes into its inputs."""
-    return [(t.double().sum().item(), t.double().square().sum().item()) for t in tensors]
-
-
-def _inputs_intact() -> bool:
-    """Whether the kept gate inputs are unchanged; if not they are dropped (the next gate draws new ones)."""
-    intact = _fingerprint(_GATE["tensors"][:3]) == _GATE["fingerprint"]
-    if not intact:
-        _GATE.clear()
-    return intact
-
-
-def _gate(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> tuple[bool, float, str]:
-    import torch
-
-    q, k, v, ref = _gate_inputs(shape)
-    out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the gate
-    mod.launch(q, k, v, cfg, shape.causal, 1.0 / math.sqrt(shape.head_dim), out=out)
-    _synchronize()
-    finite = bool(torch.isfinite(out).all())
-    err = ((out.float() - ref).norm() / ref.norm()).item() if finite else float("nan")
-    if not _inputs_intact():
-        return False, err, "the kernel wrote into its inputs q/k/v"
-    tol = TOLERANCE[shape.dtype]
-    if not finite:
-        bad = int((~torch.isfinite(out)).sum())
-        return False, err, f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
-    if not err <= tol:
-        return False, err, f"relative error {err:.3e} > {tol:g} against the fp32 reference"
-    return True, err, ""
 
 
 def _inputs(shape: Shape, settings: LiveSettings):
@@ -391,7 +283,7 @@ def measure(task: dict) -> dict:
         mod = get_variant(cfg.variant)
         t0 = time.perf_counter()
         if task.get("gate", True):
-            ok, err, why = _gate(mod, cfg, shape, settings)
+            ok, err, why = _gate(mod, cfg, shape)
         else:  # a race's screening round: the config is gated before it can win
             ok, err, why = True, float("nan"), ""
         result["gate_s"] = round(time.perf_counter() - t0, 3)

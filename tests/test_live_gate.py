@@ -1,4 +1,4 @@
-"""The live runner's numeric gate (rocmflash.live._gate), on the CPU with stand-in kernels.
+"""The live runner's numeric gate (rocmflash.live_gate), on the CPU with stand-in kernels.
 
 The gate keeps its inputs and fp32 reference per worker and shape (a long sequence's
 reference costs more than a config's measurement), so it must still catch every way a
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from rocmflash import live
+from rocmflash import live_gate
 from rocmflash.config import KernelConfig
 from rocmflash.roofline import Shape
 
@@ -22,9 +22,9 @@ CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 @pytest.fixture(autouse=True)
 def on_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the gate's tensors live on the CPU
-    live._GATE.clear()
+    live_gate._GATE.clear()
     yield
-    live._GATE.clear()
+    live_gate._GATE.clear()
 
 
 class Kernel:
@@ -36,7 +36,7 @@ class Kernel:
 
     def launch(self, q, k, v, cfg, causal, scale, out):
         self.calls.append((q, k, v))
-        ref = live._reference(q, k, v, causal, scale).to(out.dtype)
+        ref = live_gate.reference(q, k, v, causal, scale).to(out.dtype)
         if self.fault == "unwritten":
             out[:, :, -1:] = ref[:, :, -1:]  # only the last row: the rest stays poisoned
             return
@@ -46,7 +46,7 @@ class Kernel:
 
 
 def _gate(kernel, shape=SHAPE):
-    return live._gate(kernel, CFG, shape, live.LiveSettings())
+    return live_gate.gate(kernel, CFG, shape)
 
 
 def test_a_right_answer_passes_and_the_inputs_are_kept_for_the_next_config():
@@ -84,7 +84,7 @@ def test_a_kernel_writing_into_its_inputs_fails_and_the_next_config_gets_fresh_i
 
 
 def test_the_reference_is_bottom_right_causal_with_gqa():
-    q, k, v, ref = live._gate_inputs(SHAPE)
+    q, k, v, ref = live_gate.gate_inputs(SHAPE)
     scale = 1.0 / math.sqrt(SHAPE.head_dim)
     # query row i of 48 sees keys 0 .. i + 32 (bottom-right aligned); head 3 reads KV head 1
     i = 5
