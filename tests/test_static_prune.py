@@ -17,7 +17,9 @@ CASES = {
     "fits_again_wpe1": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, waves_per_eu=1), D128),
     "fits_again_pad": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, pad_head_dim=True), D128),
     "spills": (KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, waves_per_eu=4), D128),
-    "one_wave": (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4), D128),
+    # one wave, no spill, not asked for, with Triton 3.6 (404 VGPRs) and 3.9 (360); 128x64 w4, used before,
+    # fits two waves with 3.9 since the static phase compiles buffer loads as a launch does
+    "one_wave": (KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4), D128),
     # 68 KiB on gfx942 and no spill with Triton 3.6 and 3.9; gfx950 takes 68 KiB (3.6) to 104 KiB (3.9),
     # inside its 160 KiB (3.9 grew the 3-stage 64x64 tile used before to 207 KiB there)
     "big_lds": (KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3), D256),
