@@ -33,3 +33,16 @@ def test_prewarm_launch_has_the_timed_launch_specialisation(shape, cfg, cus):
         assert tiny == real  # NUM_SPLITS is a kernel argument: == 1 and % 16 are specialised
     else:
         assert tiny_cfg == cfg
+
+
+def test_static_problem_keeps_real_sizes_only_past_2_gib():
+    """Under 2 GiB every shape shares the canonical batch-1, S=4096 build; past it (AMD addresses such a
+    tensor without buffer loads) the build must see the real sizes -- at batch 1 too."""
+    from rocmflash.tuning.spec import static_problem
+
+    small = static_problem(Shape(batch=4, heads_q=32, heads_kv=8, seqlen_q=8192, seqlen_k=8192, head_dim=128))
+    assert (small.batch, small.seqlen_q, small.seqlen_k) == (1, 4096, 4096)
+    for batch, seqlen in ((1, 1 << 19), (16, 32768)):  # 4 GiB at batch 1; 4 GiB at batch 16
+        big = static_problem(Shape(batch=batch, heads_q=32, heads_kv=8, seqlen_q=seqlen, seqlen_k=seqlen,
+                                   head_dim=128))
+        assert (big.batch, big.seqlen_q, big.seqlen_k) == (batch, seqlen, seqlen)

@@ -100,7 +100,8 @@ def static_problem(shape: Shape) -> Problem:
     The kernels depend on sequence lengths only through Triton's integer specialisation
     (``% 16 == 0``, ``== 1``), so every S divisible by 16 shares one static sweep (4096),
     and on the batch only through the tensors' size (on AMD, storage under 2 GiB is read
-    with buffer loads): batch 1 unless the shape's tensors are larger than that.
+    with buffer loads): batch 1 and S 4096, unless the shape's tensors are larger than that
+    (then its own sizes).
     """
     from rocmflash.kernels.build import MAX_32BIT_RANGE
 
@@ -108,9 +109,8 @@ def static_problem(shape: Shape) -> Problem:
         return 4096 if s % 16 == 0 else s
 
     largest = 2 * shape.batch * shape.head_dim * max(shape.heads_q * shape.seqlen_q, shape.heads_kv * shape.seqlen_k)
-    batch = shape.batch if largest > MAX_32BIT_RANGE else 1
-    if batch > 1:  # the real sizes decide the pointer attributes: keep them
-        return Problem(head_dim=shape.head_dim, dtype=shape.dtype, causal=shape.causal, batch=batch,
+    if largest > MAX_32BIT_RANGE:  # the real sizes decide the pointer attributes: keep them
+        return Problem(head_dim=shape.head_dim, dtype=shape.dtype, causal=shape.causal, batch=shape.batch,
                        heads_q=shape.heads_q, heads_kv=shape.heads_kv, seqlen_q=shape.seqlen_q,
                        seqlen_k=shape.seqlen_k)
     return Problem(head_dim=shape.head_dim, dtype=shape.dtype, causal=shape.causal, batch=1,
