@@ -68,17 +68,26 @@ def kernel_source_hash() -> str:
     return _SOURCE_HASH
 
 
+def _target_key(gpu: GPU) -> list:
+    """The target part of a cache key: backend, arch, wave size, and the attributes a launch gives a
+    tensor under 2 GiB (on AMD they depend on ``AMDGCN_USE_BUFFER_OPS``, which changes the build)."""
+    from rocmflash.kernels.build import Ptr, launch_attributes
+
+    target = gpu.triton_target()
+    pointer_attrs, _ = launch_attributes(target)
+    return [target.backend, str(target.arch), target.warp_size, pointer_attrs(Ptr("*fp16"))]
+
+
 def fingerprint(cfg: KernelConfig, problem: Problem, gpu: GPU) -> str:
     """Cache key of one compile: kernel source, Triton version, target, options and problem."""
     import triton
 
-    target = gpu.triton_target()
     key = {
         "schema": CACHE_SCHEMA,
         "source": kernel_source_hash(),
         "triton": triton.__version__,
-        "target": [target.backend, str(target.arch), target.warp_size],
-        "options": cfg.compile_options(target.backend),
+        "target": _target_key(gpu),
+        "options": cfg.compile_options(gpu.triton_target().backend),
         "config": cfg.to_dict(),
         "problem": problem.to_dict(),
     }
@@ -235,10 +244,10 @@ def family_fingerprint(family, config: dict, problem: dict, gpu: GPU) -> str:
     """Cache key of one compile of a kernel family: its sources, Triton, target, options, config, problem."""
     import triton
 
-    target = gpu.triton_target()
     key = {"schema": CACHE_SCHEMA, "family": family.name, "source": family.source_hash(),
-           "triton": triton.__version__, "target": [target.backend, str(target.arch), target.warp_size],
-           "options": family.compile_options(config, target.backend), "config": config, "problem": problem}
+           "triton": triton.__version__, "target": _target_key(gpu),
+           "options": family.compile_options(config, gpu.triton_target().backend), "config": config,
+           "problem": problem}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

@@ -111,3 +111,15 @@ def test_cache_key_covers_every_forward_kernel_source():
     # the catalog and the torch/Triton version check shape no kernel
     imported = set(files) - {"__init__.py", "gpus.py", "compat.py"}
     assert imported <= set(FORWARD_SOURCES), imported - set(FORWARD_SOURCES)
+
+
+def test_cache_key_follows_the_launch_attributes(monkeypatch):
+    """AMDGCN_USE_BUFFER_OPS=0 makes Triton's AMD backend compile global loads instead of buffer loads (other
+    registers): an observation cached under one setting must not answer for the other. NVIDIA has no such knob."""
+    cfg, problem = KernelConfig(), Problem()
+    amd, nvidia = get_gpu("mi300x"), get_gpu("h100")
+    monkeypatch.delenv("AMDGCN_USE_BUFFER_OPS", raising=False)
+    buffer_loads = fingerprint(cfg, problem, amd), fingerprint(cfg, problem, nvidia)
+    monkeypatch.setenv("AMDGCN_USE_BUFFER_OPS", "0")
+    assert fingerprint(cfg, problem, amd) != buffer_loads[0]
+    assert fingerprint(cfg, problem, nvidia) == buffer_loads[1]
