@@ -50,7 +50,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.live_gate import TOLERANCE  # noqa: F401  (the other tunes' gates import it from here)
 from rocmflash.live_gate import interpreting as _interpreting
 from rocmflash.live_gate import torch_dtype as _torch_dtype
 from rocmflash.live_gate import gate as _gate

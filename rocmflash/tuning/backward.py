@@ -323,7 +323,8 @@ def measure_bwd(task: dict) -> dict:
 
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import interpreting, torch_backend
-    from rocmflash.live import TOLERANCE, error_line, interpreted_shape
+    from rocmflash.live import error_line, interpreted_shape
+    from rocmflash.live_gate import TOLERANCE
     from rocmflash.roofline import Shape
     from rocmflash.tuning.isolated import back_to_back_ms, time_flushed
 

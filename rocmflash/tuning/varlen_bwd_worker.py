@@ -115,7 +115,8 @@ def measure_varlen_bwd(task: dict) -> dict:
     import torch
 
     from rocmflash.kernels.common import interpreting
-    from rocmflash.live import TOLERANCE, error_line
+    from rocmflash.live import error_line
+    from rocmflash.live_gate import TOLERANCE
     from rocmflash.tuning.backward import kernel_config
     from rocmflash.tuning.isolated import time_flushed
 

@@ -108,7 +108,8 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.kernels.common import interpreting
-    from rocmflash.live import TOLERANCE, error_line
+    from rocmflash.live import error_line
+    from rocmflash.live_gate import TOLERANCE
     from rocmflash.tuning.isolated import time_flushed
 
     p = VarlenProblem.from_dict(task["problem"])
