@@ -95,7 +95,7 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
 
 
 @kernel_jit
-def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, COUNTS, O, LSE, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
@@ -104,8 +104,7 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, COUNTS, O, LSE, sm_scale, qk_sca
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
-                  STORE_LSE: tl.constexpr, FUSED: tl.constexpr, ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                  CHUNK: tl.constexpr):
+                  STORE_LSE: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
@@ -152,72 +151,18 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, COUNTS, O, LSE, sm_scale, qk_sca
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:  # one split: this program holds the whole row, so it writes the output (no combine launch)
-        _write_rows(O, LSE, acc / l_safe[:, None], tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe)),
-                    off_b, offs_t, offs_h, rmask, stride_ob, stride_ot, stride_oh, stride_od, H_KV * GROUP, SEQ_Q,
-                    HEAD_DIM, BLOCK_D, STORE_LSE)
+        o_ptrs = (O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
+                  + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(O.dtype.element_ty),
+                 mask=rmask[:, None] & (offs_d[None, :] < HEAD_DIM))
+        if STORE_LSE:  # (B, Hq, Sq) natural log; a row that sees no key: -inf
+            lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+            tl.store(LSE + (off_b.to(tl.int64) * (H_KV * GROUP) + offs_h) * SEQ_Q + offs_t, lse, mask=rmask)
         return
     # normalised partial output and log2 LSE (an empty chunk: 0 and -inf); padded tiles, stored whole
     row = off_bhk.to(tl.int64) * NUM_SPLITS + split
     tl.store(PO + row * (BLOCK_M * BLOCK_D) + offs_r[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None])
     tl.store(PL + row * BLOCK_M + offs_r, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe)))
-    if FUSED:
-        # The split that finishes last merges all of them: no second launch, and its merge overlaps
-        # the other groups' key loops. Every thread's partial stores precede the arrival (barrier),
-        # the arrival releases them and the last one acquires them (acq_rel, device scope).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(COUNTS + off_bhk, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_SPLITS - 1:
-            tl.store(COUNTS + off_bhk, 0)  # zero again for the next call on this stream (or graph replay)
-            _merge_splits(PO, PL, O, LSE, off_bhk, off_b, off_hk, stride_ob, stride_ot, stride_oh, stride_od,
-                          H_KV, GROUP, SEQ_Q, NUM_SPLITS, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS, SPLITS_PAD, CHUNK,
-                          STORE_LSE)
-
-
-@kernel_jit
-def _write_rows(O, LSE, o, lse2, off_b, offs_t, offs_h, rmask, stride_ob, stride_ot, stride_oh, stride_od, H_Q,
-                SEQ_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
-    """Store finished rows ``o`` (normalised) of query tokens ``offs_t`` / heads ``offs_h``, and their
-    LSE (``lse2`` is log2; LSE is ``(B, Hq, Sq)``, natural log, ``-inf`` for a row that saw no key)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    o_ptrs = (O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
-              + offs_d[None, :] * stride_od)
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=rmask[:, None] & (offs_d[None, :] < HEAD_DIM))
-    if STORE_LSE:
-        tl.store(LSE + (off_b.to(tl.int64) * H_Q + offs_h) * SEQ_Q + offs_t, lse2 * 0.6931471805599453, mask=rmask)
-
-
-@kernel_jit
-def _merge_splits(PO, PL, O, LSE, off_bhk, off_b, off_hk, stride_ob, stride_ot, stride_oh, stride_od,
-                  H_KV, GROUP, SEQ_Q, NUM_SPLITS, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                  STORE_LSE: tl.constexpr):
-    """Merge the ``NUM_SPLITS`` partials of one (sequence, K/V head): ``L = log2(sum_s 2^L_s)``,
-    ``O = sum_s 2^(L_s - L) O_s``. Only the ``ROWS`` leading rows of the padded tiles hold query
-    rows; ``CHUNK`` splits are loaded at once (their loads in flight together)."""
-    offs_r = tl.arange(0, ROWS)
-    rmask = offs_r < SEQ_Q * GROUP
-    base = off_bhk.to(tl.int64) * NUM_SPLITS
-    offs_s = tl.arange(0, SPLITS_PAD)
-    l_all = tl.load(PL + (base + offs_s)[:, None] * BLOCK_M + offs_r[None, :],
-                    mask=(offs_s < NUM_SPLITS)[:, None] & rmask[None, :], other=float("-inf"), cache_modifier=".cg")
-    m = tl.max(l_all, 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.math.exp2(l_all - m_use[None, :]), 0)  # empty splits (and padding): weight 0
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for s0 in range(0, NUM_SPLITS, CHUNK):
-        rows = base + s0 + offs_c
-        cmask = (s0 + offs_c < NUM_SPLITS)[:, None] & rmask[None, :]
-        w = tl.math.exp2(tl.load(PL + rows[:, None] * BLOCK_M + offs_r[None, :], mask=cmask, other=float("-inf"),
-                                 cache_modifier=".cg") - m_use[None, :])
-        o_s = tl.load(PO + rows[:, None, None] * (BLOCK_M * BLOCK_D) + offs_r[None, :, None] * BLOCK_D
-                      + offs_d[None, None, :], mask=cmask[:, :, None], other=0.0, cache_modifier=".cg")
-        acc += tl.sum(o_s * w[:, :, None], 0)
-    t_safe = tl.where(total == 0.0, 1.0, total)
-    _write_rows(O, LSE, acc / t_safe[:, None], tl.where(total == 0.0, float("-inf"), m_use + tl.math.log2(t_safe)),
-                off_b, offs_r // GROUP, off_hk * GROUP + offs_r % GROUP, rmask, stride_ob, stride_ot, stride_oh,
-                stride_od, H_KV * GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, STORE_LSE)
 
 
 @kernel_jit
@@ -371,44 +316,24 @@ class DecodeCall:
     def block_d(self) -> int:
         return max(16, C.next_pow2(self.head_dim))
 
-    @functools.cached_property
-    def rows_pad(self) -> int:
-        """Query rows of a K/V head's group, padded to a power of two (the merge's tile; ``<= block_m``)."""
-        return C.next_pow2(self.seqlen_q * self.group)
-
-
-# fp32 values per thread of one chunk of partial tiles in the fused merge (the split loop's K/V
-# registers are free by then); more splits per chunk keep more loads in flight
-_MERGE_VALUES_PER_THREAD = 64
-
-
-def merge_chunk(call: DecodeCall, num_warps: int, num_splits: int) -> int:
-    """Splits whose partial tiles the fused merge loads at once (a power of two, at most the padded split count)."""
-    fit = max(1, _MERGE_VALUES_PER_THREAD * 32 * num_warps // (call.rows_pad * call.block_d))
-    return min(1 << (fit.bit_length() - 1), C.next_pow2(num_splits))
-
 
 @functools.lru_cache(maxsize=1024)
-def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False,
-                      fused_splits: int = 0) -> dict:
-    """``fused_splits``: the split count when the last split merges (0: partials only, or ``direct``)."""
+def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False) -> dict:
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
-                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
-                FUSED=fused_splits > 1, ROWS=call.rows_pad, SPLITS_PAD=C.next_pow2(max(1, fused_splits)),
-                CHUNK=merge_chunk(call, cfg.num_warps, fused_splits) if fused_splits > 1 else 1)
+                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse))
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
-               out=None, lse=None, counts=None) -> dict:
-    """The split kernel's arguments; ``out``/``lse`` are written when ``num_splits == 1`` or when the
-    last split merges (``counts``: its arrival counters); otherwise the partial buffers stand in for them."""
+               out=None, lse=None) -> dict:
+    """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
+    (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused)."""
     sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
     so = out.stride() if out is not None else (0, 0, 0, 0)
     softcap = float(call.softcap)
     return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens, PO=po, PL=pl,
-                COUNTS=counts if counts is not None else seqlens, O=out if out is not None else po, LSE=lse if lse is not None else pl,
+                O=out if out is not None else po, LSE=lse if lse is not None else pl,
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
                 softcap=softcap if softcap > 0 else 1.0,
                 stride_qb=sq[0], stride_qt=sq[1], stride_qh=sq[2], stride_qd=sq[3],
@@ -434,13 +359,11 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None, fused: bool = True) -> None:
-    """Run the decode kernels into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
+           backend: Optional[str] = None) -> None:
+    """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
-    (one launch, no partial buffers; ``workspace`` is then unused). With more splits, each
-    writes a partial; ``fused`` (default): the last split of each (sequence, K/V head) to finish
-    merges them (one launch; counters from :func:`arrival_counts`), else a combine kernel does.
+    (one launch, no partial buffers; ``workspace`` is then unused).
 
     ``seqlens`` is int32 ``(B,)``: the key length of each sequence (cache + appended keys);
     ``block_table`` an int32 ``(B, max_blocks)`` tensor when ``call.paged``, else any int32 tensor.
@@ -458,13 +381,13 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
-    grid = (num_splits, call.batch * call.heads_kv)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
         scalars = (call, cfg, 1, lse is not None)
         tensors = (q, k_cache, v_cache, block_table, seqlens, out, lse_arg)
         C.launch_cached(_decode_split, scalars, tensors,
-                        lambda: (grid, split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
-                                                  out, lse_arg),
+                        lambda: ((1, call.batch * call.heads_kv),
+                                 split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
+                                            out, lse_arg),
                                  _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend,
                         _kept_key(keys, ("direct", lse is not None, backend), _decode_split, scalars, tensors, kcfg,
                                   backend))
@@ -475,21 +398,11 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
-    if fused:
-        counts = arrival_counts(q.device, call.batch * call.heads_kv)
-        scalars = (call, cfg, num_splits, lse is not None, "fused")
-        tensors = (q, k_cache, v_cache, block_table, seqlens, po, pl, counts, out, lse_arg)
-        C.launch_cached(_decode_split, scalars, tensors,
-                        lambda: (grid, split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl,
-                                                  num_splits, out, lse_arg, counts),
-                                 _split_constexprs(call, cfg, False, lse is not None, num_splits)), kcfg, backend,
-                        _kept_key(keys, ("fused", num_splits, lse is not None, backend), _decode_split, scalars,
-                                  tensors, kcfg, backend))
-        return
     scalars = (call, cfg, num_splits)
     tensors = (q, k_cache, v_cache, block_table, seqlens, po, pl)
     C.launch_cached(_decode_split, scalars, tensors,
-                    lambda: (grid, split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
+                    lambda: ((num_splits, call.batch * call.heads_kv),
+                             split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
                              _split_constexprs(call, cfg)), kcfg, backend,
                     _kept_key(keys, ("split", num_splits, backend), _decode_split, scalars, tensors, kcfg, backend))
     scalars = (call, num_splits, lse is not None)
@@ -501,29 +414,6 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              _combine_constexprs(call, lse is not None, num_splits)),
                     combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
                                                     _decode_combine, scalars, tensors, combine_cfg, backend))
-
-
-_COUNTS: dict = {}
-
-
-def arrival_counts(device, n: int):
-    """Zeroed int32 arrival counters for the fused merge: at least ``n``, one buffer per (device, stream).
-
-    The last split of each group sets its counter back to zero, so a buffer stays zeroed across
-    calls ordered on one stream; calls on another stream (which may run at the same time) get
-    their own. While a graph is captured, a fresh zeroed buffer is made inside it (the zero fill
-    is replayed with the graph), since a buffer made during capture holds no values outside it.
-    """
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(n, dtype=torch.int32, device=device)
-        key = (device, torch.cuda.current_stream(device).cuda_stream)
-    else:
-        key = (device, None)
-    buf = _COUNTS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
 
 
 def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str):
@@ -560,9 +450,7 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
                 softcap: bool = False, window: bool = False):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
-    ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, 4 splits, as a launch would specialise them).
-    ``split`` is the kernel a launch runs (with the fused merge of its last split, LSE stored);
-    ``combine`` the separate merge kernel (``launch(..., fused=False)``)."""
+    ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them)."""
     hkv, smax = 8, 4096
     call = DecodeCall(8, seqlen_q, hkv, group, head_dim, paged, page_size, 0.125, 30.0 if softcap else 0.0,
                       256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED)
@@ -576,9 +464,8 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     splits = 4
     kcfg = cfg.kernel_config()
     main = C.compile_kernel(_decode_split, target,
-                            split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits, q, f32,
-                                       _StridedPtr("*i32", (1,))),
-                            _split_constexprs(call, cfg, False, True, splits), kcfg)
+                            split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits),
+                            _split_constexprs(call, cfg), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
                                _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))
     return main, combine
