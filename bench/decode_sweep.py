@@ -4,18 +4,21 @@ For each decode problem (one new token, D=128, Hq=32 / Hkv=4, bf16, contiguous c
 config of a small grid -- ``BLOCK_N`` x warps x stages x split count (a multiple of what
 :func:`rocmflash.kernels.kv_decode.choose_num_splits` picks) -- runs the split and combine
 kernels captured in a CUDA/HIP graph (20 calls per replay), so what is timed is GPU time. The
-same is done for SDPA on the dense cache. Output: per problem the best configs, the
-heuristic's own pick, and % of the HBM peak (K+V bytes / time).
+same is done for SDPA on the dense cache. Each replay cycles through copies of the K/V cache
+larger than twice the last-level cache together (each call finds its cache cold, as each layer
+of a model does; the decode tuner times the same way). Output: per problem the best configs,
+the heuristic's own pick, and % of the HBM peak (K+V bytes / time).
 
 Usage (on a GPU)::
 
-    python bench/decode_sweep.py --out $OUT
+    python bench/decode_sweep.py --out $OUT [--quick | --problems 8x8192,1x32768] [--label NAME]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -27,11 +30,17 @@ PROBLEMS = ((1, 32768), (8, 8192), (8, 32768), (8, 65536), (32, 8192), (32, 3276
 CALLS_PER_GRAPH = 20
 
 
-def _graph_time(torch, fn, reps: int = 5) -> float:
-    """µs per call of ``fn`` replayed from a CUDA graph of CALLS_PER_GRAPH calls (median of ``reps`` replays)."""
+def _graph_time(torch, fns, reps: int = 5) -> float:
+    """µs per call of ``fns`` (cycled) replayed from a CUDA graph of CALLS_PER_GRAPH calls (median of ``reps`` replays)."""
     from rocmflash.tuning.isolated import graph_replay_ms
 
-    return graph_replay_ms([fn], CALLS_PER_GRAPH, reps, warmup=3) * 1e3
+    return graph_replay_ms(fns, CALLS_PER_GRAPH, reps, warmup=2) * 1e3
+
+
+def _copies(torch, nbytes: int) -> int:
+    """How many K/V cache copies exceed twice the L2 together (2..8)."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(2, min(8, -(-2 * l2 // nbytes)))
 
 
 def sweep(torch, F, problems):
@@ -43,14 +52,16 @@ def sweep(torch, F, problems):
     cus = num_compute_units(torch.device(dev))
     rows = []
     for batch, kv in problems:
+        gbytes = 2 * batch * kv * Hkv * D * 2 / 1e9
         q = torch.randn(batch, 1, Hq, D, device=dev, dtype=dt)
-        kc, vc = (torch.randn(batch, kv, Hkv, D, device=dev, dtype=dt) for _ in range(2))
+        caches = [tuple(torch.randn(batch, kv, Hkv, D, device=dev, dtype=dt) for _ in range(2))
+                  for _ in range(_copies(torch, int(gbytes * 1e9)))]
         seqlens = torch.full((batch,), kv, device=dev, dtype=torch.int32)
         out = torch.empty_like(q)
         call = KD.DecodeCall(batch, 1, Hkv, Hq // Hkv, D, False, 0, D ** -0.5, 0.0, *M.band_offsets(False, (-1, -1)))
-        gbytes = 2 * batch * kv * Hkv * D * 2 / 1e9
-        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
-        sdpa_us = _graph_time(torch, lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+        sdpa_us = _graph_time(torch, [functools.partial(F.scaled_dot_product_attention, q.transpose(1, 2),
+                                                        k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+                                      for k, v in caches])
         for bn, warps, stages in itertools.product((64, 128), (4, 8), (1, 2, 3)):
             cfg = KD.DecodeConfig(BLOCK_N=bn, num_warps=warps, num_stages=stages)
             auto = KD.choose_num_splits(batch, Hkv, kv, bn, cus)
@@ -60,12 +71,14 @@ def sweep(torch, F, problems):
                 rows_per_split = batch * Hkv * splits
                 ws = (torch.empty(rows_per_split * call.block_m * call.block_d, device=dev, dtype=torch.float32),
                       torch.empty(rows_per_split * call.block_m, device=dev, dtype=torch.float32))
-                us = _graph_time(torch, lambda: KD.launch(call, q, kc, vc, seqlens, seqlens, cfg, splits, out,
-                                                          None, ws))
+                us = _graph_time(torch, [functools.partial(KD.launch, call, q, k, v, seqlens, seqlens, cfg, splits,
+                                                           out, None, ws) for k, v in caches])
                 rows.append(dict(batch=batch, kv=kv, BLOCK_N=bn, num_warps=warps, num_stages=stages,
                                  splits=splits, auto_splits=auto, factor=factor, us=us, gbs=gbytes / (us * 1e-6),
                                  sdpa_us=sdpa_us))
         print(f"B{batch} KV{kv}: done ({len(rows)} rows)", flush=True)
+        del caches
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -74,7 +87,10 @@ def markdown(rows, peak, meta) -> str:
              f"- date: {meta['date']}; torch {meta['torch']}, Triton {meta['triton']}; HBM peak {peak} GB/s",
              f"- command: `{meta['command']}`",
              "- one new token, D=128, Hq32/Hkv4, bf16, contiguous cache; split + combine kernels replayed from a "
-             f"graph ({CALLS_PER_GRAPH} calls per replay), SDPA (default backend, dense cache) the same way", ""]
+             f"graph ({CALLS_PER_GRAPH} calls per replay, cycling through K/V copies > 2x L2), SDPA (default "
+             "backend, dense cache) the same way", ""]
+    if meta.get("label"):
+        lines.insert(3, f"- label: {meta['label']}")
     by_problem = {}
     for r in rows:
         by_problem.setdefault((r["batch"], r["kv"]), []).append(r)
@@ -100,21 +116,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true", help="B1 KV32k and B8 KV32k only")
+    ap.add_argument("--problems", default=None, help="comma-separated BxKV, e.g. 8x8192,1x32768")
+    ap.add_argument("--label", default="", help="names this run in the output files (decode-sweep-LABEL.md)")
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
     import triton
 
     problems = ((1, 32768), (8, 32768)) if args.quick else PROBLEMS
+    if args.problems:
+        problems = tuple(tuple(int(x) for x in p.split("x")) for p in args.problems.split(","))
     rows = sweep(torch, F, problems)
     name = torch.cuda.get_device_name()
     meta = dict(device=name, date=datetime.date.today().isoformat(), torch=torch.__version__,
-                triton=triton.__version__, command="python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:]))
+                triton=triton.__version__, command="python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:]), label=args.label)
     text = markdown(rows, hbm_peak(name), meta)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode-sweep.md"), "w") as f:
+    stem = "decode-sweep" + (f"-{args.label}" if args.label else "")
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, "decode-sweep.json"), "w") as f:
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(text)
     return 0
