@@ -65,7 +65,7 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
                  stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
                  WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr, LOWER: tl.constexpr,
-                 UPPER: tl.constexpr, EARLY_V: tl.constexpr):
+                 UPPER: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nmask = offs_n < SEQ_K
@@ -77,9 +77,6 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     v_rows = _key_rows(BT_row, start_n, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, PAGED, WHOLE_PAGES)
     k = C.load_2d(K + off_hk * stride_kh + k_rows[None, :] + offs_d[:, None] * stride_kd,
                   offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK)
-    if EARLY_V:
-        v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
-                      nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
     x = M.log2_scores(tl.dot(q, k), qk_scale, sm_scale, softcap, SOFTCAP)
     if MASK:
         x = tl.where(M.band_keep(offs_t, offs_n, SEQ_K, lo_off, hi_off, LOWER, UPPER), x, float("-inf"))
@@ -91,9 +88,10 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     p = tl.math.exp2(x - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if not EARLY_V:
-        v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
-                      nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
+    # V is loaded after the softmax, not with K: on the H100 loading it with K made one-stage
+    # loops 6-9 % slower (reports/decode-overhead-2026-11-25-h100.md)
+    v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
+                  nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
@@ -108,7 +106,7 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, soft
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
-                  STORE_LSE: tl.constexpr, EARLY_V: tl.constexpr):
+                  STORE_LSE: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
@@ -141,17 +139,17 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, soft
                                          lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                          stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
                                          HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT,
-                                         BOUNDED_RIGHT, EARLY_V)
+                                         BOUNDED_RIGHT)
     for start_n in range(tl.maximum(s_lo, full_lo), tl.minimum(s_hi, full_hi), BLOCK_N):
         acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
                                      lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT, EARLY_V)
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT)
     for start_n in range(tl.maximum(s_lo, full_hi), s_hi, BLOCK_N):
         acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
                                      lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT, EARLY_V)
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:  # one split: this program holds the whole row, so it writes the output (no combine launch)
@@ -326,13 +324,7 @@ def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False,
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
-                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
-                EARLY_V=_EARLY_V)
-
-
-import os  # noqa: E402  (experiment switch, removed once measured)
-
-_EARLY_V = os.environ.get("ROCMFLASH_DECODE_EARLY_V", "1") == "1"
+                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse))
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
