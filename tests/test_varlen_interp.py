@@ -130,6 +130,38 @@ def test_varlen_matches_dense_kernel(interpret):
     assert rel_err(var.reshape(B, S, H, D), dense) < 2e-2
 
 
+@pytest.mark.parametrize("lens_q,lens_k,causal", [([40] * 3, [40] * 3, True), ([24] * 3, [40] * 3, True),
+                                                   ([33] * 2, [17] * 2, False)])
+def test_varlen_equal_lengths_run_the_dense_kernel(interpret, poisoned, lens_q, lens_k, causal):
+    """One query length and one key length across the batch, no window/cap/LSE: the packed tensors are a
+    dense batch and run the dense kernel (no varlen launch), forward and backward, against fp64
+    (bottom-right causal with Sq < Sk too); asking for the LSE or a window keeps the varlen kernel."""
+    from rocmflash import flash_attn_varlen_func
+    from rocmflash.kernels.common import observe_launches
+
+    group, D = 4, 32
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, 2 * group, 2, D, torch.float16, seed=len(lens_q) + lens_k[0])
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    with observe_launches() as seen:
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, lens_q[0], lens_k[0], causal=causal)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out.dtype)
+        (out.float() * dout.float()).sum().backward()
+    kernels = [r["kernel"] for r in seen]
+    assert kernels and not any("varlen" in name for name in kernels), kernels
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref, _ = varlen_fp64(qd, kd, vd, cu_q, cu_k, 1 / math.sqrt(D), causal, (-1, -1), 0.0)
+    assert out.shape == q.shape and rel_err(out, ref) < TOL[torch.float16]
+    (ref * dout.double()).sum().backward()
+    for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad), ("dv", v.grad, vd.grad)):
+        assert rel_err(got, want) < 2 * TOL[torch.float16], name
+    for kwargs in (dict(return_lse=True), dict(window_size=(8, -1))):
+        with observe_launches() as seen:
+            flash_attn_varlen_func(q.detach(), k.detach(), v.detach(), cu_q, cu_k, lens_q[0], lens_k[0],
+                                   causal=causal, **kwargs)
+        assert [r["kernel"] for r in seen] == ["_varlen_fwd"], kwargs
+
+
 def test_varlen_all_empty(interpret):
     from rocmflash import flash_attn_varlen_func
 

@@ -156,12 +156,17 @@ def _varlen_padded(query, key, value, layout, causal, scale, window_left, softca
     Hkv, Sk = key.shape[1], key.shape[2]
     idx_q = valid_q.reshape(-1).nonzero().squeeze(1)
     idx_k = valid_k.reshape(-1).nonzero().squeeze(1)
-    q = query.transpose(1, 2).reshape(B * Sq, Hq, D).index_select(0, idx_q)
-    k = key.transpose(1, 2).reshape(B * Sk, Hkv, D).index_select(0, idx_k)
-    v = value.transpose(1, 2).reshape(B * Sk, Hkv, D).index_select(0, idx_k)
+    q = query.transpose(1, 2).reshape(B * Sq, Hq, D)
+    k = key.transpose(1, 2).reshape(B * Sk, Hkv, D)
+    v = value.transpose(1, 2).reshape(B * Sk, Hkv, D)
+    unpadded = idx_q.numel() == B * Sq and idx_k.numel() == B * Sk  # a mask with no padding: nothing to gather
+    if not unpadded:
+        q, k, v = q.index_select(0, idx_q), k.index_select(0, idx_k), v.index_select(0, idx_k)
     max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
     out = flash_attn_varlen_func(q, k, v, _cu(lens_q), _cu(lens_k), max_q, max_k, softmax_scale=scale,
                                  causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0)
+    if unpadded:
+        return out.reshape(B, Sq, Hq, D)
     padded = out.new_zeros(B * Sq, Hq, D).index_copy(0, idx_q, out)
     return padded.view(B, Sq, Hq, D)
 
