@@ -3,6 +3,8 @@
 A batch of prompts with mixed lengths is run three ways on the same tokens:
 
 * ``rocmflash varlen`` -- ``rocmflash.flash_attn_varlen_func`` on the packed tokens (no padding);
+  ``rocmflash varlen unchecked`` the same call with ``check_values=False`` (no host read of the
+  cumulative lengths, so the call does not wait for the GPU);
 * ``rocmflash dense padded`` -- ``rocmflash.flash_attn_func`` on the batch right-padded to the
   longest prompt (what a model without a varlen path runs; the padding is computed and thrown away);
 * ``sdpa padded`` -- PyTorch SDPA's default backend on the same right-padded batch with
@@ -116,10 +118,13 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
     qp, kp, vp = (t.requires_grad_(True) for t in pad)
     go_packed, go_pad = torch.randn_like(q), torch.randn_like(qp)
 
-    def varlen(bwd):
-        out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True)
+    def varlen(bwd, check_values=True):
+        out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True, check_values=check_values)
         if bwd:
             out.backward(go_packed)
+
+    def varlen_unchecked(bwd):
+        varlen(bwd, check_values=False)
 
     def dense(bwd):
         out = rocmflash.flash_attn_func(qp, kp, vp, causal=True)
@@ -136,7 +141,7 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
         with _PinnedBackward():
             varlen(bwd)
 
-    cases = {"rocmflash varlen": varlen}
+    cases = {"rocmflash varlen": varlen, "rocmflash varlen unchecked": varlen_unchecked}
     if bwd_default:
         cases["rocmflash varlen (bwd default)"] = varlen_bwd_default
     if not varlen_only:

@@ -102,12 +102,11 @@ def _capturing(device) -> bool:
 
 
 def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optional[int] = None,
-                     lengths_out: Optional[list] = None) -> int:
+                     read_values: bool = True) -> int:
     """Check a cumulative-lengths tensor against its packed operand; returns the batch size.
 
     Shape and dtype always; values (starts at 0, non-decreasing, ends at ``total``, no
-    sequence longer than ``max_seqlen``) unless a graph is being captured. ``lengths_out``:
-    a list that receives the sequence lengths when the values were read (left empty otherwise).
+    sequence longer than ``max_seqlen``) when ``read_values`` and no graph is being captured.
     """
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
@@ -123,7 +122,7 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
     mname = name.replace("cu_seqlens", "max_seqlen")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise ValueError(f"{mname} must be an int >= 0, got {max_seqlen!r}")
-    if _capturing(device):
+    if not read_values or _capturing(device):
         return cu.shape[0] - 1
     values = cu.tolist()
     if values[0] != 0:
@@ -136,8 +135,6 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
         raise ValueError(f"{name} must be non-decreasing; it drops at index {bad + 1} ({values[bad]} -> {values[bad + 1]})")
     if lengths and max(lengths) > max_seqlen:
         raise ValueError(f"{mname}={max_seqlen} is smaller than the longest sequence in {name} ({max(lengths)})")
-    if lengths_out is not None:
-        lengths_out.extend(lengths)
     return cu.shape[0] - 1
 
 
@@ -196,33 +193,11 @@ class _VarlenAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-# ----------------------------------------------------------------------------- equal lengths
-def _as_dense_batch(lens_q: list, lens_k: list, left: int, right: int, softcap: float) -> bool:
-    """Every query sequence has one length and every key sequence one length (both > 0), with no
-    window or cap: the packed tensors are then a dense ``(B, S, H, D)`` batch, and the dense
-    kernel computes the same attention (bottom-right causal in both) -- with its own tuned
-    configs and no per-sequence bookkeeping (on the H100, 8 x 4096 causal fwd+bwd took 12.8 ms
-    packed and 10.8 ms dense: reports/varlen-2026-11-24-h100.md)."""
-    if not lens_q or softcap or left != M.UNBOUNDED or right not in (0, M.UNBOUNDED):
-        return False
-    return min(lens_q) == max(lens_q) > 0 and min(lens_k) == max(lens_k) > 0
-
-
-def _dense_equal_lengths(q, k, v, batch: int, causal: bool, scale: float):
-    """The packed batch as dense ``(B, H, S, D)`` views (no copy), through the dense op (differentiable)."""
-    from rocmflash.ops import attention_op
-
-    def dense(t):
-        return t.unflatten(0, (batch, t.shape[0] // batch)).transpose(1, 2)
-
-    out, _ = attention_op(dense(q), dense(k), dense(v), causal=causal, scale=scale, need_lse=False)
-    return out.transpose(1, 2).reshape(q.shape)
-
-
 # ----------------------------------------------------------------------------- public
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                            dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
-                           window_size: tuple = (-1, -1), softcap: float = 0.0, return_lse: bool = False):
+                           window_size: tuple = (-1, -1), softcap: float = 0.0, return_lse: bool = False, *,
+                           check_values: bool = True):
     """Attention over packed variable-length sequences (flash-attn's ``flash_attn_varlen_func``).
 
     Args:
@@ -243,9 +218,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``(total_q, Hq, D)`` in q's dtype (rows that see no key are 0 with LSE ``-inf``), or
         ``(out, lse)``. Differentiable in q, k and v (and through the LSE).
 
-    A batch whose query sequences share one length and key sequences another, with no window,
-    cap or LSE asked for, is a dense batch: it runs the dense kernel on views of the same
-    tensors (same result; faster where the dense kernel is).
+    ``check_values=False`` (keyword only, not in flash-attn) skips the host read of the
+    cumulative lengths' *values* -- the one step that makes a call wait for the GPU (twice: q's
+    and k's). Shapes, dtypes and devices are always checked. Use it in a training or prefill loop
+    whose lengths are built by the caller and known to be valid (start at 0, non-decreasing, end
+    at the packed lengths, no sequence longer than ``max_seqlen_*``): wrong values then read
+    outside the tensors instead of raising. (A captured graph skips the read anyway.)
     """
     check_qkv(q, k, v)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
@@ -254,13 +232,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash does not implement attention dropout; "
                                   "use dropout_p=0.0")
     left, right = check_options(softmax_scale, causal, window_size, softcap)
-    lens_q, lens_k = [], []
-    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device, lengths_out=lens_q)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch, lengths_out=lens_k)
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be a bool, got {type(check_values).__name__}")
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device,
+                             read_values=check_values)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,
+                     read_values=check_values)
     D = q.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    if not return_lse and _as_dense_batch(lens_q, lens_k, left, right, softcap):
-        return _dense_equal_lengths(q, k, v, batch, right == 0, scale)
     call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_seqlen_q), int(max_seqlen_k), scale,
                          float(softcap), left, right)
     fwd_cfg = _forward_config(q.device, D, q.dtype, right == 0, call.group, int(max_seqlen_k), float(softcap), left)
