@@ -46,18 +46,18 @@ def _stub_launches():
     """CPU tensors through the compiled-launch path, with Triton's launcher replaced by a no-op."""
     import rocmflash.api as api
     import rocmflash.decode as decode
-    from rocmflash.kernels import common as C
+    from rocmflash.kernels import launch as L
 
     class _NoLaunch:  # stands in for Triton's CompiledKernel: compiled[grid](*args) does nothing
         def __getitem__(self, grid):
             return lambda *args: None
 
-    C.interpreting = lambda: False
+    L.interpreting = lambda: False
     api._interpreting = lambda: True  # accept CPU tensors at the API's device check
     decode._interpreting = lambda: True  # and at flash_attn_with_kvcache's
-    C._jit_launch = lambda fn, grid, kwargs: _NoLaunch()
-    C._is_compiled_kernel = lambda obj: isinstance(obj, _NoLaunch)
-    C.FAST_LAUNCH = True
+    L._jit_launch = lambda fn, grid, kwargs: _NoLaunch()
+    L._is_compiled_kernel = lambda obj: isinstance(obj, _NoLaunch)
+    L.FAST_LAUNCH = True
 
 
 def main(argv=None) -> int:

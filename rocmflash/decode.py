@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels import kv_decode as KD  # noqa: E402
+from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.varlen import _capturing, check_options  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -295,7 +296,7 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
         kind = type(t)
         if kind is torch.Tensor:
             parts.append((t.dtype, t.shape, t.stride(), t.device,
-                          hip and t.untyped_storage().nbytes() <= C._MAX_INT32))
+                          hip and t.untyped_storage().nbytes() <= L.MAX_INT32))
         elif kind in _SCALARS:
             parts.append((kind, t))
         else:

@@ -15,6 +15,7 @@ import torch
 
 from rocmflash import decode as Dm
 from rocmflash.kernels import common as C
+from rocmflash.kernels import launch as L
 from rocmflash.kernels import kv_decode as KD
 
 
@@ -39,12 +40,12 @@ def fake_triton(monkeypatch):
         return _FakeCompiled(log, fn.__name__)
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(C, "interpreting", lambda: False)
+    monkeypatch.setattr(L, "interpreting", lambda: False)
     monkeypatch.setattr(Dm, "_interpreting", lambda: True)  # CPU tensors pass the device check
-    monkeypatch.setattr(C, "FAST_LAUNCH", True)
-    monkeypatch.setattr(C, "_jit_launch", jit_launch)
-    monkeypatch.setattr(C, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
-    monkeypatch.setattr(C, "_PLANS", {})
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    monkeypatch.setattr(L, "_jit_launch", jit_launch)
+    monkeypatch.setattr(L, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
+    monkeypatch.setattr(L, "_PLANS", {})
     Dm.clear_cache()
     yield log
     Dm.clear_cache()
@@ -148,7 +149,7 @@ def test_strides_are_part_of_the_signature(fake_triton):
 
 def test_rocm_storage_class_is_part_of_the_signature(monkeypatch):
     """On ROCm a tensor's storage above 2 GiB changes Triton's specialisation (buffer loads)."""
-    monkeypatch.setattr(C, "_MAX_INT32", 64)  # pretend 2 GiB is 64 bytes
+    monkeypatch.setattr(L, "MAX_INT32", 64)  # pretend 2 GiB is 64 bytes
     small = torch.empty(1, 2, 2, 8, dtype=torch.float16)  # 64 bytes
     view = torch.empty(2, 2, 2, 8, dtype=torch.float16)[:1]  # same shape and strides, 128-byte storage
     assert small.stride() == view.stride()
@@ -262,8 +263,8 @@ def test_kept_launch_keys_replay_what_a_fresh_launch_passes(fake_triton, num_spl
         got = [(r[1], r[2], _normalised(r[3], user)) for r in fake_triton[n:]]
         kinds.append([r[0] for r in fake_triton[n:]])
         # the same call with nothing kept anywhere: every launch through the JIT
-        saved = dict(C._PLANS), dict(Dm._CALL_PLANS), set(Dm._SEEN)
-        C._PLANS.clear()
+        saved = dict(L._PLANS), dict(Dm._CALL_PLANS), set(Dm._SEEN)
+        L._PLANS.clear()
         Dm.clear_cache()
         n = len(fake_triton)
         args = _inputs(page=16, seed=seed)
@@ -272,8 +273,8 @@ def test_kept_launch_keys_replay_what_a_fresh_launch_passes(fake_triton, num_spl
         want = [(r[1], r[2], _normalised(r[3], user)) for r in fake_triton[n:]]
         assert all(r[0] == "jit" for r in fake_triton[n:])
         assert got == want, seed
-        C._PLANS.clear()
-        C._PLANS.update(saved[0])
+        L._PLANS.clear()
+        L._PLANS.update(saved[0])
         Dm._CALL_PLANS.update(saved[1])
         Dm._SEEN.update(saved[2])
     launches = 1 if _fresh_plan(_inputs(page=16), dict(num_splits=num_splits)).splits == 1 else 2

@@ -12,6 +12,7 @@ import torch
 import rocmflash
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
+from rocmflash.kernels import launch as L
 from rocmflash.kernels.backward import _bwd_dq
 
 
@@ -37,7 +38,7 @@ def test_key_tracks_alignment_dtype_shape_strides_and_scalars():
 
 def test_key_on_hip_tracks_the_2gib_buffer_bit(monkeypatch):
     small = torch.empty(16, dtype=torch.float16)
-    monkeypatch.setattr(C, "_MAX_INT32", 64)  # pretend 2 GiB is 64 bytes: a 128-byte storage is "large"
+    monkeypatch.setattr(L, "MAX_INT32", 64)  # pretend 2 GiB is 64 bytes: a 128-byte storage is "large"
     large_view = torch.empty(64, dtype=torch.float16)[:16]  # same shape/stride/alignment, 128-byte storage
     assert _key((small,), backend="hip") != _key((large_view,), backend="hip")
     assert _key((small,), backend="cuda") == _key((large_view,), backend="cuda")
@@ -73,11 +74,11 @@ def fake_triton(monkeypatch):
                     tuple(kwargs[name] for name in fn.arg_names)))
         return _FakeCompiled(log)
 
-    monkeypatch.setattr(C, "interpreting", lambda: False)
-    monkeypatch.setattr(C, "FAST_LAUNCH", True)
-    monkeypatch.setattr(C, "_jit_launch", jit_launch)
-    monkeypatch.setattr(C, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
-    monkeypatch.setattr(C, "_PLANS", {})
+    monkeypatch.setattr(L, "interpreting", lambda: False)
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    monkeypatch.setattr(L, "_jit_launch", jit_launch)
+    monkeypatch.setattr(L, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
+    monkeypatch.setattr(L, "_PLANS", {})
     return log
 
 
@@ -118,15 +119,15 @@ def test_replayed_launches_pass_exactly_what_triton_would_be_given(fake_triton):
 
     def through_jit(ts, scale, causal):
         """What the same calls pass when no plan exists: every launch through the JIT."""
-        saved = dict(C._PLANS)
-        C._PLANS.clear()
+        saved = dict(L._PLANS)
+        L._PLANS.clear()
         calls(ts, scale, causal)
-        C._PLANS.clear()
-        C._PLANS.update(saved)
+        L._PLANS.clear()
+        L._PLANS.update(saved)
         return fake_triton[-3:]
 
     calls(new(64), 0.125, True)
-    assert [kind for kind, *_ in fake_triton] == ["jit"] * 3 and len(C._PLANS) == 3
+    assert [kind for kind, *_ in fake_triton] == ["jit"] * 3 and len(L._PLANS) == 3
     for _ in range(2):  # new tensors, same key: replayed with this call's tensors in their places
         ts = new(64)
         n = len(fake_triton)
@@ -152,7 +153,7 @@ def test_a_tensor_argument_outside_the_key_is_never_replayed(fake_triton):
 
     for _ in range(2):
         C.launch_cached(_Fn, (), (a, b), build, KernelConfig(), "cuda")
-    assert [kind for kind, *_ in fake_triton] == ["jit", "jit"] and not C._PLANS
+    assert [kind for kind, *_ in fake_triton] == ["jit", "jit"] and not L._PLANS
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -173,12 +174,12 @@ def test_cached_launches_equal_jit_launches_and_respect_alignment(causal, monkey
     B, Hq, Hkv, S, D = 2, 8, 2, 200, 64
     leaves = [torch.randn(B, h, S, D, device=dev, dtype=dt, requires_grad=True) for h in (Hq, Hkv, Hkv)]
     do = torch.randn(B, Hq, S, D, device=dev, dtype=dt)
-    monkeypatch.setattr(C, "FAST_LAUNCH", False)
-    C._PLANS.clear()
+    monkeypatch.setattr(L, "FAST_LAUNCH", False)
+    L._PLANS.clear()
     jit = _step(*leaves, do, causal)
-    monkeypatch.setattr(C, "FAST_LAUNCH", True)
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
     first = _step(*leaves, do, causal)  # fills the cache through Triton
-    assert C._PLANS, "nothing was cached"
+    assert L._PLANS, "nothing was cached"
     cached = _step(*leaves, do, causal)  # runs from the cache
     for a, b, c in zip(jit, first, cached):
         assert torch.equal(a, b) and torch.equal(a, c)

@@ -34,21 +34,20 @@ interpreted twin; launches pick the twin when ``TRITON_INTERPRET=1`` *at call ti
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
-import triton
 import triton.language as tl
-from triton.language import core as _tl_core  # noqa: F401  (see _jit_functions_interpreted)
 from triton.runtime.jit import JITFunction
 
 from rocmflash.config import KernelConfig, Problem
-# compile-only builds live in build.py; re-exported here, where the kernel modules reach them as ``C.*``
+# compile-only builds live in build.py and launches in launch.py; re-exported here, where the
+# kernel modules reach them as ``C.*``
 from rocmflash.kernels.build import (MAX_32BIT_RANGE, Ptr, as_target, compile_kernel,  # noqa: F401
                                      launch_attributes, specialise_int)
+from rocmflash.kernels.launch import (KeptKey, compile_options, interpreting, launch_cached,  # noqa: F401
+                                      launch_key, launch_kernel, observe_launches)
 
 LOG2E = 1.4426950408889634
 
@@ -79,10 +78,6 @@ def kernel_jit(fn):
     """Decorator used instead of ``triton.jit`` for every kernel and helper of this package."""
     return _DualJIT(fn)
 
-
-def interpreting() -> bool:
-    """True when launches should go through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 # ----------------------------------------------------------------------------- device helpers
@@ -320,240 +315,6 @@ def compile_args(g: Geometry, store_lse: bool) -> dict:
                           Ptr("*fp32", lse_bytes), 1.0)
 
 
-# ----------------------------------------------------------------------------- interpreter
-_BF16_DOT_PATCHED = False
-
-
-def _patch_interpreter_bf16_dot() -> None:
-    """Work around Triton 3.6's interpreter multiplying bf16 dot operands as raw uint16.
-
-    The interpreter stores bf16 as uint16 and ``create_dot`` calls ``np.matmul`` on that
-    storage (garbage results). Widen bf16 operands to fp32 first -- exact, and what the
-    tensor cores do (exact products, fp32 accumulation). Only the interpreter is touched.
-    """
-    global _BF16_DOT_PATCHED
-    if _BF16_DOT_PATCHED:
-        return
-    import numpy as np
-    from triton.runtime import interpreter as I
-
-    original = I.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def widen(x):
-            if x.dtype.scalar == tl.bfloat16:
-                data = I._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
-                return I.TensorHandle(data, tl.float32)
-            return x
-
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    I.InterpreterBuilder.create_dot = create_dot
-    _BF16_DOT_PATCHED = True
-
-
-@contextlib.contextmanager
-def _jit_functions_interpreted():
-    """While an interpreted kernel runs, let *any* JITFunction it calls run interpreted.
-
-    Triton's own ``@jit`` helpers (``tl.zeros``, ``tl.cdiv``, ...) are compiled-mode
-    JITFunctions when triton was imported without ``TRITON_INTERPRET=1``; calling one
-    raises "Cannot call @triton.jit'd outside of the scope of a kernel". The compiler
-    never calls ``JITFunction.__call__`` (it inlines), so patching it for the duration
-    of an interpreted launch changes nothing else.
-    """
-    from triton.runtime.interpreter import InterpretedFunction
-
-    original = JITFunction.__call__
-
-    def call(self, *args, **kwargs):
-        twin = self.__dict__.get("_rocmflash_twin")
-        if twin is None:
-            twin = self.__dict__["_rocmflash_twin"] = InterpretedFunction(self.fn)
-        return twin(*args, **kwargs)
-
-    # Nested interpreted calls patch triton.language / triton.language.core without
-    # undoing it; a leaked patch breaks later real compiles in this process. Patch both
-    # modules here first and restore everything on the way out.
-    from triton.runtime import interpreter as I
-
-    scope = I._patch_lang(_interpreter_probe)
-    if scope is None:  # Triton <= 3.5 patches for good and gives nothing to restore
-        raise RuntimeError(f"rocmflash's CPU interpreter path (TRITON_INTERPRET=1) needs Triton >= 3.6; this is "
-                           f"{triton.__version__} (compiled GPU launches are unaffected)")
-    JITFunction.__call__ = call
-    try:
-        yield
-    finally:
-        JITFunction.__call__ = original
-        scope.restore()
-
-
-def _interpreter_probe():
-    """Never called: its ``__globals__`` (this module: ``tl`` and ``_tl_core``) drive the patch scope."""
-
-
-_LAUNCH_OBSERVERS: list = []
-
-
-@contextlib.contextmanager
-def observe_launches():
-    """Record every kernel launch made inside the block; yields the list of records.
-
-    Each record is ``{"kernel", "backend", "options", "interpreted"}``: the compile
-    options are those a compiled launch passes to Triton for that backend, also when the
-    interpreter ran the kernel (so CPU tests see what a GPU launch would choose).
-    """
-    seen: list = []
-    _LAUNCH_OBSERVERS.append(seen)
-    try:
-        yield seen
-    finally:
-        _LAUNCH_OBSERVERS.remove(seen)
-
-
-#: reuse compiled kernels through :func:`launch_cached`'s own cache (False: every launch
-#: goes through ``JITFunction.run``); ``ROCMFLASH_JIT_LAUNCH=1`` turns it off at import
-FAST_LAUNCH = os.environ.get("ROCMFLASH_JIT_LAUNCH", "0") in ("", "0")
-_PLANS: dict = {}  # launch key -> _LaunchPlan
-_MAX_PLANS = 4096
-_MAX_INT32 = 2**31 - 1
-
-
-class _LaunchPlan(NamedTuple):
-    """A compiled launch ready to replay: Triton's runner for one grid, the argument list in
-    kernel order with the tensors left out, and where each tensor of the call goes."""
-
-    runner: Any
-    template: tuple
-    slots: tuple  # ((position in the argument list, index in the call's tensors), ...)
-
-
-def _jit_launch(fn, grid, kwargs: dict):
-    """One launch through ``JITFunction.run`` (compiles on first use); returns Triton's ``CompiledKernel``."""
-    return fn[grid](**kwargs)
-
-
-def _is_compiled_kernel(obj) -> bool:
-    from triton.compiler import CompiledKernel
-
-    return isinstance(obj, CompiledKernel)
-
-
-def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str) -> tuple:
-    """What decides the compiled binary, grid and argument values of a launch, conservatively.
-
-    Triton specialises a launch on each tensor's dtype and 16-byte alignment (and, on AMD,
-    on whether its storage fits 2 GiB: buffer loads), on integer values (``== 1``,
-    divisible by 16) and on the constexprs and options. The key holds, per tensor, its
-    dtype, shape, strides, 16-byte alignment and (on ``hip``) the 2 GiB bit, plus the
-    device, the config and the caller's ``scalars`` (every non-tensor input of the launch):
-    the integer arguments are functions of these, so a new shape, stride or scalar misses
-    and goes through Triton once, never onto another specialisation or stale values.
-    """
-    parts = [id(fn), cfg, backend, scalars, tensors[0].get_device()]  # kernels live for the process: id is stable
-    if backend == "hip":
-        for t in tensors:
-            parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0,
-                      t.untyped_storage().nbytes() <= _MAX_INT32)
-    else:
-        for t in tensors:
-            parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
-    return tuple(parts)
-
-
-class KeptKey(tuple):
-    """A :func:`launch_key` that hashes once, for a caller that keeps a key across many launches
-    (``kv_decode.launch``): hashing a key hashes the dataclasses in it, in Python, on every lookup.
-    Equal to, and hashing like, the plain key, so either finds the other's plan."""
-
-    def __new__(cls, key: tuple):
-        self = super().__new__(cls, key)
-        self._hash = tuple.__hash__(self)
-        return self
-
-    def __hash__(self) -> int:
-        return self._hash
-
-
-def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled) -> Optional[_LaunchPlan]:
-    """A plan from a first launch, or None when some tensor argument is not one of ``tensors``
-    (its value could change between calls with the same key: never replay it)."""
-    import torch
-
-    template, slots = [], []
-    for position, name in enumerate(fn.arg_names):
-        value = args[name] if name in args else constexprs[name]
-        if isinstance(value, torch.Tensor):
-            index = next((i for i, t in enumerate(tensors) if t is value), None)
-            if index is None:
-                return None
-            slots.append((position, index))
-            value = None
-        template.append(value)
-    grid3 = (tuple(grid) + (1, 1))[:3]  # CompiledKernel launches take all three grid dimensions
-    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots))
-
-
-def launch_cached(fn: _DualJIT, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
-                  key: Optional[tuple] = None) -> None:
-    """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
-    building them only on the first launch of each specialisation.
-
-    ``tensors`` are every tensor argument of the launch, and ``scalars`` (hashable) every
-    other input ``build`` reads: together with the config they decide the grid, the
-    arguments and Triton's specialisation (:func:`launch_key`). The first launch of a key
-    goes through ``JITFunction.run`` and leaves a :class:`_LaunchPlan`; later launches put
-    this call's tensors into the saved argument list and call Triton's cached runner
-    (``CompiledKernel[grid](*args)``, its launch API since 3.0), which skips the argument
-    binding and the per-call argument dictionaries: most of a launch's host cost. Under the
-    interpreter, with ``observe_launches`` active or with ``FAST_LAUNCH`` off this is
-    :func:`launch_kernel`.
-
-    ``key``: this launch's :func:`launch_key`, when the caller kept it from an earlier launch
-    and knows that nothing the key reads has changed since (see ``kv_decode.launch``);
-    computing the key is a large part of a cached launch's cost. None: computed here.
-    """
-    if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
-        grid, args, constexprs = build()
-        launch_kernel(fn, grid, args, constexprs, cfg, backend)
-        return
-    if key is None:
-        key = launch_key(fn, scalars, tensors, cfg, backend)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        call = list(plan.template)
-        for position, index in plan.slots:
-            call[position] = tensors[index]
-        plan.runner(*call)
-        return
-    grid, args, constexprs = build()
-    compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})
-    if _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
-        plan = _make_plan(fn, grid, args, constexprs, tensors, compiled)
-        if plan is not None:
-            _PLANS[key] = plan
-
-
-def launch_kernel(fn: _DualJIT, grid, args: dict, constexprs: dict, cfg: KernelConfig, backend: str):
-    """Launch ``fn`` (compiled, or interpreted when TRITON_INTERPRET=1) with keyword arguments.
-
-    The compile options are chosen the same way in both modes (AMD-only names on ``hip``
-    only); the interpreter has no compiler, so it is not given them. Every compiled launch
-    goes through ``JITFunction.run``; hot paths use :func:`launch_cached`.
-    """
-    options = compile_options(cfg, backend)
-    interp = interpreting()
-    for seen in _LAUNCH_OBSERVERS:
-        seen.append({"kernel": fn.__name__, "backend": backend, "options": dict(options), "interpreted": interp})
-    if interp:
-        _patch_interpreter_bf16_dot()
-        with _jit_functions_interpreted():
-            fn.interpreted[grid](**args, **constexprs)
-    else:
-        _jit_launch(fn, grid, {**args, **constexprs, **options})
-
-
 def torch_backend() -> str:
     """"hip" on ROCm builds of torch, else "cuda"."""
     from rocmflash.platform import is_rocm  # not at import: platform.py is no kernel source (compile cache key)
@@ -573,11 +334,6 @@ def dummy_lse(device):
         buf = _DUMMY_LSE[device] = torch.empty(1, device=device, dtype=torch.float32)
     return buf
 
-
-@functools.lru_cache(maxsize=4096)
-def compile_options(cfg: KernelConfig, backend: str) -> dict:
-    """``cfg.compile_options(backend)``, computed once per config (callers must not mutate it)."""
-    return cfg.compile_options(backend)
 
 
 @functools.lru_cache(maxsize=4096)
