@@ -51,7 +51,8 @@ def default_cache_dir() -> str:
 #: the files that decide what a forward variant compiles to (the backward kernels are not swept,
 #: so editing them must not invalidate every cached observation)
 FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py",
-                   "kernels/online.py", "kernels/split_kv.py", "kernels/two_phase.py", "kernels/split_d.py")
+                   "kernels/launch.py", "kernels/online.py", "kernels/split_kv.py", "kernels/two_phase.py",
+                   "kernels/split_d.py")
 
 
 def kernel_source_hash() -> str:

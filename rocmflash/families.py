@@ -49,8 +49,8 @@ class Family:
         return self._mod().compile_task(target, config, problem)
 
 
-#: every family compiles through these (kernel helpers and the compile-only build)
-_SHARED = ("config.py", "kernels/common.py", "kernels/build.py")
+#: every family compiles through these (kernel helpers, the compile-only build, the launch path)
+_SHARED = ("config.py", "kernels/common.py", "kernels/build.py", "kernels/launch.py")
 FAMILIES = {
     "decode": Family("decode", "rocmflash.tuning.decode",
                      _SHARED + ("kernels/masks.py", "kernels/kv_decode.py", "tuning/decode.py")),
