@@ -36,6 +36,8 @@ def _entry(cfg, measured=True, timing="gpu"):
 
 def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    # the rule alone: the shipped h100.json's own decode entries would be nearer for some asks
+    monkeypatch.setattr(D, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
     data = D.ConfigDB.new_data("h100", "sm_90", {})
     near = dict(BLOCK_N=32, num_warps=4, num_stages=2, waves_per_eu=0, num_splits=8)
     far = dict(BLOCK_N=128, num_warps=8, num_stages=3, waves_per_eu=0, num_splits=1)
@@ -164,3 +166,29 @@ def test_page_sizes_compared_under_fake_rocm(fake_rocm, tmp_path):
     # without a live GPU there is nothing to compare, and the output says so
     unmeasured = [dataclasses.replace(r, measured=False) for r in results]
     assert page_size_rows(unmeasured) == []
+
+
+def test_shipped_decode_entries_are_served_at_their_own_buckets(tmp_path, monkeypatch):
+    """Every decode entry shipped in configs/ parses, is servable, and a lookup at its own buckets (an
+    empty user database) returns its config with its split count."""
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    D.clear_cache()
+    TD.clear_cache()
+    seen = 0
+    for name in sorted(os.listdir(D.shipped_config_dir())):
+        if not name.endswith(".json"):
+            continue
+        gpu = name[:-len(".json")]
+        for key, entry in D.ConfigDB.read(os.path.join(D.shipped_config_dir(), name))["entries"].items():
+            p = TD.parse_decode_key(key)
+            if p is None or not D.servable(entry):
+                continue
+            problem = entry["problem"]
+            assert TD.decode_key(problem["head_dim"], problem["dtype"], problem["heads_q"] // problem["heads_kv"],
+                                 problem["seqlen_k"], problem["batch"], problem["page_size"]) == key
+            got = TD.lookup_decode(gpu, p["head_dim"], p["dtype"], p["group"], problem["seqlen_k"],
+                                   problem["batch"], p["page_size"])
+            assert got == KD.DecodeConfig.from_dict(entry["best"]), key
+            seen += 1
+    assert seen >= 12  # the H100's decode grid (reports/decode-entries-2026-11-25-h100.md)
+    TD.clear_cache()
