@@ -9,7 +9,8 @@
 ``(num_blocks, page_size, Hkv, D)`` with ``block_table (B, max_blocks)`` int32. New
 ``k``/``v`` ``(B, Sk_new, Hkv, D)`` are written into the cache in place at
 ``cache_seqlens[b]`` (torch indexing: no host sync), then attention runs over
-``cache_seqlens[b] + Sk_new`` keys per sequence, through the split-KV decode kernels of
+``cache_seqlens[b] + Sk_new`` keys per sequence (from key ``cache_leftpad[b]`` on, when given:
+a left-padded batch), through the split-KV decode kernels of
 :mod:`rocmflash.kernels.kv_decode`. ``num_splits=0`` takes the split count from the tuned
 database (``rocmflash tune --mode decode``) or a CU-count heuristic.
 
@@ -68,7 +69,7 @@ def _interpreting() -> bool:
     return C.interpreting()
 
 
-def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits) -> tuple:
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, cache_leftpad=None) -> tuple:
     """Every check but the options' and those of tensor values; returns ``(paged, page_size, capacity, new)``.
 
     It reads only metadata (types, dtypes, shapes, devices) and the value of an int
@@ -130,6 +131,10 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits)
         _int_tensor("cache_seqlens", cache_seqlens, 1, q.device, (torch.int32, torch.int64))
         if cache_seqlens.shape[0] != B:
             raise ValueError(f"cache_seqlens must be (B={B},), got shape {tuple(cache_seqlens.shape)}")
+    if cache_leftpad is not None:
+        _int_tensor("cache_leftpad", cache_leftpad, 1, q.device, (torch.int32, torch.int64))
+        if cache_leftpad.shape[0] != B:
+            raise ValueError(f"cache_leftpad must be (B={B},), got shape {tuple(cache_leftpad.shape)}")
     return paged, page_size, capacity, new
 
 
@@ -141,18 +146,27 @@ def _lengths(cache_seqlens, batch: int, capacity: int, device):
     return torch.full((batch,), fill, dtype=torch.int32, device=device)
 
 
-def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device) -> None:
-    """Values that need a host read: tensor lengths within the cache, used pages inside it (skipped while
-    a graph is captured; a plain int length was checked on the host already). The checks run on the
-    device and come back as two flags in one small copy; details are looked up only on failure."""
-    if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None):
+def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device,
+                  starts=None) -> None:
+    """Values that need a host read: tensor lengths within the cache, start keys (``cache_leftpad``,
+    as int32 ``starts``) within their sequences, used pages inside the cache (skipped while a graph is
+    captured; a plain int length was checked on the host already). The checks run on the device and
+    come back as flags in one small copy; details are looked up only on failure."""
+    if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None
+                                  or starts is not None):
         return
     bad_len = (lens < 0) | (lens + new > capacity)
     checks = [bad_len.any()]
+    bad_start = None
+    if starts is not None:
+        bad_start = (starts < 0) | (starts > lens + new)
+        checks.append(bad_start.any())
     if block_table is not None:
         num_blocks = k_cache.shape[0]
-        used = torch.arange(block_table.shape[1], device=device)[None, :] < (
-            (lens.clamp(min=0) + new + page_size - 1) // page_size)[:, None]
+        pages = torch.arange(block_table.shape[1], device=device)[None, :]
+        used = pages < ((lens.clamp(min=0) + new + page_size - 1) // page_size)[:, None]
+        if starts is not None:  # pages wholly before a sequence's start are never read
+            used &= pages >= (starts.clamp(min=0) // page_size)[:, None]
         bad_page = used & ((block_table < 0) | (block_table >= num_blocks))
         checks.append(bad_page.any())
     flags = torch.stack(checks).tolist()
@@ -160,6 +174,12 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
         b = int(bad_len.nonzero()[0, 0])
         raise ValueError(f"cache_seqlens[{b}]={int(lens[b])} plus {new} new key(s) is outside the cache "
                          f"(capacity {capacity} keys per sequence)")
+    if bad_start is not None:
+        if flags[1]:
+            b = int(bad_start.nonzero()[0, 0])
+            raise ValueError(f"cache_leftpad[{b}]={int(starts[b])} must be in 0..{int(lens[b]) + new} (the "
+                             f"sequence's keys end there: cache_seqlens[{b}] plus {new} new key(s))")
+        flags = flags[:1] + flags[2:]
     if len(flags) > 1 and flags[1]:
         b, p = (int(x) for x in bad_page.nonzero()[0])
         raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
@@ -305,15 +325,17 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
 
 
 def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-               num_splits, want_lse: bool, backend: str, keep: bool = False) -> _Plan:
+               num_splits, want_lse: bool, backend: str, keep: bool = False, cache_leftpad=None) -> _Plan:
     """Check every input's metadata and the options (raising before anything runs), choose the config and
     split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys."""
-    paged, page_size, capacity, new = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits)
+    paged, page_size, capacity, new = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
+                                                cache_leftpad)
     left, right = check_options(softmax_scale, causal, window_size, softcap)
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right))
+    call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right,
+                                   cache_leftpad is not None))
     cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size)
     splits = num_splits or cfg.num_splits
     if not splits:
@@ -336,17 +358,17 @@ def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
 
 
 def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-          num_splits, want_lse: bool) -> _Plan:
+          num_splits, want_lse: bool, cache_leftpad=None) -> _Plan:
     """The kept plan of this call's signature, or a new one (checked; kept when the signature is known)."""
     backend = C.torch_backend()
-    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table),
+    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad),
                      (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
     plan = _CALL_PLANS.get(sig) if sig is not None else None
     if plan is not None and (plan.on_gpu or _interpreting()):
         return plan
     keep = sig is not None and _seen_before(sig)
     plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
-                      softcap, num_splits, want_lse, backend, keep)
+                      softcap, num_splits, want_lse, backend, keep, cache_leftpad)
     if keep:
         if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
             _CALL_PLANS.clear()
@@ -376,7 +398,7 @@ def _seen_before(sig: tuple) -> bool:
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale: Optional[float] = None, causal: bool = False,
                             window_size: tuple = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
-                            return_lse: bool = False, *, check_values: bool = True):
+                            return_lse: bool = False, *, check_values: bool = True, cache_leftpad=None):
     """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
 
     Returns ``(B, Sq, Hq, D)`` in q's dtype, or ``(out, lse)`` with ``lse`` fp32 ``(B, Hq, Sq)``
@@ -389,17 +411,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     for the GPU. Shapes, dtypes and devices are always checked. Use it in a decode loop whose
     lengths and tables are known to fit the cache (a captured graph skips the read anyway).
 
+    ``cache_leftpad`` (keyword only; flash-attn's argument of that name): int32 ``(B,)``, the
+    key each sequence starts at -- a left-padded batch, whose keys before it are ignored (not
+    read). Sequence ``b`` is keys ``[cache_leftpad[b], cache_seqlens[b] + Sk_new)``; causal
+    masks and windows keep counting positions in the cache, so the new tokens stay aligned to
+    its end. Each value must be in ``0..cache_seqlens[b] + Sk_new`` (checked with the values).
+
     The metadata checks, config and split count are worked out once per call signature
     (dtypes, shapes, strides, devices, options) and kept; :func:`clear_cache` forgets them.
     """
     want_lse = bool(return_lse)
     plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                 num_splits, want_lse)
+                 num_splits, want_lse, cache_leftpad)
     device = q.device
     lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
     new = plan.new
+    starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
     if check_values:
-        _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device)
+        _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts)
     if new:
         _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size)
     seqlens = lens + new if new else lens
@@ -407,7 +436,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     if plan.nonempty:
         KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
-                  plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend)
+                  plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts)
     return (out, lse) if want_lse else out
 
 

@@ -153,7 +153,88 @@ def test_generate_with_left_padding_gives_sdpa_tokens():
     out = gen("rocmflash")
     after = rf_hf.stats()
     assert after["sdpa"] == before["sdpa"] and after["rocmflash"] - before["rocmflash"] == 2 * 8
+    # the 7 one-token steps ran the decode kernel with each sequence's first key (cache_leftpad)
+    assert after["decode"] - before["decode"] == 2 * 7
     assert torch.equal(out, ref)
+
+
+def test_decode_key_range_reads_one_run_of_keys_per_row():
+    """A one-token step's mask: one run of keys per row (left padding before it, a static cache's free
+    slots after it, a left window) gives each run's (start, end); anything else None."""
+    B, S = 3, 9
+
+    def rng(mask, window=-1):
+        got = rf_hf.decode_key_range(mask, B, S, window)
+        return None if got is None else (got[0].tolist(), got[1].tolist())
+
+    mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    mask[1, ..., :4] = False
+    mask[2, ...] = False  # a row with no key: the empty run [0, 0)
+    assert rng(mask) == ([0, 4, 0], [S, S, 0])
+    static = mask.clone()
+    static[:2, ..., 7:] = False  # a static cache: slots 7, 8 not written yet
+    assert rng(static) == ([0, 4, 0], [7, 7, 0])
+    window = mask.clone()
+    window[:2, ..., :5] = False  # window_left 3: keys 5..8 of the last position 8, padding or not
+    assert rng(window, 3) == ([5, 5, 0], [S, S, 0])
+    assert rng(window) == ([5, 5, 0], [S, S, 0])  # also reads as padding
+    assert rng(mask, 3) is None  # keys outside the window are not masked
+    holes = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    holes[1, ..., 3] = False
+    assert rng(holes) is None  # two runs: the varlen route
+    assert rf_hf.decode_key_range(mask.float(), B, S, -1) is None  # additive masks: not read
+    assert rf_hf.decode_key_range(mask, B, S + 1, -1) is None  # another shape
+
+
+def test_generate_with_static_cache_and_left_padding_gives_sdpa_tokens():
+    """A static cache (free slots after each sequence) with left padding: decode steps on the decode kernel."""
+    rf_hf.register()
+    model = _tiny_llama(torch.float32, seed=9).to(torch.bfloat16)
+    ids = torch.randint(1, 96, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, :2] = 0
+    ids[0, :2] = 0
+
+    def gen(impl):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                  pad_token_id=0, cache_implementation="static")
+
+    ref = gen("sdpa")
+    before = rf_hf.stats()
+    out = gen("rocmflash")
+    after = rf_hf.stats()
+    # the prefill over a static cache (queries first, free slots after) still runs transformers' SDPA
+    assert after["sdpa"] - before["sdpa"] == 2
+    assert after["decode"] - before["decode"] == 2 * 5
+    assert torch.equal(out, ref)
+
+
+def test_a_padded_forward_reads_its_mask_once(monkeypatch):
+    """transformers passes every layer the same mask tensor: its layout is read by the first layer only
+    (each read waits for the GPU), and again after an in-place change."""
+    rf_hf.register()
+    model = _tiny_llama(torch.bfloat16, seed=6)
+    model.set_attn_implementation("rocmflash")
+    calls = []
+    original = rf_hf.padded_layout
+    monkeypatch.setattr(rf_hf, "padded_layout", lambda *a: calls.append(1) or original(*a))
+    ids = torch.randint(1, 96, (2, 11))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[0, :4] = 0
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        assert len(calls) == 1  # 2 layers, one read
+        model(input_ids=ids, attention_mask=mask)
+        assert len(calls) == 2  # a new forward builds a new mask tensor
+
+    # the cache is keyed on the tensor and its version counter
+    m4 = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    first = rf_hf._mask_plan(m4, ("probe",), lambda: object())
+    assert rf_hf._mask_plan(m4, ("probe",), lambda: object()) is first
+    m4[0, 0, 0, 0] = True  # in place: the version moves
+    assert rf_hf._mask_plan(m4, ("probe",), lambda: object()) is not first
 
 
 def test_generate_with_kv_cache_matches_sdpa():

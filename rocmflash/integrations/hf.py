@@ -32,8 +32,14 @@ kernel that computes it identically:
   causal/window" (:func:`padded_layout`), then the tokens are unpadded, run through
   :func:`rocmflash.flash_attn_varlen_func` and re-padded (padded query rows get 0);
 * soft-capping (Gemma 2) or a sliding window without a mask: the varlen kernel;
-* a ``generate()`` step (one new token, no padding mask): the split-KV decode kernel of
-  :func:`rocmflash.flash_attn_with_kvcache`, reading transformers' cache tensors in place.
+* a ``generate()`` step (one new token): the split-KV decode kernel of
+  :func:`rocmflash.flash_attn_with_kvcache`, reading transformers' cache tensors in place; a
+  mask of one run of keys per sequence (left padding, a static cache's free slots) passes
+  each run's first key as ``cache_leftpad`` and its end as ``cache_seqlens`` (no unpadding).
+
+transformers hands every layer of a forward the same mask tensor: what is read from it (the
+padding layout, gather indices, the longest sequence: host reads that wait for the GPU) is
+worked out by the first layer and kept for the others while that tensor comes back unchanged.
 
 Every other call (dropout, fp32, other mask patterns, position bias, attention sinks,
 ``output_attentions``, ...) goes to transformers' own ``sdpa_attention_forward`` with the
@@ -46,6 +52,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -147,30 +154,94 @@ def _cu(lengths):
     return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
 
 
-def _varlen_padded(query, key, value, layout, causal, scale, window_left, softcap):
+class _Padded(NamedTuple):
+    """How a padded batch is packed for the varlen kernel: gather indices (None: no padding, nothing
+    to gather), cumulative lengths and longest sequences (read from the mask, so never checked again)."""
+
+    idx_q: Optional[torch.Tensor]
+    idx_k: Optional[torch.Tensor]
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+def _padded_plan(layout) -> Optional[_Padded]:
+    """A :class:`_Padded` from :func:`padded_layout`'s answer (None stays None): two host reads."""
+    if layout is None:
+        return None
+    valid_q, valid_k, lens_q, lens_k = layout
+    idx_q = valid_q.reshape(-1).nonzero().squeeze(1)
+    idx_k = valid_k.reshape(-1).nonzero().squeeze(1)
+    unpadded = idx_q.numel() == valid_q.numel() and idx_k.numel() == valid_k.numel()
+    max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
+    return _Padded(None if unpadded else idx_q, None if unpadded else idx_k, _cu(lens_q), _cu(lens_k), max_q, max_k)
+
+
+def _unpadded_plan(batch: int, q_len: int, kv_len: int, device) -> _Padded:
+    """The :class:`_Padded` of a batch without padding (no host read)."""
+    def cu(n):
+        return torch.arange(0, (batch + 1) * n, n, dtype=torch.int32, device=device)
+
+    return _Padded(None, None, cu(q_len), cu(kv_len), q_len, kv_len)
+
+
+def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap):
     """Unpad, run :func:`rocmflash.flash_attn_varlen_func`, re-pad (padded query rows get 0)."""
     from rocmflash.varlen import flash_attn_varlen_func
 
-    valid_q, valid_k, lens_q, lens_k = layout
     B, Hq, Sq, D = query.shape
     Hkv, Sk = key.shape[1], key.shape[2]
-    idx_q = valid_q.reshape(-1).nonzero().squeeze(1)
-    idx_k = valid_k.reshape(-1).nonzero().squeeze(1)
     q = query.transpose(1, 2).reshape(B * Sq, Hq, D)
     k = key.transpose(1, 2).reshape(B * Sk, Hkv, D)
     v = value.transpose(1, 2).reshape(B * Sk, Hkv, D)
-    unpadded = idx_q.numel() == B * Sq and idx_k.numel() == B * Sk  # a mask with no padding: nothing to gather
-    if not unpadded:
-        q, k, v = q.index_select(0, idx_q), k.index_select(0, idx_k), v.index_select(0, idx_k)
-    max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
-    # the lengths come from the mask here (their maxima read above): no second host read of them
-    out = flash_attn_varlen_func(q, k, v, _cu(lens_q), _cu(lens_k), max_q, max_k, softmax_scale=scale,
+    if plan.idx_q is not None:
+        q, k, v = q.index_select(0, plan.idx_q), k.index_select(0, plan.idx_k), v.index_select(0, plan.idx_k)
+    # the lengths come from the mask (their maxima read with the plan): no host read of them here
+    out = flash_attn_varlen_func(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, softmax_scale=scale,
                                  causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
                                  check_values=False)
-    if unpadded:
+    if plan.idx_q is None:
         return out.reshape(B, Sq, Hq, D)
-    padded = out.new_zeros(B * Sq, Hq, D).index_copy(0, idx_q, out)
+    padded = out.new_zeros(B * Sq, Hq, D).index_copy(0, plan.idx_q, out)
     return padded.view(B, Sq, Hq, D)
+
+
+def decode_key_range(mask, batch: int, kv_len: int, window_left: int) -> Optional[tuple]:
+    """``(starts, ends)``, int32 ``(B,)`` each, when ``mask`` is a one-token step's mask over one run of
+    keys per row -- left padding before it, a static cache's unused slots after it, the left window
+    cut from the query's own key (the last of the run) -- else None. One host read."""
+    if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4
+            or tuple(mask.shape) != (batch, 1, 1, kv_len)):
+        return None
+    row = mask[:, 0, 0]
+    pos = torch.arange(kv_len, device=mask.device)
+    seen = row.any(1)
+    starts = torch.where(seen, row.to(torch.int8).argmax(1), 0)
+    ends = torch.where(seen, kv_len - row.flip(1).to(torch.int8).argmax(1), 0)  # a row with no key: [0, 0)
+    expected = (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
+    if window_left >= 0:
+        expected &= pos[None, :] >= (ends - 1 - window_left)[:, None]
+    return (starts.to(torch.int32), ends.to(torch.int32)) if torch.equal(row, expected) else None
+
+
+_MASK_PLANS: dict = {}  #: the last mask tensor, its version counter, and what was read from it (by route)
+
+
+def _mask_plan(mask, key: tuple, build):
+    """``build()`` for ``mask`` and ``key``, kept while the same mask tensor comes back unchanged
+    (its version counter: an in-place change reads it anew). Inference-mode tensors have no version
+    counter: nothing is kept for them."""
+    try:
+        version = mask._version
+    except (AttributeError, RuntimeError):
+        return build()
+    if _MASK_PLANS.get("mask") is not mask or _MASK_PLANS.get("version") != version:
+        _MASK_PLANS.clear()
+        _MASK_PLANS.update(mask=mask, version=version)
+    if key not in _MASK_PLANS:
+        _MASK_PLANS[key] = build()
+    return _MASK_PLANS[key]
 
 
 def rocmflash_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -191,16 +262,25 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     softcap = kwargs.get("softcap")
     window_left = _window_left(kwargs.get("sliding_window"))
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if attention_mask is None and q_len == 1 and kv_len > 1 and not torch.compiler.is_compiling():
-        # a generate() step over the KV cache with no padding: the split-KV decode kernel reads the
-        # cache in place ((B, Hkv, S, D) as a strided (B, S, Hkv, D) view: no copy)
-        from rocmflash.decode import flash_attn_with_kvcache
+    if q_len == 1 and kv_len > 1 and not torch.compiler.is_compiling():
+        # a generate() step over the KV cache: the split-KV decode kernel reads the cache in place
+        # ((B, Hkv, S, D) as a strided (B, S, Hkv, D) view: no copy); a mask of one run of keys per
+        # sequence (left padding, a static cache's free slots) becomes its first key and its length.
+        # Other masks take the varlen route below.
+        key_range = None
+        if isinstance(attention_mask, torch.Tensor):
+            key_range = _mask_plan(attention_mask, ("decode", kv_len, window_left),
+                                   lambda: decode_key_range(attention_mask, query.shape[0], kv_len, window_left))
+        if attention_mask is None or key_range is not None:
+            from rocmflash.decode import flash_attn_with_kvcache
 
-        _STATS["rocmflash"] += 1
-        _STATS["decode"] += 1
-        out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                      softmax_scale=scale, window_size=(window_left, -1), softcap=softcap or 0.0)
-        return out.contiguous(), None
+            starts, ends = key_range if key_range is not None else (None, None)
+            _STATS["rocmflash"] += 1
+            _STATS["decode"] += 1
+            out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                          cache_seqlens=ends, softmax_scale=scale, window_size=(window_left, -1),
+                                          softcap=softcap or 0.0, check_values=False, cache_leftpad=starts)
+            return out.contiguous(), None
     needs_varlen = attention_mask is not None or bool(softcap) or window_left >= 0
     if needs_varlen and torch.compiler.is_compiling():
         return _fall_back("torch.compile tracing a padded, windowed or soft-capped call (the varlen path "
@@ -208,11 +288,13 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             return _fall_back(f"an attention mask of type {type(attention_mask).__name__}", *args)
-        layout = padded_layout(attention_mask, q_len, kv_len, bool(module_causal), window_left)
-        if layout is None:
+        plan = _mask_plan(attention_mask, ("varlen", q_len, kv_len, bool(module_causal), window_left),
+                          lambda: _padded_plan(padded_layout(attention_mask, q_len, kv_len, bool(module_causal),
+                                                             window_left)))
+        if plan is None:
             return _fall_back("an attention mask that is not padding + causal/sliding window", *args)
         _STATS["rocmflash"] += 1
-        return _varlen_padded(query, key, value, layout, bool(module_causal), scale, window_left, softcap), None
+        return _varlen_padded(query, key, value, plan, bool(module_causal), scale, window_left, softcap), None
 
     # the same decision as transformers' sdpa_attention_forward
     causal = bool(q_len > 1 and module_causal)  # attention_mask is None here
@@ -225,12 +307,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
         return _fall_back("a causal call with fewer keys than queries (SDPA aligns it top-left)", *args)
     _STATS["rocmflash"] += 1
     if softcap or window_left >= 0:
-        lens_q = torch.full((query.shape[0],), q_len, dtype=torch.int64, device=query.device)
-        lens_k = torch.full((query.shape[0],), key.shape[2], dtype=torch.int64, device=query.device)
-        ones_q = torch.ones(query.shape[0], q_len, dtype=torch.bool, device=query.device)
-        ones_k = torch.ones(query.shape[0], key.shape[2], dtype=torch.bool, device=query.device)
-        return _varlen_padded(query, key, value, (ones_q, ones_k, lens_q, lens_k), causal, scale,
-                              window_left, softcap), None
+        plan = _unpadded_plan(query.shape[0], q_len, key.shape[2], query.device)
+        return _varlen_padded(query, key, value, plan, causal, scale, window_left, softcap), None
     from rocmflash.ops import attention_op
 
     out, _ = attention_op(query, key, value, causal=causal, scale=scale, need_lse=False)
@@ -290,4 +368,4 @@ def stats() -> dict:
     return dict(_STATS)
 
 
-__all__ = ["register", "rocmflash_attention_forward", "stats", "NAME"]
+__all__ = ["register", "rocmflash_attention_forward", "stats", "decode_key_range", "padded_layout", "NAME"]

@@ -19,7 +19,10 @@ The cache is contiguous ``(B, S_max, Hkv, D)`` or paged ``(num_blocks, page_size
 D)`` with a block table: a key's physical row is ``block_table[b, j // page_size]`` at
 offset ``j % page_size``, looked up per key (any page size). Masks are the bands of
 :mod:`rocmflash.kernels.masks` with the query token index as the row (bottom-right:
-token ``t`` sits at position ``L - Sq + t``).
+token ``t`` sits at position ``L - Sq + t``). A left-padded cache (flash-attn's
+``cache_leftpad``: sequence ``b`` starts at key ``leftpad[b]``, as transformers' left-padded
+batches do) is one more lower bound: the key range starts at the block holding
+``leftpad[b]`` and that block's keys before it are masked (and not loaded).
 """
 
 from __future__ import annotations
@@ -60,17 +63,19 @@ def _key_rows(BT_row, start_n, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, P
 
 
 @kernel_jit
-def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K, lo_off, hi_off,
+def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K, K_START, lo_off, hi_off,
                  qk_scale, sm_scale, softcap, stride_kb, stride_kn, stride_kh, stride_kd,
                  stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
                  WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr, LOWER: tl.constexpr,
-                 UPPER: tl.constexpr):
+                 UPPER: tl.constexpr, LEFTPAD: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nmask = offs_n < SEQ_K
-    if MASK and not WHOLE_PAGES:  # keys past the end may have no page: address row 0 (masked out below)
-        offs_safe = tl.where(nmask, offs_n, 0)
+    if LEFTPAD:  # keys before the sequence's start (K_START) are neither loaded nor attended
+        nmask = nmask & (offs_n >= K_START)
+    if MASK and not WHOLE_PAGES:  # keys outside [K_START, SEQ_K) may have no page: address the first key
+        offs_safe = tl.where(nmask, offs_n, K_START)
     else:
         offs_safe = offs_n
     k_rows = _key_rows(BT_row, start_n, offs_safe, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED, WHOLE_PAGES)
@@ -79,7 +84,10 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
                   offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK)
     x = M.log2_scores(tl.dot(q, k), qk_scale, sm_scale, softcap, SOFTCAP)
     if MASK:
-        x = tl.where(M.band_keep(offs_t, offs_n, SEQ_K, lo_off, hi_off, LOWER, UPPER), x, float("-inf"))
+        keep = M.band_keep(offs_t, offs_n, SEQ_K, lo_off, hi_off, LOWER, UPPER)
+        if LEFTPAD:
+            keep = keep & nmask[None, :]
+        x = tl.where(keep, x, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(x, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
@@ -97,7 +105,7 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
 
 
 @kernel_jit
-def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
@@ -106,7 +114,7 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, soft
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
-                  STORE_LSE: tl.constexpr):
+                  STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
@@ -129,27 +137,37 @@ def _decode_split(Q, K, V, BT, SEQLENS, PO, PL, O, LSE, sm_scale, qk_scale, soft
     lo_off = shift - WIN_LEFT
     hi_off = shift + WIN_RIGHT
     lo, full_lo, full_hi, hi = M.band_bounds(0, SEQ_Q, SEQ_K, lo_off, hi_off, BLOCK_M, BLOCK_N)
+    if LEFTPAD:  # the sequence starts at key K_START: from its block on, masked up to the next block
+        K_START = tl.load(LEFTPADS + off_b)
+        lo = tl.maximum(lo, (K_START // BLOCK_N) * BLOCK_N)
+        hi = tl.maximum(hi, lo)
+        full_lo = tl.minimum(tl.maximum(full_lo, tl.cdiv(K_START, BLOCK_N) * BLOCK_N), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    else:
+        K_START = 0
     # this split's chunk of whole key blocks of [lo, hi)
     blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS)
     s_lo = lo + split * blocks_per_split * BLOCK_N
     s_hi = tl.minimum(hi, s_lo + blocks_per_split * BLOCK_N)
-    if BOUNDED_LEFT:
+    if BOUNDED_LEFT or LEFTPAD:
         for start_n in range(s_lo, tl.minimum(s_hi, full_lo), BLOCK_N):
             acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
-                                         lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                         K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                          stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
                                          HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT,
-                                         BOUNDED_RIGHT)
+                                         BOUNDED_RIGHT, LEFTPAD)
     for start_n in range(tl.maximum(s_lo, full_lo), tl.minimum(s_hi, full_hi), BLOCK_N):
         acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
-                                     lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                     K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT)
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT,
+                                     False)
     for start_n in range(tl.maximum(s_lo, full_hi), s_hi, BLOCK_N):
         acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
-                                     lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                     K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
                                      stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT)
+                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT,
+                                     LEFTPAD)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:  # one split: this program holds the whole row, so it writes the output (no combine launch)
@@ -309,6 +327,7 @@ class DecodeCall:
     softcap: float
     win_left: int
     win_right: int
+    leftpad: bool = False  #: a per-sequence start key (``cache_leftpad``) is passed
 
     @functools.cached_property
     def block_m(self) -> int:
@@ -324,17 +343,20 @@ def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False,
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
-                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse))
+                BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
+                LEFTPAD=call.leftpad)
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
-               out=None, lse=None) -> dict:
+               out=None, lse=None, leftpads=None) -> dict:
     """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
-    (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused)."""
+    (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused).
+    ``leftpads``: int32 ``(B,)`` start keys when ``call.leftpad`` (else ``seqlens`` stands in, unread)."""
     sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
     so = out.stride() if out is not None else (0, 0, 0, 0)
     softcap = float(call.softcap)
-    return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens, PO=po, PL=pl,
+    return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens,
+                LEFTPADS=leftpads if leftpads is not None else seqlens, PO=po, PL=pl,
                 O=out if out is not None else po, LSE=lse if lse is not None else pl,
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
                 softcap=softcap if softcap > 0 else 1.0,
@@ -361,7 +383,7 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None) -> None:
+           backend: Optional[str] = None, leftpads=None) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -379,17 +401,21 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     ``flash_attn_with_kvcache`` keeps one per call signature. Alignment, the one property
     fresh buffers can change between such calls, is checked here on every call.
     ``backend``: :func:`rocmflash.kernels.common.torch_backend`'s answer when the caller has it.
+    ``leftpads``: int32 ``(B,)`` first key of each sequence, required when ``call.leftpad``.
     """
     backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
+    if call.leftpad != (leftpads is not None):
+        raise ValueError("leftpads must be given exactly when the DecodeCall has leftpad=True")
+    starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
         scalars = (call, cfg, 1, lse is not None)
-        tensors = (q, k_cache, v_cache, block_table, seqlens, out, lse_arg)
+        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg)
         C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
-                                            out, lse_arg),
+                                            out, lse_arg, starts),
                                  _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend,
                         _kept_key(keys, ("direct", lse is not None, backend), _decode_split, scalars, tensors, kcfg,
                                   backend))
@@ -401,10 +427,11 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     else:
         po, pl = workspace
     scalars = (call, cfg, num_splits)
-    tensors = (q, k_cache, v_cache, block_table, seqlens, po, pl)
+    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl)
     C.launch_cached(_decode_split, scalars, tensors,
                     lambda: ((num_splits, call.batch * call.heads_kv),
-                             split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits),
+                             split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
+                                        leftpads=starts),
                              _split_constexprs(call, cfg)), kcfg, backend,
                     _kept_key(keys, ("split", num_splits, backend), _decode_split, scalars, tensors, kcfg, backend))
     scalars = (call, num_splits, lse is not None)
