@@ -62,7 +62,8 @@ def test_gpu_llama_compile_fullgraph():
 
 
 def test_gpu_generate_with_left_padding_matches_sdpa():
-    """Greedy generate() of a left-padded batch runs the varlen path (prefill and every step): SDPA's tokens."""
+    """Greedy generate() of a left-padded batch: the prefill on the varlen path, every step on the decode
+    kernel with each sequence's first key (cache_leftpad); SDPA's tokens."""
     rf_hf.register()
     model = _model(seed=4)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -83,6 +84,7 @@ def test_gpu_generate_with_left_padding_matches_sdpa():
     out = run("rocmflash")
     after = rf_hf.stats()
     assert after["sdpa"] == before["sdpa"] and after["rocmflash"] > before["rocmflash"]
+    assert after["decode"] - before["decode"] == 4 * 15  # 15 one-token steps x 4 layers
     agree = (out[:, 40:] == ref[:, 40:]).float().mean().item()
     # bf16 greedy decoding of a random model can flip a near-tie; demand near-total agreement
     assert agree >= 0.95, agree

@@ -55,6 +55,45 @@ def test_gpu_decode_matches_reference(B, L, page):
         assert err < 2e-2, (b, err)
 
 
+@pytest.mark.parametrize("B,L", [(8, 8192), (32, 2048)])
+@pytest.mark.parametrize("page", [0, 16, 256])
+def test_gpu_decode_left_padded_matches_reference(B, L, page):
+    """``cache_leftpad``: sequence b is keys [start, end); the keys before the start hold NaN (never read)."""
+    from rocmflash import flash_attn_with_kvcache
+
+    gen = torch.Generator(device="cuda").manual_seed(7 * B + L + page)
+    Hq, Hkv, D = 32, 4, 128
+    kc, vc, table = _cache(B, L, Hkv, D, page, gen)
+    lens = torch.randint(L // 2, L, (B,), device="cuda", generator=gen).int()
+    starts = (torch.rand(B, device="cuda", generator=gen) * lens).int()
+    starts[0] = int(lens[0]) + 1  # a sequence of no key: output 0
+    for b in range(B):
+        s = int(starts[b])
+        if table is None:
+            kc[b, :s] = float("nan")
+            vc[b, :s] = float("nan")
+        else:
+            idx = torch.arange(s, device="cuda")
+            kc[table[b][idx // page].long(), idx % page] = float("nan")
+            vc[table[b][idx // page].long(), idx % page] = float("nan")
+    q = torch.randn(B, 1, Hq, D, device="cuda", generator=gen).to(torch.bfloat16)
+    kn = torch.randn(B, 1, Hkv, D, device="cuda", generator=gen).to(torch.bfloat16)
+    vn = torch.randn(B, 1, Hkv, D, device="cuda", generator=gen).to(torch.bfloat16)
+    out = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table, causal=True,
+                                  cache_leftpad=starts)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert (out[0] == 0).all()
+    for b in range(1, B):
+        s, n = int(starts[b]), int(lens[b]) + 1
+        k = _keys(kc, table, b, n, page)[s:].float().repeat_interleave(Hq // Hkv, 1)
+        v = _keys(vc, table, b, n, page)[s:].float().repeat_interleave(Hq // Hkv, 1)
+        p = torch.softmax(torch.einsum("hd,khd->hk", q[b, 0].float(), k) / math.sqrt(D), -1)
+        ref = torch.einsum("hk,khd->hd", p, v)
+        err = ((out[b, 0].float() - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, (b, err)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gpu_decode_split_counts_agree_with_lse(splits):
     """One split (the split kernel writes out and LSE itself) and three (split + combine): same answers."""
