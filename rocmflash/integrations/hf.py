@@ -178,6 +178,23 @@ def _padded_plan(layout) -> Optional[_Padded]:
     return _Padded(None if unpadded else idx_q, None if unpadded else idx_k, _cu(lens_q), _cu(lens_k), max_q, max_k)
 
 
+def _varlen_mask_plan(mask, q_len: int, kv_len: int, causal: bool, window_left: int):
+    """``(keys kept, _Padded)`` for a padded batch's boolean 4-D mask, or None when it is not one.
+
+    A static cache's free slots (the key columns after the last one any query may see) are cut
+    first, so that the queries are the last ``q_len`` of the kept keys, as :func:`padded_layout`
+    reads them (transformers' prefill into a static cache: queries first, free slots after)."""
+    kept = kv_len
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and kv_len > q_len:
+        seen = mask.any(dim=(0, 1, 2))
+        last = int(torch.where(seen, torch.arange(1, kv_len + 1, device=mask.device), 0).max())  # host read
+        if q_len <= last < kv_len:
+            kept = last
+    plan = _padded_plan(padded_layout(mask[..., :kept] if kept < kv_len else mask, q_len, kept, causal,
+                                      window_left))
+    return None if plan is None else (kept, plan)
+
+
 def _unpadded_plan(batch: int, q_len: int, kv_len: int, device) -> _Padded:
     """The :class:`_Padded` of a batch without padding (no host read)."""
     def cu(n):
@@ -288,11 +305,13 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             return _fall_back(f"an attention mask of type {type(attention_mask).__name__}", *args)
-        plan = _mask_plan(attention_mask, ("varlen", q_len, kv_len, bool(module_causal), window_left),
-                          lambda: _padded_plan(padded_layout(attention_mask, q_len, kv_len, bool(module_causal),
-                                                             window_left)))
-        if plan is None:
+        got = _mask_plan(attention_mask, ("varlen", q_len, kv_len, bool(module_causal), window_left),
+                         lambda: _varlen_mask_plan(attention_mask, q_len, kv_len, bool(module_causal), window_left))
+        if got is None:
             return _fall_back("an attention mask that is not padding + causal/sliding window", *args)
+        kept, plan = got
+        if kept < kv_len:  # a static cache's free slots: never seen
+            key, value = key[:, :, :kept], value[:, :, :kept]
         _STATS["rocmflash"] += 1
         return _varlen_padded(query, key, value, plan, bool(module_causal), scale, window_left, softcap), None
 
