@@ -133,28 +133,35 @@ def test_custom_mask_falls_back_with_one_warning():
     assert torch.equal(out, ref)
 
 
-def test_generate_with_left_padding_gives_sdpa_tokens():
-    """Greedy generate() of a left-padded batch: the same tokens as attn_implementation="sdpa"."""
+def _padded_generate(seed: int, padded_row: int, pad: int, new: int, **kwargs):
+    """Greedy generate() of a 2-sequence batch with ``pad`` left-padding tokens in ``padded_row``, through
+    "sdpa" then "rocmflash": ``(sdpa tokens, rocmflash tokens, rocmflash's routing counters)``."""
     rf_hf.register()
-    model = _tiny_llama(torch.float32, seed=5).to(torch.bfloat16)
+    model = _tiny_llama(torch.float32, seed=seed).to(torch.bfloat16)
     ids = torch.randint(1, 96, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.long)
-    mask[1, :3] = 0
-    ids[1, :3] = 0
+    mask[padded_row, :pad] = 0
+    ids[padded_row, :pad] = 0
 
     def gen(impl):
         model.set_attn_implementation(impl)
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                                  pad_token_id=0)
+            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                                  pad_token_id=0, **kwargs)
 
     ref = gen("sdpa")
     before = rf_hf.stats()
     out = gen("rocmflash")
     after = rf_hf.stats()
-    assert after["sdpa"] == before["sdpa"] and after["rocmflash"] - before["rocmflash"] == 2 * 8
+    return ref, out, {k: after[k] - before[k] for k in after}
+
+
+def test_generate_with_left_padding_gives_sdpa_tokens():
+    """Greedy generate() of a left-padded batch: the same tokens as attn_implementation="sdpa"."""
+    ref, out, routed = _padded_generate(5, 1, 3, 8)
+    assert routed["sdpa"] == 0 and routed["rocmflash"] == 2 * 8
     # the 7 one-token steps ran the decode kernel with each sequence's first key (cache_leftpad)
-    assert after["decode"] - before["decode"] == 2 * 7
+    assert routed["decode"] == 2 * 7
     assert torch.equal(out, ref)
 
 
@@ -188,29 +195,10 @@ def test_decode_key_range_reads_one_run_of_keys_per_row():
 
 def test_generate_with_static_cache_and_left_padding_gives_sdpa_tokens():
     """A static cache (free slots after each sequence) with left padding: the prefill on the varlen kernel
-    over the written keys, the steps on the decode kernel."""
-    rf_hf.register()
-    model = _tiny_llama(torch.float32, seed=9).to(torch.bfloat16)
-    ids = torch.randint(1, 96, (2, 7))
-    mask = torch.ones(2, 7, dtype=torch.long)
-    mask[0, :2] = 0
-    ids[0, :2] = 0
-
-    def gen(impl):
-        model.set_attn_implementation(impl)
-        with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                  pad_token_id=0, cache_implementation="static")
-
-    ref = gen("sdpa")
-    before = rf_hf.stats()
-    out = gen("rocmflash")
-    after = rf_hf.stats()
-    # the prefill over the static cache (queries first, free slots after) runs the varlen kernel on the
-    # written keys; the 5 one-token steps run the decode kernel
-    assert after["sdpa"] == before["sdpa"]
-    assert after["rocmflash"] - before["rocmflash"] == 2 * 6
-    assert after["decode"] - before["decode"] == 2 * 5
+    over the written keys (the free slots cut off), the 5 one-token steps on the decode kernel."""
+    ref, out, routed = _padded_generate(9, 0, 2, 6, cache_implementation="static")
+    assert routed["sdpa"] == 0 and routed["rocmflash"] == 2 * 6
+    assert routed["decode"] == 2 * 5
     assert torch.equal(out, ref)
 
 
