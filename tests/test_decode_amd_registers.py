@@ -19,3 +19,25 @@ def test_amd_decode_default_does_not_spill(arch, head_dim, paged):
         assert s["arch"] == arch
         assert s["vgpr_spill_count"] == 0 and s["sgpr_spill_count"] == 0 and s["scratch_bytes"] == 0, (k.name, s)
         assert s["waves_per_simd"] >= 2, (k.name, s)
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_amd_left_padded_decode_default_keeps_its_occupancy(arch, paged):
+    """The ``cache_leftpad`` build (transformers' left-padded generate() steps) of the AMD default, D=128:
+    no VGPR spill, no scratch, the same waves/SIMD as the plain build, and what its spills cost passes the
+    pruner's spill rule. (Its masked first-block loop costs SGPRs: with Triton 3.6, 4-42 are parked in
+    VGPR lanes, at most 9 lane moves inside a loop; VGPRs e.g. 150 -> 167 on gfx942.)"""
+    from rocmflash.prune import PruneSettings, spills
+
+    cfg = KD.default_decode_config(arch, 128)
+    summaries = []
+    for leftpad in (False, True):
+        k = KD.compile_for(arch, cfg, 128, "bf16", group=8, paged=paged, page_size=256, leftpad=leftpad)[0]
+        (res,) = read_code_object(k.asm["hsaco"])
+        summaries.append(kernel_summary(res, num_warps=k.metadata.num_warps, asm=k.asm["amdgcn"]))
+    plain, padded = summaries
+    assert padded["scratch_loops"] == plain["scratch_loops"] + 1  # the masked first-block loop of this build
+    assert padded["vgpr_spill_count"] == 0 and padded["scratch_bytes"] == 0, padded
+    assert spills({"status": "ok", "kernels": [padded]}, PruneSettings()) is None, padded
+    assert padded["waves_per_simd"] == plain["waves_per_simd"] >= 2, (plain, padded)

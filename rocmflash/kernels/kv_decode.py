@@ -477,12 +477,13 @@ class _StridedPtr(C.Ptr):
 
 def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
-                softcap: bool = False, window: bool = False):
+                softcap: bool = False, window: bool = False, leftpad: bool = False):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
-    ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them)."""
+    ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them);
+    ``leftpad``: the left-padded build (``cache_leftpad``)."""
     hkv, smax = 8, 4096
     call = DecodeCall(8, seqlen_q, hkv, group, head_dim, paged, page_size, 0.125, 30.0 if softcap else 0.0,
-                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED)
+                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED, leftpad)
     t = "*" + dtype
     hq = hkv * group
     q = _StridedPtr(t, (seqlen_q * hq * head_dim, hq * head_dim, head_dim, 1))
@@ -493,7 +494,8 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     splits = 4
     kcfg = cfg.kernel_config()
     main = C.compile_kernel(_decode_split, target,
-                            split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits),
+                            split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits,
+                                       leftpads=_StridedPtr("*i32", (1,)) if leftpad else None),
                             _split_constexprs(call, cfg), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
                                _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))
