@@ -157,10 +157,10 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
         return
     bad_len = (lens < 0) | (lens + new > capacity)
     checks = [bad_len.any()]
-    bad_start = None
     if starts is not None:
         bad_start = (starts < 0) | (starts > lens + new)
         checks.append(bad_start.any())
+    page_flag = len(checks)  # where the block-table flag lands, if there is one
     if block_table is not None:
         num_blocks = k_cache.shape[0]
         pages = torch.arange(block_table.shape[1], device=device)[None, :]
@@ -174,13 +174,11 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
         b = int(bad_len.nonzero()[0, 0])
         raise ValueError(f"cache_seqlens[{b}]={int(lens[b])} plus {new} new key(s) is outside the cache "
                          f"(capacity {capacity} keys per sequence)")
-    if bad_start is not None:
-        if flags[1]:
-            b = int(bad_start.nonzero()[0, 0])
-            raise ValueError(f"cache_leftpad[{b}]={int(starts[b])} must be in 0..{int(lens[b]) + new} (the "
-                             f"sequence's keys end there: cache_seqlens[{b}] plus {new} new key(s))")
-        flags = flags[:1] + flags[2:]
-    if len(flags) > 1 and flags[1]:
+    if starts is not None and flags[1]:
+        b = int(bad_start.nonzero()[0, 0])
+        raise ValueError(f"cache_leftpad[{b}]={int(starts[b])} must be in 0..{int(lens[b]) + new} (the "
+                         f"sequence's keys end there: cache_seqlens[{b}] plus {new} new key(s))")
+    if block_table is not None and flags[page_flag]:
         b, p = (int(x) for x in bad_page.nonzero()[0])
         raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
                          f"(the cache has {num_blocks} blocks)")

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from test_kvcache_interp import TOL, cache_rows, fill, make_cache
+from test_kvcache_interp import TOL, _args, cache_rows, fill, make_cache
 from varlen_reference import attention_fp64, rel_err
 
 
@@ -124,15 +124,10 @@ def test_leftpad_pages_before_the_start_are_not_checked_or_read(interpret):
 def test_leftpad_bad_input_raises_before_writing(interpret, starts, exc, words):
     from rocmflash import flash_attn_with_kvcache
 
-    gen = torch.Generator().manual_seed(1)
-    kc, vc, table = make_cache(2, 2, 32, 64, 16, torch.float16, gen)
-    kc.zero_()
-    vc.zero_()
+    args = _args()  # B=2, cache_seqlens [3, 10], one new key each, pages of 16
+    kc, vc = args["k_cache"], args["v_cache"]
     before = kc.clone(), vc.clone()
     with pytest.raises(exc) as info:
-        flash_attn_with_kvcache(torch.randn(2, 1, 4, 32).to(torch.float16), kc, vc,
-                                torch.randn(2, 1, 2, 32).to(torch.float16), torch.randn(2, 1, 2, 32).to(torch.float16),
-                                cache_seqlens=torch.tensor([3, 10], dtype=torch.int32), block_table=table,
-                                cache_leftpad=starts)
+        flash_attn_with_kvcache(**args, cache_leftpad=starts)
     assert words in str(info.value)
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])

@@ -185,7 +185,7 @@ def _varlen_mask_plan(mask, q_len: int, kv_len: int, causal: bool, window_left: 
     first, so that the queries are the last ``q_len`` of the kept keys, as :func:`padded_layout`
     reads them (transformers' prefill into a static cache: queries first, free slots after)."""
     kept = kv_len
-    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and kv_len > q_len:
+    if mask.dtype == torch.bool and mask.dim() == 4 and kv_len > q_len:
         seen = mask.any(dim=(0, 1, 2))
         last = int(torch.where(seen, torch.arange(1, kv_len + 1, device=mask.device), 0).max())  # host read
         if q_len <= last < kv_len:
