@@ -27,15 +27,11 @@ require_supported_versions()
 
 import torch  # noqa: E402
 
-from rocmflash.config import VARIANTS, KernelConfig, default_config
+from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E402
+from rocmflash.kernels.launch import check_device  # noqa: E402
+from rocmflash.scale import check_softmax_scale  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _interpreting() -> bool:
-    from rocmflash.kernels.common import interpreting
-
-    return interpreting()
 
 
 def _check_inputs(q, k, v, softmax_scale, names=("q", "k", "v"), layout="(B, H, S, D)"):
@@ -51,16 +47,8 @@ def _check_inputs(q, k, v, softmax_scale, names=("q", "k", "v"), layout="(B, H, 
             raise TypeError(f"{name}.dtype ({t.dtype}) must match {names[0]}.dtype ({q.dtype})")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but {names[0]} is on {q.device}; all must share a device")
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError(
-            f"{names[0]} is on {q.device}; rocmflash kernels need a CUDA or ROCm GPU tensor "
-            "(or set TRITON_INTERPRET=1 to run CPU tensors through Triton's interpreter)"
-        )
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-        if not math.isfinite(float(softmax_scale)):
-            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    check_device(names[0], q)
+    check_softmax_scale(softmax_scale)
 
 
 def _check_shapes(q, k, v):
@@ -160,11 +148,20 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
-                    causal: bool = False):
+                    causal: bool = False, window_size: tuple = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False):
     """flash-attn compatible forward: q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hkv, D)`` -> ``(B, Sq, Hq, D)``.
 
-    Dropout is not implemented: ``dropout_p`` other than 0 raises NotImplementedError.
-    Causal masking is bottom-right aligned, as in flash-attn >= 2.1.
+    flash-attn 2's signature and conventions. Causal masking is bottom-right aligned, as in
+    flash-attn >= 2.1. ``window_size=(left, right)`` (``-1``: unbounded; Mistral-style sliding
+    windows) and ``softcap > 0`` (``softcap * tanh(scale * q·k / softcap)``, Gemma 2) run the
+    packed kernel of :func:`rocmflash.flash_attn_varlen_func` on views of the batch (one sequence
+    per batch row, no copies for contiguous inputs); differentiable like the plain call.
+    ``deterministic`` is accepted (rocmflash's backward is always deterministic: no atomics).
+    ``return_attn_probs=True`` returns ``(out, softmax_lse, None)`` as flash-attn does without
+    dropout (``softmax_lse`` fp32 ``(B, Hq, Sq)``; the attention matrix is never formed).
+    Not implemented, each a one-line error: dropout (``dropout_p`` other than 0) and ALiBi
+    (``alibi_slopes`` other than None).
     """
     _check_inputs(q, k, v, softmax_scale, layout="(B, S, H, D)")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
@@ -173,11 +170,64 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash does not implement attention dropout; use dropout_p=0.0")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    # the kernels take any strides: work on (B, H, S, D) views, no copies; for contiguous
-    # (B, S, H, D) inputs the op's output is (B, S, H, D) in memory, so this is contiguous
-    out, _ = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
-                  "online", None, False)
-    return out.transpose(1, 2).contiguous()
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: rocmflash does not implement ALiBi biases; pass alibi_slopes=None")
+    for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    from rocmflash.varlen import check_options
+
+    left, right = check_options(softmax_scale, causal, window_size, softcap)
+    if _banded(left, right, causal) or softcap > 0:
+        _check_shapes(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out, lse = _batch_as_packed(q, k, v, softmax_scale, causal, tuple(window_size), float(softcap))
+    else:
+        # the kernels take any strides: work on (B, H, S, D) views, no copies; for contiguous
+        # (B, S, H, D) inputs the op's output is (B, S, H, D) in memory, so this is contiguous
+        out, lse = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
+                        "online", None, return_attn_probs)
+        out = out.transpose(1, 2).contiguous()
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _banded(left: int, right: int, causal: bool) -> bool:
+    """Whether ``window_size`` bounds a side that plain (causal or not) attention leaves open."""
+    from rocmflash.kernels.masks import UNBOUNDED
+
+    return left < UNBOUNDED or (right < UNBOUNDED and not causal)
+
+
+_CU_SEQLENS: dict = {}  #: (batch, length, device) -> int32 (batch + 1,) offsets of equal-length sequences
+
+
+def _equal_offsets(batch: int, length: int, device) -> torch.Tensor:
+    """``[0, length, 2 * length, ...]`` on ``device``, made once per (batch, length, device)."""
+    key = (batch, length, device)
+    cu = _CU_SEQLENS.get(key)
+    if cu is None:
+        if len(_CU_SEQLENS) >= 256:
+            _CU_SEQLENS.clear()
+        cu = _CU_SEQLENS[key] = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device) \
+            if length else torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    return cu
+
+
+def _batch_as_packed(q, k, v, softmax_scale, causal: bool, window_size: tuple, softcap: float):
+    """A ``(B, S, H, D)`` batch through the packed (varlen) kernel: ``(out (B, Sq, Hq, D), lse (B, Hq, Sq))``.
+
+    Every batch row is one sequence of the same length, so the packed views are reshapes
+    (views for inputs contiguous over batch and sequence) and the offsets are known without
+    reading anything back from the GPU.
+    """
+    from rocmflash.varlen import flash_attn_varlen_func
+
+    B, Sq, Hq, D = q.shape
+    Sk = k.shape[1]
+    cu_q, cu_k = _equal_offsets(B, Sq, q.device), _equal_offsets(B, Sk, q.device)
+    out, lse = flash_attn_varlen_func(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, k.shape[2], D),
+                                      v.reshape(B * Sk, v.shape[2], D), cu_q, cu_k, Sq, Sk, 0.0, softmax_scale,
+                                      causal, window_size, softcap, return_lse=True, check_values=False)
+    return out.view(B, Sq, Hq, D), lse.view(Hq, B, Sq).transpose(0, 1)
 
 
 __all__ = ["attention", "flash_attn_func"]

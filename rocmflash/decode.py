@@ -80,9 +80,8 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
     layout = "(num_blocks, page_size, Hkv, D)" if paged else "(B, S_max, Hkv, D)"
     _check4("k_cache", k_cache, layout, q)
     _check4("v_cache", v_cache, layout, q)
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError(f"q is on {q.device}; rocmflash kernels need a CUDA or ROCm GPU tensor "
-                         "(or set TRITON_INTERPRET=1 to run CPU tensors through Triton's interpreter)")
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
+        L.check_device("q", q)  # raises: names the device (meta: no data) and what is needed
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
@@ -433,8 +432,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     out = torch.empty_like(q)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     if plan.nonempty:
-        KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
-                  plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts)
+        with L.on_device(q):
+            KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
+                      plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts)
     return (out, lse) if want_lse else out
 
 

@@ -26,7 +26,6 @@ here is the thin differentiable entry used by the API, :mod:`rocmflash.sdpa` and
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import Optional
@@ -37,6 +36,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import get_variant
 from rocmflash.kernels.backward import backward, empty_like_layout
+from rocmflash.kernels import launch as L
+from rocmflash.scale import fold_scale_sign
 from rocmflash.selection import select_bwd_config, select_config
 
 
@@ -49,14 +50,9 @@ def _lse_empty(q: torch.Tensor) -> torch.Tensor:
     return torch.empty((B, H, S), dtype=torch.float32, device=q.device)
 
 
-_NO_SWITCH = contextlib.nullcontext()
-
-
 def _device_ctx(t):
-    """Make ``t``'s GPU current for the launch; nothing to do (the common case) when it already is."""
-    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return _NO_SWITCH
+    """Make ``t``'s GPU current for the launch (a no-op when it is): :func:`rocmflash.kernels.launch.on_device`."""
+    return L.on_device(t)
 
 
 # ----------------------------------------------------------------------------- implementations
@@ -177,6 +173,8 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     Plain eager calls run the implementation directly (an autograd Function when a gradient
     is needed); traced, subclassed or mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``.
     """
+    if scale <= 0:  # legal but odd: the kernels need a positive scale (rocmflash/scale.py)
+        q, scale = fold_scale_sign(q, scale)
     if _needs_dispatcher(q, k, v):
         return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
                                             config.to_json() if config is not None else "")

@@ -29,17 +29,14 @@ import torch  # noqa: E402
 
 from rocmflash.kernels import masks as M  # noqa: E402
 from rocmflash.kernels import varlen as VK  # noqa: E402
+from rocmflash.kernels import launch as L  # noqa: E402
+from rocmflash.kernels.launch import check_device  # noqa: E402
+from rocmflash.scale import check_softmax_scale  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------- validation
-def _interpreting() -> bool:
-    from rocmflash.kernels.common import interpreting
-
-    return interpreting()
-
-
 def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -59,9 +56,7 @@ def check_qkv(q, k, v, layout_q: str = "(total_q, Hq, D)", layout_kv: str = "(to
             raise TypeError(f"{name}.dtype ({t.dtype}) must match q.dtype ({q.dtype})")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share a device")
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError(f"q is on {q.device}; rocmflash kernels need a CUDA or ROCm GPU tensor "
-                         "(or set TRITON_INTERPRET=1 to run CPU tensors through Triton's interpreter)")
+    check_device("q", q)
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     D = q.shape[2]
@@ -76,11 +71,7 @@ def check_qkv(q, k, v, layout_q: str = "(total_q, Hq, D)", layout_kv: str = "(to
 
 def check_options(softmax_scale, causal, window_size, softcap) -> tuple[int, int]:
     """Validate the scalar options; returns the band ``(left, right)`` for the kernels."""
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-        if not math.isfinite(float(softmax_scale)):
-            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    check_softmax_scale(softmax_scale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
@@ -174,7 +165,8 @@ class _VarlenAttention(torch.autograd.Function):
         if need_lse or needs_grad:
             lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         if q.shape[0]:
-            VK.launch_forward(call, q, k, v, cu_q, cu_k, fwd_cfg, out, lse)
+            with L.on_device(q):
+                VK.launch_forward(call, q, k, v, cu_q, cu_k, fwd_cfg, out, lse)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.call = call
         ctx.set_materialize_grads(False)
@@ -188,8 +180,9 @@ class _VarlenAttention(torch.autograd.Function):
         if q.shape[0] == 0 or k.shape[0] == 0:
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None
         bwd_cfg = _backward_config(q.device, q.dtype, ctx.call)
-        dq, dk, dv = VK.launch_backward(ctx.call, dout, q, k, v, out, lse,
-                                        dlse.contiguous() if dlse is not None else None, cu_q, cu_k, bwd_cfg)
+        with L.on_device(q):
+            dq, dk, dv = VK.launch_backward(ctx.call, dout, q, k, v, out, lse,
+                                            dlse.contiguous() if dlse is not None else None, cu_q, cu_k, bwd_cfg)
         return dq, dk, dv, None, None, None, None, None
 
 

@@ -100,6 +100,37 @@ def _interpreter_probe():
     """Never called: its ``__globals__`` (this module: ``tl`` and ``_tl_core``) drive the patch scope."""
 
 
+_NO_SWITCH = contextlib.nullcontext()
+
+
+def on_device(t):
+    """A context that makes ``t``'s GPU the current device for a launch (a no-op, the common case, when it is).
+
+    Triton compiles, loads and launches on the *current* device; tensors on another GPU (HF
+    ``device_map``, pipeline stages) would otherwise be launched there, which CUDA refuses
+    ("cannot be accessed from Triton") and ROCm may fault on. Launch keys hold the tensor's
+    device, so a replayed launch is always one made under this context on that device.
+    """
+    if t.device.type == "cuda":
+        import torch
+
+        if t.device.index != torch.cuda.current_device():
+            return torch.cuda.device(t.device)
+    return _NO_SWITCH
+
+
+def check_device(name: str, t) -> None:
+    """Raise ``ValueError`` unless ``t`` can be run here: a CUDA/ROCm tensor, or a CPU one under the interpreter."""
+    kind = t.device.type
+    if kind == "cuda" or (kind == "cpu" and interpreting()):
+        return
+    if kind == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds no data; rocmflash kernels need a CUDA or ROCm "
+                         "GPU tensor (or a CPU tensor with TRITON_INTERPRET=1)")
+    raise ValueError(f"{name} is on {t.device}; rocmflash kernels need a CUDA or ROCm GPU tensor "
+                     "(or set TRITON_INTERPRET=1 to run CPU tensors through Triton's interpreter)")
+
+
 _LAUNCH_OBSERVERS: list = []
 
 
