@@ -69,14 +69,46 @@ def kernel_source_hash() -> str:
     return _SOURCE_HASH
 
 
+#: the environment variables Triton's compiler reads (3.4-3.9: AMD ``make_ttgir``/``make_llir``, option
+#: parsing) that change what a kernel compiles to, per backend, so an observation under one setting must not
+#: answer for another. Triton's own cache keys on some of them only (not e.g. ``AMDGCN_ANALYZE_SMALL_TENSOR_RANGE``).
+_ANY_BACKEND_ENV_VARS = (
+    # the arch actually compiled for, FMA fusion, LLVM's optimiser, sanitizer instrumentation, debug info
+    "TRITON_OVERRIDE_ARCH", "TRITON_DEFAULT_FP_FUSION", "TRITON_FORCE_DISABLE_FP_FUSION", "DISABLE_LLVM_OPT",
+    "TRITON_ENABLE_ASAN", "TRITON_DISABLE_LINE_INFO", "LLVM_EXTRACT_DI_LOCAL_VARIABLES",
+)
+BUILD_ENV_VARS = {
+    "hip": (
+        # buffer loads/stores/atomics instead of global ones (3.6+: on by default; 3.4/3.5: off by default)
+        "AMDGCN_USE_BUFFER_OPS", "AMDGCN_USE_BUFFER_ATOMICS", "AMDGCN_ANALYZE_SMALL_TENSOR_RANGE",
+        "AMDGCN_SCALARIZE_PACKED_FOPS",
+        # AMD pipeliner and scheduling passes
+        "TRITON_HIP_USE_ASYNC_COPY", "TRITON_HIP_USE_BLOCK_PINGPONG", "TRITON_HIP_USE_IN_THREAD_TRANSPOSE",
+        "TRITON_HIP_GLOBAL_PREFETCH", "TRITON_HIP_LOCAL_PREFETCH",  # 3.4/3.5
+        "TRITON_HIP_USE_COEXEC_SCHEDULER", "TRITON_HIP_USE_EXPERT_SCHEDULING",  # 3.8+
+        "TRITON_SWAP_MIR", "TRITON_SWAP_MIR_ENABLE_MISCHED",  # 3.8+: replaces the machine IR
+        "TRITON_AMD_CODEGEN_PATH",  # 3.9+: another code generator library than the wheel's
+    ) + _ANY_BACKEND_ENV_VARS,
+    "cuda": _ANY_BACKEND_ENV_VARS,
+}
+
+
+def build_env(backend: str) -> dict:
+    """The ``BUILD_ENV_VARS[backend]`` set in this process, with their values (the workers inherit them)."""
+    return {var: os.environ[var] for var in BUILD_ENV_VARS.get(backend, ()) if var in os.environ}
+
+
 def _target_key(gpu: GPU) -> list:
-    """The target part of a cache key: backend, arch, wave size, and the attributes a launch gives a
-    tensor under 2 GiB (on AMD they depend on ``AMDGCN_USE_BUFFER_OPS``, which changes the build)."""
-    from rocmflash.kernels.build import Ptr, launch_attributes
+    """The target part of a cache key: backend, arch, wave size, the attributes a launch gives a tensor
+    (under and over 2 GiB) and an integer (divisible by 16 or not) -- as this Triton's backend answers
+    (on AMD they depend on Triton's version and ``AMDGCN_USE_BUFFER_OPS``) -- and :func:`build_env`."""
+    from rocmflash.kernels.build import MAX_32BIT_RANGE, Ptr, launch_attributes
 
     target = gpu.triton_target()
-    pointer_attrs, _ = launch_attributes(target)
-    return [target.backend, str(target.arch), target.warp_size, pointer_attrs(Ptr("*fp16"))]
+    pointer_attrs, int_attrs = launch_attributes(target)
+    attrs = [pointer_attrs(Ptr("*fp16")), pointer_attrs(Ptr("*fp16", MAX_32BIT_RANGE + 1)),
+             int_attrs(True), int_attrs(False)]
+    return [target.backend, str(target.arch), target.warp_size, attrs, build_env(target.backend)]
 
 
 def fingerprint(cfg: KernelConfig, problem: Problem, gpu: GPU) -> str:

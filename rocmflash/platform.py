@@ -3,6 +3,7 @@
 * :func:`is_rocm`: is this a ROCm (HIP) build of torch? ``torch.cuda`` is HIP there.
 * :func:`visible_devices_env`: the environment that pins a worker process to one device
   of this process (the live tuner's timing and pre-warm workers).
+* :func:`visible_device_ids`: the devices a launcher pinned this process to, as the node names them.
 * :func:`sdpa_backends`: the PyTorch SDPA backends a benchmark can compare against here.
 
 Device visibility. CUDA reads ``CUDA_VISIBLE_DEVICES``. ROCm has three layers: the ROCr
@@ -70,6 +71,26 @@ def visible_devices_env(index: int, environ: Mapping[str, str], rocm: bool) -> d
     return {"HIP_VISIBLE_DEVICES": str(index)}
 
 
+def visible_device_ids(environ: Mapping[str, str], rocm: bool) -> Optional[list[str]]:
+    """The devices this process sees, as the node names them (indices or UUIDs), or None when no variable narrows them.
+
+    What a launcher (Ray, a job scheduler) pinned a process to. CUDA: the
+    ``CUDA_VISIBLE_DEVICES`` list. ROCm: HIP's list (``HIP_VISIBLE_DEVICES``, else its alias
+    ``CUDA_VISIBLE_DEVICES``) indexes into ROCr's (``ROCR_VISIBLE_DEVICES``), so with both
+    set the node's ids are ROCr's entries that HIP's select; with one set, that one's list.
+    """
+    if not rocm:
+        return _device_list(environ["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in environ else None
+    rocr = _device_list(environ["ROCR_VISIBLE_DEVICES"]) if "ROCR_VISIBLE_DEVICES" in environ else None
+    hip_var = next((var for var in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if var in environ), None)
+    if hip_var is None:
+        return rocr
+    hip = _device_list(environ[hip_var])
+    if rocr is None:
+        return hip
+    return [rocr[int(e)] if e.isdigit() and int(e) < len(rocr) else e for e in hip]
+
+
 def sdpa_backends(rocm: Optional[bool] = None) -> list[str]:
     """Names of the SDPA backends to compare against on this platform, in table order.
 
@@ -100,5 +121,5 @@ def sdpa_backend_enum(name: str):
     return getattr(SDPBackend, _SDPA_ENUM[name], None)
 
 
-__all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "sdpa_backends", "missing_sdpa_backend",
-           "sdpa_backend_enum"]
+__all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "visible_device_ids", "sdpa_backends",
+           "missing_sdpa_backend", "sdpa_backend_enum"]

@@ -2,9 +2,9 @@
 
 What the static phase runs (no GPU, no tensors): a :class:`Ptr` stands in for each tensor
 argument and :func:`compile_kernel` gives Triton the signature, specialisation and
-attributes a launch would give it -- asked of the target's own backend where Triton has the
-hook (:func:`launch_attributes`) -- so the build is the one a launch runs (and the same entry
-of Triton's cache: a live tune launches the static phase's builds).
+attributes a launch would give it -- asked of the target's own backend through the hook this
+Triton's launcher calls (:func:`launch_attributes`) -- so the build is the one a launch runs
+(and the same entry of Triton's cache: a live tune launches the static phase's builds).
 """
 
 from __future__ import annotations
@@ -41,14 +41,21 @@ class Ptr:
 
 
 def as_target(target: Any):
-    """A ``GPUTarget`` from a GPUTarget, an arch string (``gfx942``, ``sm_90``) or a catalog GPU name."""
+    """A ``GPUTarget`` from a GPUTarget, an arch string (``gfx942``, ``sm_90``) or a catalog GPU name.
+
+    An AMD arch as a device reports it (``gcnArchName``: ``gfx942:sramecc+:xnack-``) names the
+    same target as its base arch: the feature suffix is dropped, since Triton's AMD backend
+    parses the arch as ``gfx`` plus digits (and fails on the suffix).
+    """
     from triton.backends.compiler import GPUTarget
 
     if isinstance(target, GPUTarget):
+        if target.backend == "hip" and base_arch(target.arch) != target.arch:
+            return GPUTarget("hip", base_arch(target.arch), target.warp_size)
         return target
     if hasattr(target, "triton_target"):
         return target.triton_target()
-    name = str(target).strip().lower()
+    name = base_arch(str(target).strip().lower())
     if name.startswith("gfx"):
         return GPUTarget("hip", name, 32 if name.startswith("gfx1") else 64)
     if name.startswith("sm_") and name[3:].isdigit():
@@ -56,6 +63,13 @@ def as_target(target: Any):
     from rocmflash.gpus import get_gpu
 
     return get_gpu(name).triton_target()
+
+
+def base_arch(arch: str) -> str:
+    """``gfx942`` from ``gfx942:sramecc+:xnack-`` (an AMD arch, lower case, without its feature suffix);
+    other names unchanged."""
+    arch = str(arch)
+    return arch.split(":", 1)[0].strip().lower() if arch.strip().lower().startswith("gfx") else arch
 
 
 def specialise_int(value: int) -> tuple[str, bool]:
@@ -120,30 +134,42 @@ def launch_attributes(target):
     """``(pointer_attrs(ptr), int_attrs(divisible))``: the compile attributes a launch on ``target`` gives
     a tensor argument (a :class:`Ptr`) and a non-constant integer.
 
-    Asked of the target's Triton backend itself (``get_tensor_specialization`` and
-    ``parse_attr``, the hooks its launcher calls), so the static phase compiles what this
-    Triton launches: on AMD, a tensor under 2 GiB gets ``tt.pointer_range = 32`` and its
-    loads become buffer loads (unless ``AMDGCN_USE_BUFFER_OPS=0``), which changes register
-    use. A Triton without those hooks gets the attributes they give in Triton 3.6.
+    Asked of the target's Triton backend itself, through the hooks its launcher calls
+    (:func:`specialisation_hooks`) and ``parse_attr``, so the static phase compiles what this
+    Triton launches. On AMD a tensor under 2 GiB gets ``tt.pointer_range = 32`` (its loads
+    become buffer loads, which changes register use) whenever Triton's buffer ops are on:
+    by default from Triton 3.6, only with ``AMDGCN_USE_BUFFER_OPS=1`` in 3.4/3.5.
     """
     backend = _backend(target)
-    try:
-        backend.get_tensor_specialization(Ptr("*fp16"), align=True)
-        backend.parse_attr("D")
-    except (AttributeError, TypeError):
-        def pointer_attrs(ptr):
-            return [["tt.divisibility", 16]]
-
-        def int_attrs(divisible):
-            return [["tt.divisibility", 16]] if divisible else []
-        return pointer_attrs, int_attrs
+    tensor_spec, int_spec = specialisation_hooks(backend)
 
     def pointer_attrs(ptr):
-        return backend.parse_attr(backend.get_tensor_specialization(ptr, align=True))
+        return backend.parse_attr(tensor_spec(ptr))
 
     def int_attrs(divisible):
-        return backend.parse_attr("D" if divisible else "")
+        # any multiple of 16 / any other non-constant value: the launcher only asks ``value % 16``
+        return backend.parse_attr(int_spec(16 if divisible else 17))
     return pointer_attrs, int_attrs
+
+
+def specialisation_hooks(backend):
+    """``(tensor_spec(arg), int_spec(value))``: the backend's launch-time specialisation strings.
+
+    Triton 3.6+ asks ``get_tensor_specialization(arg, align=)`` and
+    ``get_int_specialization(value, align=)``; Triton 3.4/3.5 ask one hook,
+    ``get_arg_specialization(arg, ty, align=)`` with ``ty`` ``"tensor"`` or ``"int"``. Both are
+    called as the launcher calls them (``align=True``: no argument of rocmflash's kernels is
+    exempt from alignment specialisation). A backend with neither hook (a Triton outside the
+    supported range) is a TypeError rather than a build that silently differs from a launch.
+    """
+    if hasattr(backend, "get_tensor_specialization"):  # Triton 3.6+
+        return (lambda arg: backend.get_tensor_specialization(arg, align=True),
+                lambda value: backend.get_int_specialization(value, align=True))
+    if hasattr(backend, "get_arg_specialization"):  # Triton 3.4, 3.5
+        return (lambda arg: backend.get_arg_specialization(arg, "tensor", align=True),
+                lambda value: backend.get_arg_specialization(value, "int", align=True))
+    raise TypeError(f"launch_attributes: Triton's {type(backend).__name__} has neither get_tensor_specialization "
+                    "(Triton 3.6+) nor get_arg_specialization (3.4/3.5); expected a supported Triton")
 
 
 @functools.lru_cache(maxsize=None)

@@ -59,17 +59,23 @@ class TimingActor:
             os._exit(1)
 
     def describe(self) -> dict:
-        """``{"host", "device", "gpu", "visible"}``: where this actor runs and on what."""
+        """``{"host", "pid", "device", "gpu", "visible", "device_ids"}``: where this actor runs and on what.
+
+        ``visible``: the device visibility variables Ray (or the user) set here; ``device_ids``:
+        the node's ids of the devices they leave this actor (:func:`rocmflash.platform.visible_device_ids`:
+        Ray pins an actor with ``CUDA_VISIBLE_DEVICES`` on NVIDIA, ``HIP_VISIBLE_DEVICES`` or, in older
+        releases, ``ROCR_VISIBLE_DEVICES`` on AMD), None when nothing narrows them.
+        """
         import socket
 
         from rocmflash.detect import identify_live_device
+        from rocmflash.platform import VISIBILITY_VARS, is_rocm, visible_device_ids
 
         match = None if self.runner.device == "replay" else identify_live_device(0)
         gpu = match.gpu.name if match is not None and match.gpu is not None else None
-        visible = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-                   if k in os.environ}
+        visible = {k: os.environ[k] for k in VISIBILITY_VARS if k in os.environ}
         return {"host": socket.gethostname(), "pid": os.getpid(), "device": self.runner.device, "gpu": gpu,
-                "visible": visible}
+                "visible": visible, "device_ids": visible_device_ids(os.environ, is_rocm())}
 
     def measure(self, config: dict, shape: dict, inject=None, budget=None) -> dict:
         from rocmflash.config import KernelConfig
@@ -186,8 +192,7 @@ def cluster_pool(address: str, settings: Optional[dict] = None, cache_dir: Optio
     handles = [remote.remote(settings, replay, cache_dir, (fail_after or {}).get(i)) for i in range(count)]
     infos = ray.get([h.describe.remote() for h in handles])
     runners = [RayRunner(h, info) for h, info in zip(handles, infos)]
-    labels = [f"{info['host']}:{(info.get('visible') or {}).get('CUDA_VISIBLE_DEVICES', i)}"
-              if not replay else f"actor{i}" for i, info in enumerate(infos)]
+    labels = [actor_label(info, i) if not replay else f"actor{i}" for i, info in enumerate(infos)]
     if not replay:
         kinds = {info["gpu"] for info in infos}
         if None in kinds or len(kinds) > 1:
@@ -195,6 +200,13 @@ def cluster_pool(address: str, settings: Optional[dict] = None, cache_dir: Optio
             raise ClusterError(f"--cluster {address}: the GPUs are not all one catalog kind ({seen}); a config "
                                "database is per GPU kind")
     return WorkerPool(runners, labels=labels, shared_cache=False, device=infos[0].get("device"))
+
+
+def actor_label(info: dict, index: int) -> str:
+    """``HOST:DEVICE`` for an actor's :meth:`TimingActor.describe`: the node's id of its GPU (its actor index
+    when nothing narrowed the actor's devices)."""
+    ids = info.get("device_ids")
+    return f"{info['host']}:{','.join(ids) if ids else index}"
 
 
 def cluster_gpu(pool: WorkerPool):
@@ -210,4 +222,5 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-__all__ = ["ClusterError", "TimingActor", "RayRunner", "connect", "cluster_pool", "cluster_gpu", "shutdown"]
+__all__ = ["ClusterError", "TimingActor", "RayRunner", "connect", "cluster_pool", "actor_label", "cluster_gpu",
+           "shutdown"]
