@@ -153,6 +153,38 @@ def get_gpu(name: str) -> GPU:
     return gpu
 
 
+#: the smallest cache flush a timing worker zeroes (rocmflash's flush before it was sized per GPU)
+MIN_FLUSH_BYTES = 256 * MIB
+#: the last-level cache an AMD device off the catalog is taken to have (the MI300 family's Infinity Cache)
+AMD_UNKNOWN_LAST_LEVEL_CACHE = 256 * MIB
+
+
+def flush_bytes(gpu: Optional[GPU] = None, l2_bytes: int = 0, amd: bool = False) -> int:
+    """Bytes a timing worker zeroes before each timed run, so that no run finds its inputs in a cache.
+
+    Twice the larger of ``gpu``'s L2 and last-level cache (a flush only as large as the cache
+    leaves part of it warm), at least :data:`MIN_FLUSH_BYTES`: 512 MiB on MI300X/MI325X/MI355X
+    (256 MiB Infinity Cache, and on their compute partitions), the 256 MiB floor on an H100
+    (50 MB L2). ``l2_bytes``: the L2 the runtime reports for the live device (counted too);
+    ``amd`` with no catalog ``gpu`` (a device off the catalog): its last-level cache is taken
+    to be 256 MiB. The one place the flush is sized: every timing worker calls it through
+    :func:`rocmflash.live_gate.flush_buffer`.
+    """
+    if gpu is not None and not isinstance(gpu, GPU):
+        raise TypeError(f"flush_bytes: expected a catalog GPU or None, got {type(gpu).__name__}")
+    if type(l2_bytes) is not int or l2_bytes < 0:
+        raise ValueError(f"flush_bytes: l2_bytes {l2_bytes!r} is invalid; expected an int >= 0")
+    caches = [l2_bytes]
+    if gpu is not None:
+        # a compute partition counts its whole GPU's caches: its share of the Infinity Cache is a roofline
+        # figure, while (in NPS1 memory mode) every XCD's reads go through the whole cache
+        whole = GPUS.get(gpu.base_name, gpu)
+        caches += [gpu.l2_bytes, gpu.last_level_cache_bytes, whole.l2_bytes, whole.last_level_cache_bytes]
+    elif amd:
+        caches.append(AMD_UNKNOWN_LAST_LEVEL_CACHE)
+    return max(MIN_FLUSH_BYTES, 2 * max(caches))
+
+
 def detect_live_gpu(index: Optional[int] = None) -> Optional[GPU]:
     """The tuning target of a live device (default: the current one), or None without one or off-catalog.
 

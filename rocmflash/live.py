@@ -11,16 +11,18 @@ Numeric gate (before any timing): :mod:`rocmflash.live_gate` -- every config's o
 against an fp32 reference of the tuned shape; a config that fails is ``incorrect`` and is never timed.
 
 Timing. Rotating input sets (``n_inputs`` of them, each a full ``q, k, v, out``) so no
-run finds its inputs in cache; the L2 is flushed before every timed run by zeroing a
-256 MB buffer; warm-up first (which also absorbs Triton's JIT); then ``n`` runs timed
-with device events (``n`` from ``rep_ms`` over a first estimate, clamped to
-``[min_reps, max_reps]``), median reported, raw times kept. This is what
+run finds its inputs in cache; the caches are flushed before every timed run by zeroing a
+buffer twice the larger of the GPU's L2 and last-level cache (:func:`rocmflash.gpus.flush_bytes`:
+512 MiB on an MI300X, whose Infinity Cache is 256 MiB); warm-up first (which also absorbs
+Triton's JIT); then ``n`` runs timed with device events (``n`` from ``rep_ms`` over a first
+estimate, clamped to ``[min_reps, max_reps]``), median reported, raw times kept. This is what
 ``triton.testing.do_bench(..., return_mode="median")`` does, plus the input rotation.
 TFLOP/s = 4·B·H·S²·D / t (half for causal). Vendor-neutral: ``torch.cuda`` is HIP on ROCm.
 
 Pre-warm. Triton compiles a kernel at its first launch (seconds each) and caches it on
 disk. :meth:`LiveRunner.prewarm` launches every candidate once, at a tiny shape with the
-same argument specialisation, in parallel processes sharing the timing worker's Triton
+same argument specialisation (each tensor on the timed tensor's side of the 2 GiB line:
+:func:`prewarm_specs`), in parallel processes sharing the timing worker's Triton
 cache directory, so the serial timing loop finds every kernel compiled.
 
 Device. A runner times on one device (``device_index``, default 0, in this process's
@@ -75,7 +77,7 @@ class LiveSettings:
     min_reps: int = 10
     max_reps: int = 200
     n_inputs: int = 3  #: rotating input sets
-    flush_bytes: int = 256 * 1024 * 1024
+    flush_bytes: Optional[int] = None  #: cache flush; None: sized from the GPU (:func:`rocmflash.gpus.flush_bytes`)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -111,15 +113,18 @@ def worker_init(triton_cache_dir: Optional[str], env: Optional[dict] = None, int
         torch.cuda.init()
 
 
-def _inputs(shape: Shape, settings: LiveSettings):
-    """Rotating input sets and the L2 flush buffer for a shape (kept across configs in this worker)."""
+def _inputs(shape: Shape, settings: LiveSettings, dev=None):
+    """Rotating input sets and the cache flush buffer for a shape (kept across configs in this worker)."""
     import torch
 
-    key = (shape, settings.n_inputs, settings.flush_bytes)
+    from rocmflash.live_gate import flush_buffer
+
+    dev = torch.device("cuda") if dev is None else dev
+    key = (shape, settings.n_inputs, settings.flush_bytes, dev)
     if _STATE.get("key") != key:
         _STATE.clear()
-        torch.cuda.empty_cache()
-        dev = torch.device("cuda")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
         dtype = _torch_dtype(torch, shape.dtype)
         sets = []
         for _ in range(settings.n_inputs):
@@ -127,7 +132,7 @@ def _inputs(shape: Shape, settings: LiveSettings):
             k = torch.randn(shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype)
             v = torch.randn_like(k)
             sets.append((q, k, v, torch.empty_like(q)))
-        flush = torch.empty(settings.flush_bytes // 4, device=dev, dtype=torch.int32)
+        flush = flush_buffer(dev, settings.flush_bytes)
         _STATE.update(key=key, sets=sets, flush=flush)
     return _STATE["sets"], _STATE["flush"]
 
@@ -368,16 +373,27 @@ def prewarm_plan(mod, cfg: KernelConfig, s: Shape, compute_units: int) -> tuple[
     return cfg, seqlen_q, seqlen_k
 
 
+def prewarm_specs(s: Shape, seqlen_q: int, seqlen_k: int) -> dict:
+    """The pre-warm launch's tensors ``{"q", "k", "out": (dims, bytes of the timed tensor)}`` (``k`` serves
+    as ``v`` too): batch 1 at the planned lengths, each standing for the timed tensor of ``s``, whose side
+    of the 2 GiB line it must keep (:func:`rocmflash.live_gate.stand_ins`)."""
+    from rocmflash.live_gate import tensor_bytes
+
+    q_real, kv_real = tensor_bytes(s)
+    q_dims = (1, s.heads_q, seqlen_q, s.head_dim)
+    return {"q": (q_dims, q_real), "k": ((1, s.heads_kv, seqlen_k, s.head_dim), kv_real), "out": (q_dims, q_real)}
+
+
 def _launch_once(mod, cfg: KernelConfig, s: Shape) -> None:
     import torch
 
     from rocmflash.kernels.common import num_compute_units
+    from rocmflash.live_gate import pads_storage, stand_ins
 
-    dtype = _torch_dtype(torch, s.dtype)
-    cfg, seqlen_q, seqlen_k = prewarm_plan(mod, cfg, s, num_compute_units(torch.device("cuda")))
-    q = torch.randn(1, s.heads_q, seqlen_q, s.head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(1, s.heads_kv, seqlen_k, s.head_dim, device="cuda", dtype=dtype)
-    mod.launch(q, k, k, cfg, s.causal, 0.125, out=torch.empty_like(q))
+    dev = torch.device("cuda")
+    cfg, seqlen_q, seqlen_k = prewarm_plan(mod, cfg, s, num_compute_units(dev))
+    t = stand_ins(prewarm_specs(s, seqlen_q, seqlen_k), _torch_dtype(torch, s.dtype), dev, pads_storage())
+    mod.launch(t["q"], t["k"], t["k"], cfg, s.causal, 0.125, out=t["out"])
     torch.cuda.synchronize()
 
 
@@ -391,14 +407,26 @@ def active_target():
         return None
 
 
+def prewarm_problem(s: Shape) -> Problem:
+    """The compile-only problem of a pre-warm cross-compile for ``s``: batch 1 at short lengths of the same
+    specialisation, unless a tensor of ``s`` is past the 2 GiB line (then ``s``'s own sizes, as
+    :func:`rocmflash.tuning.spec.static_problem` keeps them: a compile-only build allocates nothing)."""
+    from rocmflash.live_gate import beyond_32bit_range, tensor_bytes
+
+    if beyond_32bit_range(max(tensor_bytes(s))):
+        batch, seqlen_q, seqlen_k = s.batch, s.seqlen_q, s.seqlen_k
+    else:
+        batch, seqlen_q, seqlen_k = 1, _prewarm_seqlen(s.seqlen_q), _prewarm_seqlen(s.seqlen_k)
+    return Problem(head_dim=s.head_dim, dtype=s.dtype, causal=s.causal, batch=batch, heads_q=s.heads_q,
+                   heads_kv=s.heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+
+
 def _cross_compile(mod, cfg: KernelConfig, s: Shape) -> None:
     """Compile what a launch of ``s`` would compile, for the active target, without a device."""
     target = active_target()
     if target is None:
         return
-    problem = Problem(head_dim=s.head_dim, dtype=s.dtype, causal=s.causal, batch=1, heads_q=s.heads_q,
-                      heads_kv=s.heads_kv, seqlen_q=_prewarm_seqlen(s.seqlen_q), seqlen_k=_prewarm_seqlen(s.seqlen_k))
-    mod.compile_for(target, cfg, problem)
+    mod.compile_for(target, cfg, prewarm_problem(s))
 
 
 # ====================================================================== parent side

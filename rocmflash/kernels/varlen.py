@@ -368,8 +368,8 @@ def _lse_row_stride(lse) -> int:
 class _StridedPtr(C.Ptr):
     """A compile-only tensor stand-in: its Triton pointer type and the strides a launch would pass."""
 
-    def __init__(self, ty: str, strides: tuple):
-        super().__init__(ty)
+    def __init__(self, ty: str, strides: tuple, nbytes: int = 0):
+        super().__init__(ty, nbytes)
         self._strides = tuple(strides)
         self.ndim = len(self._strides)
 
@@ -461,7 +461,7 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def _compile_geometry(head_dim: int, group: int, heads_kv: int, softcap: bool, window: bool, causal: bool):
-    """The :class:`VarlenCall` of a compile-only build and ``(q-like, kv-like)`` pointer stand-in factories."""
+    """The :class:`VarlenCall` of a compile-only build and the ``(q-like, kv-like)`` packed strides."""
     left = 256 if window else M.UNBOUNDED
     right = 0 if causal else M.UNBOUNDED
     call = VarlenCall(4, heads_kv * group, heads_kv, head_dim, 1024, 1024, 0.125, 30.0 if softcap else 0.0,
@@ -469,38 +469,53 @@ def _compile_geometry(head_dim: int, group: int, heads_kv: int, softcap: bool, w
     return call, (call.heads_q * head_dim, head_dim, 1), (call.heads_kv * head_dim, head_dim, 1)
 
 
+def _compile_ptrs(call: VarlenCall, D3: tuple, K3: tuple, dtype: str, total_tokens: int):
+    """Stand-in factories ``(q_like(), kv_like(), rows())`` of a compile-only build: packed ``(T, Hq, D)`` and
+    ``(T, Hkv, D)`` tensors and ``(Hq, T)`` fp32 LSE/delta rows, each with the storage of ``total_tokens``
+    packed tokens ``T`` (0: every tensor well under 2 GiB). On AMD a tensor past 2 GiB is read with global
+    loads instead of buffer loads (another binary), so a build for a large packed batch must be told its size."""
+    if type(total_tokens) is not int or total_tokens < 0:
+        raise ValueError(f"varlen compile: total_tokens {total_tokens!r} is invalid; expected an int >= 0")
+    t = "*" + dtype
+    return (lambda: _StridedPtr(t, D3, 2 * total_tokens * call.heads_q * call.head_dim),
+            lambda: _StridedPtr(t, K3, 2 * total_tokens * call.heads_kv * call.head_dim),
+            lambda: _StridedPtr("*fp32", (8 * 4096, 1), 4 * call.heads_q * total_tokens))
+
+
 def compile_forward_for(target, fwd_cfg: KernelConfig, head_dim: int, dtype: str = "bf16", group: int = 1,
-                        causal: bool = True, heads_kv: int = 8, softcap: bool = False, window: bool = False):
+                        causal: bool = True, heads_kv: int = 8, softcap: bool = False, window: bool = False,
+                        total_tokens: int = 0):
     """Cross-compile ``_varlen_fwd`` alone (LSE stored, as a training forward runs it) for ``target``.
 
     The varlen tune's static phase (:mod:`rocmflash.tuning.varlen`) compiles this; ``heads_kv``
-    only sets the strides Triton specialises on (multiples of 16 or not).
+    only sets the strides Triton specialises on (multiples of 16 or not). ``total_tokens``: the
+    packed batch's tokens the build stands for, which size every tensor's storage (0: a batch
+    well under 2 GiB; on AMD a tensor past it is read with global loads, not buffer loads).
     """
     call, D3, K3 = _compile_geometry(head_dim, group, heads_kv, softcap, window, causal)
-    t = "*" + dtype
-    q, o = _StridedPtr(t, D3), _StridedPtr(t, D3)
-    k, v = _StridedPtr(t, K3), _StridedPtr(t, K3)
-    lse, cu = _StridedPtr("*fp32", (8 * 4096, 1)), _StridedPtr("*i32", ())
+    q_like, kv_like, rows = _compile_ptrs(call, D3, K3, dtype, total_tokens)
+    q, o, k, v = q_like(), q_like(), kv_like(), kv_like()
+    lse, cu = rows(), _StridedPtr("*i32", ())
     return C.compile_kernel(_varlen_fwd, target, forward_args(call, q, k, v, o, lse, cu, cu),
                             _fwd_constexprs(call, fwd_cfg, True), fwd_cfg)
 
 
 def compile_backward_kernel_for(target, kernel: str, cfg: KernelConfig, head_dim: int, dtype: str = "bf16",
                                 group: int = 1, causal: bool = True, heads_kv: int = 8, softcap: bool = False,
-                                window: bool = False):
+                                window: bool = False, total_tokens: int = 0):
     """Cross-compile one varlen backward kernel (``"dq"`` or ``"dkdv"``) for ``target`` without tensors.
 
     The varlen backward tune's static phase (:mod:`rocmflash.tuning.varlen_bwd`) compiles this;
     ``heads_kv`` only sets the strides Triton specialises on. The dQ build is the one a call without
-    an LSE gradient runs.
+    an LSE gradient runs. ``total_tokens``: as :func:`compile_forward_for`'s.
     """
     if kernel not in ("dq", "dkdv"):
         raise ValueError(f"varlen backward kernel {kernel!r} is unknown; expected 'dq' or 'dkdv'")
     call, D3, K3 = _compile_geometry(head_dim, group, heads_kv, softcap, window, causal)
-    t = "*" + dtype
-    q, o, do, dq = (_StridedPtr(t, D3) for _ in range(4))
-    k, v, dk, dv = (_StridedPtr(t, K3) for _ in range(4))
-    lse, delta = _StridedPtr("*fp32", (8 * 4096, 1)), _StridedPtr("*fp32", (8 * 4096, 1))
+    q_like, kv_like, rows = _compile_ptrs(call, D3, K3, dtype, total_tokens)
+    q, o, do, dq = (q_like() for _ in range(4))
+    k, v, dk, dv = (kv_like() for _ in range(4))
+    lse, delta = rows(), rows()
     cu = _StridedPtr("*i32", ())
     if kernel == "dq":
         return C.compile_kernel(_varlen_bwd_dq, target, dq_args(call, q, k, v, o, do, lse, None, delta, dq, cu, cu),
@@ -510,13 +525,16 @@ def compile_backward_kernel_for(target, kernel: str, cfg: KernelConfig, head_dim
 
 
 def compile_for(target, fwd_cfg: KernelConfig, bwd_cfg, head_dim: int, dtype: str = "bf16", group: int = 1,
-                softcap: bool = False, window: bool = False, causal: bool = True):
+                softcap: bool = False, window: bool = False, causal: bool = True, total_tokens: int = 0):
     """Cross-compile the three varlen kernels for ``target`` without tensors: ``(fwd, dq, dkdv)``.
 
     Sizes are runtime values in every kernel (lengths come from ``cu_seqlens``), so one
-    build serves every packed batch; ``window`` (a left window) and ``causal`` decide which
-    sides of the band are bounded (constexprs: an unbounded side has no loop and no compare).
+    build serves every packed batch whose tensors are on the same side of 2 GiB
+    (``total_tokens``: as :func:`compile_forward_for`'s); ``window`` (a left window) and
+    ``causal`` decide which sides of the band are bounded (constexprs: an unbounded side has
+    no loop and no compare).
     """
-    fwd = compile_forward_for(target, fwd_cfg, head_dim, dtype, group, causal, 8, softcap, window)
+    fwd = compile_forward_for(target, fwd_cfg, head_dim, dtype, group, causal, 8, softcap, window, total_tokens)
     return (fwd, *(compile_backward_kernel_for(target, kernel, getattr(bwd_cfg, kernel), head_dim, dtype, group,
-                                               causal, 8, softcap, window) for kernel in ("dq", "dkdv")))
+                                               causal, 8, softcap, window, total_tokens)
+                   for kernel in ("dq", "dkdv")))

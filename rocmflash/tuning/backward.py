@@ -281,6 +281,7 @@ def _bwd_inputs(shape, device):
     import rocmflash
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import torch_backend
+    from rocmflash.live_gate import flush_buffer
 
     if _INPUTS.get("shape") != shape:
         _INPUTS.clear()
@@ -299,7 +300,7 @@ def _bwd_inputs(shape, device):
         dq = torch.empty_like(q)
         bw.launch_dq(q, k, v, out, do, lse, None, delta, dq, shape.causal, scale, default.dq, torch_backend())
         ref = reference_grads(q, k, v, do, shape.causal, scale)
-        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        flush = flush_buffer(device)
         _INPUTS.update(shape=shape, q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, scale=scale, ref=ref,
                        flush=flush, dq=dq, dk=torch.empty_like(k), dv=torch.empty_like(v))
     return _INPUTS
@@ -380,35 +381,51 @@ def measure_bwd(task: dict) -> dict:
     return result
 
 
+def prewarm_specs(shape) -> tuple[dict, dict]:
+    """The pre-warm launch's stand-ins ``(half-precision, fp32)``, each ``{name: (dims, bytes of the timed
+    tensor)}``: batch 1 of the shape's heads, lengths and head dim, each standing for the tensor of the
+    whole batch (:func:`rocmflash.live_gate.stand_ins` keeps its side of the 2 GiB line)."""
+    from rocmflash.live_gate import tensor_bytes
+
+    q_real, kv_real = tensor_bytes(shape)
+    q_dims = (1, shape.heads_q, shape.seqlen_q, shape.head_dim)
+    kv_dims = (1, shape.heads_kv, shape.seqlen_k, shape.head_dim)
+    half = {name: (q_dims, q_real) for name in ("q", "do", "out", "dq")}
+    half.update({name: (kv_dims, kv_real) for name in ("k", "v", "dk", "dv")})
+    rows = (q_dims[:3], 4 * shape.batch * shape.heads_q * shape.seqlen_q)
+    return half, {"lse": rows, "delta": rows}
+
+
 def prewarm_bwd(task: dict) -> Optional[str]:
     """Build one config's binary at the problem's specialisation (pre-warm worker): one launch on a
-    batch-1 problem of the same heads, lengths and head dim (the same strides' specialisation), at one
-    and at several head splits (Triton makes ``== 1`` a constant). Returns None or the error."""
+    batch-1 problem of the same heads, lengths and head dim (the same strides' specialisation), each
+    tensor on the timed tensor's side of the 2 GiB line (:func:`prewarm_specs`), at one and at several
+    head splits (Triton makes ``== 1`` a constant). Returns None or the error."""
     import torch
 
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import torch_backend
     from rocmflash.live import error_line
+    from rocmflash.live_gate import pads_storage, stand_ins
     from rocmflash.roofline import Shape
 
     try:
-        shape = dataclasses.replace(Shape.from_dict(task["shape"]), batch=1)
+        shape = Shape.from_dict(task["shape"])
         cfg = kernel_config(task["config"])
         dev = torch.device("cuda")
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
-        q = torch.randn(1, shape.heads_q, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype)
-        k = torch.randn(1, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype)
-        v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-        lse = torch.zeros(q.shape[:3], device=dev, dtype=torch.float32)
-        delta = torch.zeros_like(lse)
+        half, rows = prewarm_specs(shape)
+        t = {**stand_ins(half, dtype, dev, pads_storage()), **stand_ins(rows, torch.float32, dev, pads_storage())}
+        q, k, v, do, out, lse, delta = (t[n] for n in ("q", "k", "v", "do", "out", "lse", "delta"))
+        lse.zero_()
+        delta.zero_()
         scale = 1.0 / math.sqrt(shape.head_dim)
         if task["config"]["kernel"] == "dq":
-            bw.launch_dq(q, k, v, out, do, lse, None, delta, torch.empty_like(q), shape.causal, scale, cfg,
-                         torch_backend())
+            bw.launch_dq(q, k, v, out, do, lse, None, delta, t["dq"], shape.causal, scale, cfg, torch_backend())
         else:
             for n in dict.fromkeys((1, split_choices(shape.heads_q // shape.heads_kv)[-1])):
-                bw.launch_dkdv(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), shape.causal,
-                               scale, cfg, n, torch_backend())
+                bw.launch_dkdv(q, k, v, do, lse, delta, t["dk"], t["dv"], shape.causal, scale, cfg, n,
+                               torch_backend())
         torch.cuda.synchronize()
         return None
     except Exception as err:

@@ -71,6 +71,16 @@ class DecodeProblem:
         """Bytes of K and V one step reads: ``2 * B * L * Hkv * D * 2``."""
         return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * 2
 
+    def cache_bytes(self) -> int:
+        """Storage of one K (or V) cache tensor as the tune allocates it: ``(B, L, Hkv, D)``, or the
+        pool of ``B * ceil(L / page_size)`` whole pages when paged."""
+        rows = -(-self.seqlen_k // self.page_size) * self.page_size if self.page_size else self.seqlen_k
+        return 2 * self.batch * rows * self.heads_kv * self.head_dim
+
+    def q_bytes(self) -> int:
+        """Storage of ``q`` (and of the output): ``(B, Sq, Hq, D)`` in a 2-byte dtype."""
+        return 2 * self.batch * self.seqlen_q * self.heads_q * self.head_dim
+
 
 def _bucket(n: int) -> int:
     return 1 << (max(1, int(n)) - 1).bit_length()
@@ -111,12 +121,16 @@ def task_compile_options(config: dict, backend: str) -> dict:
 
 
 def compile_task(target, config: dict, problem: dict):
-    """Family entry for :func:`rocmflash.compile.sweep_family`: both decode kernels for ``target``."""
+    """Family entry for :func:`rocmflash.compile.sweep_family`: both decode kernels for ``target``, told the
+    storage of the problem's cache (or page pool) and queries where it is past the 2 GiB line (on AMD
+    those are read with global loads, not buffer loads: another binary)."""
     from rocmflash.kernels.kv_decode import DecodeConfig, compile_for
+    from rocmflash.live_gate import build_bytes
 
     p = DecodeProblem(**problem)
     return compile_for(target, DecodeConfig.from_dict(config), p.head_dim, p.dtype, p.group, p.seqlen_q,
-                       paged=p.page_size > 0, page_size=p.page_size or 256, causal=True)
+                       paged=p.page_size > 0, page_size=p.page_size or 256, causal=True,
+                       cache_bytes=build_bytes(p.cache_bytes()), q_bytes=build_bytes(p.q_bytes()))
 
 
 def _static_key(config: dict, obs: dict, index: int) -> tuple:
@@ -206,8 +220,10 @@ _INPUTS: dict = {}
 
 
 def _decode_inputs(p: DecodeProblem, device):
-    """q, caches (with a shuffled block table when paged), lengths and an L2 flush buffer; kept per problem."""
+    """q, caches (with a shuffled block table when paged), lengths and a cache flush buffer; kept per problem."""
     import torch
+
+    from rocmflash.live_gate import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -223,33 +239,25 @@ def _decode_inputs(p: DecodeProblem, device):
         k = torch.randn(shape, device=device, dtype=dtype, generator=gen)
         v = torch.randn(shape, device=device, dtype=dtype, generator=gen)
         lens = torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device=device)
-        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        flush = flush_buffer(device)
         _INPUTS.update(problem=p, q=q, k=k, v=v, table=table, lens=lens, flush=flush)
     return _INPUTS
 
 
-#: the K/V copies a decode timing cycles through hold at least this many times the last-level cache
-COLD_CACHE_FACTOR = 2
 #: most copies (small caches: 8 MB at B=1, 2k keys, 8 K/V heads of 128)
 MAX_COLD_COPIES = 64
-#: what the last-level cache is taken to be at least on ROCm (MI300X: 256 MB Infinity Cache behind its L2s)
-HIP_LAST_LEVEL_CACHE = 256 * 1024 * 1024
 
 
 def _cold_copies(inp) -> list:
-    """``[(k, v), ...]``: the problem's caches plus copies, together >= COLD_CACHE_FACTOR x the
-    last-level cache (each a layer's own cache in a model: a timed call never finds the previous
-    call's keys in the cache)."""
-    import torch
+    """``[(k, v), ...]``: the problem's caches plus copies, together at least the cache flush of the device
+    (:func:`rocmflash.live_gate.device_flush_bytes`: twice its largest cache; each copy a layer's own
+    cache in a model: a timed call never finds the previous call's keys in the cache)."""
+    from rocmflash.live_gate import device_flush_bytes
 
     k, v = inp["k"], inp["v"]
     if "copies" not in inp:
-        props = torch.cuda.get_device_properties(k.device)
-        cache = getattr(props, "L2_cache_size", 0) or 0
-        if getattr(torch.version, "hip", None):
-            cache = max(cache, HIP_LAST_LEVEL_CACHE)
         per_copy = 2 * k.numel() * k.element_size()
-        count = min(MAX_COLD_COPIES, max(1, -(-COLD_CACHE_FACTOR * max(cache, 1) // per_copy)))
+        count = min(MAX_COLD_COPIES, max(1, -(-device_flush_bytes(k.device) // per_copy)))
         inp["copies"] = [(k, v)] + [(k.clone(), v.clone()) for _ in range(count - 1)]
     return inp["copies"]
 
@@ -322,29 +330,69 @@ def measure_decode(task: dict) -> dict:
     return result
 
 
+def prewarm_specs(p: DecodeProblem) -> dict:
+    """The pre-warm's stand-ins ``{"q", "out", "k", "v": (dims, bytes of the timed tensor)}``: one sequence
+    with the problem's cache strides (paged: its own pages), each standing for the tensor of the whole
+    batch, whose side of the 2 GiB line it keeps (:func:`rocmflash.live_gate.stand_ins`)."""
+    q = ((1, p.seqlen_q, p.heads_q, p.head_dim), p.q_bytes())
+    rows = (-(-p.seqlen_k // p.page_size), p.page_size) if p.page_size else (1, p.seqlen_k)
+    kv = ((*rows, p.heads_kv, p.head_dim), p.cache_bytes())
+    return {"q": q, "out": q, "k": kv, "v": kv}
+
+
+def partial_specs(p: DecodeProblem, call, num_splits: int, real_splits: int) -> dict:
+    """The split kernel's fp32 partial buffers ``{"po", "pl": (dims, bytes of the timed buffer)}`` of a
+    one-sequence launch at ``num_splits`` standing for the problem's at ``real_splits`` (their sizes
+    follow :func:`rocmflash.kernels.kv_decode.launch`)."""
+    own, real = p.heads_kv * num_splits, p.batch * p.heads_kv * real_splits
+    return {"po": ((own * call.block_m * call.block_d,), 4 * real * call.block_m * call.block_d),
+            "pl": ((own * call.block_m,), 4 * real * call.block_m)}
+
+
+def prewarm_launches(p: DecodeProblem, call, splits) -> list:
+    """``[(num_splits, real split count), ...]``: one pre-warm launch per binary the timed split counts
+    run -- per specialisation of the count (Triton makes ``== 1`` a constant and marks multiples of
+    16) and, with partial buffers, per side of the 2 GiB line the timed buffers are on."""
+    from rocmflash.live_gate import beyond_32bit_range
+
+    launches = {}
+    for s in sorted(splits):
+        n = 1 if s == 1 else (16 if s % 16 == 0 else 2)
+        sides = () if n == 1 else tuple(beyond_32bit_range(real) for _, real in
+                                        partial_specs(p, call, n, s).values())
+        launches.setdefault((n, sides), (n, s))
+    return list(launches.values())
+
+
 def prewarm_decode(task: dict) -> Optional[str]:
     """Build one config's binaries at the problem's specialisation (runs in a pre-warm worker).
 
-    One launch per distinct specialisation of the split count (Triton makes ``== 1`` a
-    constant and marks multiples of 16), on one sequence with the problem's cache strides,
-    so the timing worker finds every binary in Triton's cache. Returns None or the error.
+    One launch per binary of :func:`prewarm_launches`, on one sequence with the problem's cache
+    strides and each tensor on the timed tensor's side of the 2 GiB line (:func:`prewarm_specs`,
+    :func:`partial_specs`), so the timing worker finds every binary in Triton's cache. Returns
+    None or the error.
     """
     import torch
 
     from rocmflash.kernels import kv_decode as KD
     from rocmflash.live import error_line
+    from rocmflash.live_gate import pads_storage, stand_ins
 
     p = DecodeProblem(**task["problem"])
     try:
         cfg = KD.DecodeConfig.from_dict(task["config"])
-        one = dataclasses.replace(p, batch=1)
-        inp = _decode_inputs(one, torch.device("cuda"))
+        dev, pad = torch.device("cuda"), pads_storage()
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        t = stand_ins(prewarm_specs(p), dtype, dev, pad)
         call = KD.DecodeCall(1, p.seqlen_q, p.heads_kv, p.group, p.head_dim, p.page_size > 0, p.page_size,
                              1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
-        table = inp["table"] if inp["table"] is not None else inp["lens"]
-        out = torch.empty_like(inp["q"])
-        for n in sorted({1 if s == 1 else (16 if s % 16 == 0 else 2) for s in task["splits"]}):
-            KD.launch(call, inp["q"], inp["k"], inp["v"], table, inp["lens"], cfg, n, out)
+        lens = torch.full((1,), p.seqlen_k, dtype=torch.int32, device=dev)
+        pages = t["k"].shape[0] if p.page_size else 0
+        table = torch.randperm(pages, device=dev).view(1, pages).to(torch.int32) if p.page_size else lens
+        for n, real in prewarm_launches(p, call, task["splits"]):
+            ws = None if n == 1 else stand_ins(partial_specs(p, call, n, real), torch.float32, dev, pad)
+            KD.launch(call, t["q"], t["k"], t["v"], table, lens, cfg, n, t["out"],
+                      workspace=None if ws is None else (ws["po"], ws["pl"]))
         torch.cuda.synchronize()
         return None
     except Exception as err:

@@ -103,13 +103,12 @@ def static_problem(shape: Shape) -> Problem:
     with buffer loads): batch 1 and S 4096, unless the shape's tensors are larger than that
     (then its own sizes).
     """
-    from rocmflash.kernels.build import MAX_32BIT_RANGE
+    from rocmflash.live_gate import beyond_32bit_range, tensor_bytes
 
     def canon(s):
         return 4096 if s % 16 == 0 else s
 
-    largest = 2 * shape.batch * shape.head_dim * max(shape.heads_q * shape.seqlen_q, shape.heads_kv * shape.seqlen_k)
-    if largest > MAX_32BIT_RANGE:  # the real sizes decide the pointer attributes: keep them
+    if beyond_32bit_range(max(tensor_bytes(shape))):  # the real sizes decide the pointer attributes: keep them
         return Problem(head_dim=shape.head_dim, dtype=shape.dtype, causal=shape.causal, batch=shape.batch,
                        heads_q=shape.heads_q, heads_kv=shape.heads_kv, seqlen_q=shape.seqlen_q,
                        seqlen_k=shape.seqlen_k)

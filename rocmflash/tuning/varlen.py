@@ -99,9 +99,17 @@ class VarlenProblem:
         return dict(dataclasses.asdict(self), lengths=list(self.lengths))
 
     def compile_dict(self) -> dict:
-        """What a compile depends on (the compile cache key): lengths and batch are runtime values."""
-        return {"head_dim": self.head_dim, "dtype": self.dtype, "group": self.group, "heads_kv": self.heads_kv,
-                "causal": self.causal}
+        """What a compile depends on (the compile cache key): lengths and batch are runtime values, except
+        that a packed batch whose largest tensor (``q``: ``T x Hq x D``) is past the 2 GiB line adds its
+        token count ``"tokens"`` (on AMD such tensors are read with global loads, not buffer loads: another
+        build, and another cache entry); under it every batch shares one build."""
+        from rocmflash.live_gate import build_bytes
+
+        out = {"head_dim": self.head_dim, "dtype": self.dtype, "group": self.group, "heads_kv": self.heads_kv,
+               "causal": self.causal}
+        if build_bytes(2 * sum(self.lengths) * self.heads_q * self.head_dim):
+            out["tokens"] = sum(self.lengths)
+        return out
 
     def key(self) -> str:
         return varlen_key(self.head_dim, self.dtype, self.group, self.causal, self.max_seqlen)
@@ -169,11 +177,13 @@ def task_compile_options(config: dict, backend: str) -> dict:
 
 
 def compile_task(target, config: dict, problem: dict):
-    """Family entry for :func:`rocmflash.compile.sweep_family`: the varlen forward kernel for ``target``."""
+    """Family entry for :func:`rocmflash.compile.sweep_family`: the varlen forward kernel for ``target``
+    (``problem``: :meth:`VarlenProblem.compile_dict`; its ``tokens``, when there, size the tensors)."""
     from rocmflash.kernels.varlen import compile_forward_for
 
     return (compile_forward_for(target, KernelConfig.from_dict(config), problem["head_dim"], problem["dtype"],
-                                problem["group"], problem["causal"], problem["heads_kv"]),)
+                                problem["group"], problem["causal"], problem["heads_kv"],
+                                total_tokens=problem.get("tokens", 0)),)
 
 
 def _static_key(config: dict, obs: dict, index: int) -> tuple:

@@ -63,12 +63,13 @@ def varlen_bwd_space(arch: str, head_dim: int) -> list:
 def compile_task(target, config: dict, problem: dict):
     """Family entry for :func:`rocmflash.compile.sweep_family`: the named varlen backward kernel for ``target``
     (``problem``: :meth:`VarlenProblem.compile_dict`, optionally with ``softcap``/``window`` flags for the
-    builds a soft-capped or left-windowed call runs)."""
+    builds a soft-capped or left-windowed call runs; its ``tokens``, when there, size the tensors)."""
     from rocmflash.kernels.varlen import compile_backward_kernel_for
 
     return (compile_backward_kernel_for(target, config["kernel"], kernel_config(config), problem["head_dim"],
                                         problem["dtype"], problem["group"], problem["causal"], problem["heads_kv"],
-                                        problem.get("softcap", False), problem.get("window", False)),)
+                                        problem.get("softcap", False), problem.get("window", False),
+                                        problem.get("tokens", 0)),)
 
 
 def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, settings=None,

@@ -41,6 +41,7 @@ def backward_inputs(p: VarlenProblem, device) -> dict:
     import torch
 
     import rocmflash
+    from rocmflash.live_gate import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -60,7 +61,7 @@ def backward_inputs(p: VarlenProblem, device) -> dict:
         scale = 1.0 / math.sqrt(p.head_dim)
         refs = {b: _sequence_grads(*(t[starts[b]:starts[b + 1]] for t in (q, k, v, do)), p.causal, scale)
                 for b in gated_sequences(p)}
-        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        flush = flush_buffer(device)
         _INPUTS.update(problem=p, q=q, k=k, v=v, do=do, cu=cu, starts=starts, out=out, lse=lse, delta=delta,
                        refs=refs, flush=flush, dq=torch.empty_like(q), dk=torch.empty_like(k),
                        dv=torch.empty_like(v), delta_out=torch.empty_like(delta))
@@ -151,26 +152,28 @@ def measure_varlen_bwd(task: dict) -> dict:
 def prewarm_varlen_bwd(task: dict) -> Optional[str]:
     """Build one kernel config's binary at the problem's specialisation (runs in a pre-warm worker).
 
-    One launch on a single 16-token sequence of the same heads and head dim, with LSE and delta
-    buffers as wide as the problem's packed batch (their row stride is an argument Triton
+    One launch on a single 16-token sequence of the same heads and head dim, each tensor on the
+    packed batch's side of the 2 GiB line (:func:`~rocmflash.tuning.varlen_worker.prewarm_specs`), with
+    LSE and delta buffers as wide as the problem's packed batch (their row stride is an argument Triton
     specialises on), so the timing worker finds the binary in Triton's cache. Returns None or the error.
     """
     import torch
 
     from rocmflash.live import error_line
+    from rocmflash.live_gate import pads_storage, stand_ins
     from rocmflash.tuning.backward import kernel_config
+    from rocmflash.tuning.varlen_worker import PREWARM_TOKENS, prewarm_specs
 
     try:
         full = VarlenProblem.from_dict(task["problem"])
-        p = dataclasses.replace(full, lengths=(16,))
+        p = dataclasses.replace(full, lengths=(PREWARM_TOKENS,))
         dev = torch.device("cuda")
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
-        q, do, out = (torch.randn(16, p.heads_q, p.head_dim, device=dev, dtype=dtype) for _ in range(3))
-        k, v = (torch.randn(16, p.heads_kv, p.head_dim, device=dev, dtype=dtype) for _ in range(2))
+        inp = stand_ins(prewarm_specs(full, ("q", "do", "out", "dq", "k", "v", "dk", "dv")), dtype, dev,
+                        pads_storage())
         lse, delta = (torch.zeros(p.heads_q, sum(full.lengths), device=dev, dtype=torch.float32) for _ in range(2))
-        inp = {"q": q, "k": k, "v": v, "do": do, "out": out, "lse": lse, "delta": delta, "delta_out": delta,
-               "cu": torch.tensor([0, 16], dtype=torch.int32, device=dev), "dq": torch.empty_like(q),
-               "dk": torch.empty_like(k), "dv": torch.empty_like(v)}
+        inp.update(lse=lse, delta=delta, delta_out=delta,
+                   cu=torch.tensor([0, PREWARM_TOKENS], dtype=torch.int32, device=dev))
         _launcher(inp, varlen_call(p), task["config"]["kernel"], kernel_config(task["config"]))()
         torch.cuda.synchronize()
         return None

@@ -56,6 +56,8 @@ def packed_inputs(p: VarlenProblem, device) -> dict:
     buffer; kept per problem (every config of a tune reuses them)."""
     import torch
 
+    from rocmflash.live_gate import flush_buffer
+
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
@@ -68,7 +70,7 @@ def packed_inputs(p: VarlenProblem, device) -> dict:
         cu = torch.tensor(starts, dtype=torch.int32, device=device)
         refs = {b: reference_heads(q[starts[b]:starts[b + 1]], k[starts[b]:starts[b + 1]],
                                    v[starts[b]:starts[b + 1]], p.causal, p.group) for b in gated_sequences(p)}
-        flush = torch.empty(256 * 1024 * 1024 // 4, device=device, dtype=torch.int32) if device.type == "cuda" else None
+        flush = flush_buffer(device)
         _INPUTS.update(problem=p, q=q, k=k, v=v, cu=cu, starts=starts, out=torch.empty_like(q), refs=refs,
                        flush=flush)
     return _INPUTS
@@ -139,12 +141,29 @@ def measure_varlen(task: dict) -> dict:
     return result
 
 
+#: tokens of the pre-warm's one sequence
+PREWARM_TOKENS = 16
+
+
+def prewarm_specs(p: VarlenProblem, names=("q", "k", "v", "out")) -> dict:
+    """Pre-warm stand-ins ``{name: (dims, bytes of the timed tensor)}`` of one :data:`PREWARM_TOKENS`-token
+    sequence: ``q``-like names (``q``, ``out``, ``do``, ``dq``) ``(16, Hq, D)``, the others ``(16, Hkv, D)``,
+    each standing for the tensor of the whole packed batch (whose side of the 2 GiB line it keeps)."""
+    total = sum(p.lengths)
+    specs = {}
+    for name in names:
+        heads = p.heads_q if name in ("q", "out", "do", "dq") else p.heads_kv
+        specs[name] = ((PREWARM_TOKENS, heads, p.head_dim), 2 * total * heads * p.head_dim)
+    return specs
+
+
 def prewarm_varlen(task: dict) -> Optional[str]:
     """Build one config's binary at the problem's specialisation (runs in a pre-warm worker).
 
     One launch on a single 16-token sequence of the same heads and head dim: the strides and
     integer arguments Triton specialises on are those of the problem (lengths are read from
-    ``cu_seqlens`` on the device), so the timing worker finds the binary in Triton's cache.
+    ``cu_seqlens`` on the device), and each tensor is on the packed batch's side of the 2 GiB line
+    (:func:`prewarm_specs`), so the timing worker finds the binary in Triton's cache.
     Returns None or the error.
     """
     import torch
@@ -152,16 +171,17 @@ def prewarm_varlen(task: dict) -> Optional[str]:
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.live import error_line
+    from rocmflash.live_gate import pads_storage, stand_ins
 
     try:
-        p = dataclasses.replace(VarlenProblem.from_dict(task["problem"]), lengths=(16,))
+        full = VarlenProblem.from_dict(task["problem"])
+        p = dataclasses.replace(full, lengths=(PREWARM_TOKENS,))
         dev = torch.device("cuda")
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
-        q = torch.randn(16, p.heads_q, p.head_dim, device=dev, dtype=dtype)
-        k, v = (torch.randn(16, p.heads_kv, p.head_dim, device=dev, dtype=dtype) for _ in range(2))
-        cu = torch.tensor([0, 16], dtype=torch.int32, device=dev)
-        VK.launch_forward(varlen_call(p), q, k, v, cu, cu, KernelConfig.from_dict(task["config"]),
-                          torch.empty_like(q), None)
+        t = stand_ins(prewarm_specs(full), dtype, dev, pads_storage())
+        cu = torch.tensor([0, PREWARM_TOKENS], dtype=torch.int32, device=dev)
+        VK.launch_forward(varlen_call(p), t["q"], t["k"], t["v"], cu, cu, KernelConfig.from_dict(task["config"]),
+                          t["out"], None)
         torch.cuda.synchronize()
         return None
     except Exception as err:
