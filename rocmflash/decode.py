@@ -183,8 +183,81 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
                          f"(the cache has {num_blocks} blocks)")
 
 
-def _append(k_cache, v_cache, k, v, lens, block_table, page_size) -> None:
+# ----------------------------------------------------------------------------- device-side value checks
+#: a default call starts an asynchronous copy of its device's error word every this many calls
+ERROR_POLL_CALLS = 64
+_ERROR_TEXT = ((KD.BAD_LENGTH.value, "cache_seqlens plus the new keys outside the cache"),
+               (KD.BAD_START.value, "cache_leftpad outside its sequence"),
+               (KD.BAD_PAGE.value, "block_table pointing outside the cache's pages"))
+
+
+class _ErrorWatch:
+    """One device's watch on its error word: a pinned host copy, the event that completes it, calls since."""
+
+    __slots__ = ("calls", "event", "host")
+
+    def __init__(self):
+        self.calls, self.event = 0, None
+        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+
+
+_WATCHES: dict = {}  #: device -> _ErrorWatch
+
+
+def _raise_for(bits: int, device, how: str) -> None:
+    what = "; ".join(text for bit, text in _ERROR_TEXT if bits & bit)
+    raise ValueError(f"flash_attn_with_kvcache on {device}: {how} got {what} (clamped into the cache, so no memory "
+                     "outside it was touched, but those sequences' outputs are wrong); pass check_values=True "
+                     "to have each call checked on the host, with the index and value")
+
+
+def check_errors(device=None) -> None:
+    """Raise ``ValueError`` if a ``flash_attn_with_kvcache`` call on ``device`` (None: every device used)
+    met an out-of-range ``cache_seqlens``/``cache_leftpad``/``block_table`` value since the last report,
+    and reset the report. Waits for the GPU (reads the device-side error word)."""
+    devices = list(KD._ERROR_WORDS) if device is None else [torch.device(device)]
+    for dev in devices:
+        word = KD._ERROR_WORDS.get(dev)
+        bits = int(word[0]) if word is not None else 0
+        if bits:
+            word.zero_()
+            _raise_for(bits, dev, "a call since the last check")
+
+
+def _poll_errors(device) -> None:
+    """Raise what an earlier, finished copy of ``device``'s error word shows; start a copy every
+    :data:`ERROR_POLL_CALLS` calls. Never waits (on the CPU, under the interpreter, it reads the word)."""
+    if device.type != "cuda":
+        word = KD._ERROR_WORDS.get(device)
+        if word is not None and int(word[0]):
+            bits = int(word[0])
+            word.zero_()
+            _raise_for(bits, device, "an earlier call")
+        return
+    watch = _WATCHES.get(device)
+    if watch is None:
+        watch = _WATCHES[device] = _ErrorWatch()
+    if watch.event is not None and watch.event.query():
+        watch.event = None
+        bits = int(watch.host[0])
+        if bits:
+            KD.error_word(device).zero_()
+            _raise_for(bits, device, "an earlier call")
+    watch.calls += 1
+    if watch.calls >= ERROR_POLL_CALLS and watch.event is None and not _capturing(device):
+        watch.calls = 0
+        with L.on_device(KD.error_word(device)):
+            watch.host.copy_(KD.error_word(device), non_blocking=True)
+            watch.event = torch.cuda.Event()
+            watch.event.record()
+
+
+def _append(k_cache, v_cache, k, v, lens, block_table, page_size, capacity: int) -> None:
     """Write the new keys/values at positions ``lens[b] + t`` (in place, no host sync).
+
+    Unchecked values never address outside the cache: a length outside ``0..capacity - new`` is
+    clamped into it (the write lands in that sequence's own rows) and a page number outside the pool
+    into it; the kernel reports both (:func:`check_errors`).
 
     Each tensor op here is a kernel launch on a GPU (several µs of host time each), so the
     indices are built with as few as give the same writes: one new token needs no ``arange``,
@@ -193,7 +266,7 @@ def _append(k_cache, v_cache, k, v, lens, block_table, page_size) -> None:
     in-page offset is computed once for K and V.
     """
     B, new = k.shape[0], k.shape[1]
-    start = lens.to(torch.int64)  # (B,)
+    start = lens.to(torch.int64).clamp_(0, capacity - new)  # (B,)
     if block_table is None and B == 1:
         pos = start + torch.arange(new, device=k.device) if new > 1 else start  # (new,)
         k_cache[0, pos] = k[0]
@@ -207,7 +280,7 @@ def _append(k_cache, v_cache, k, v, lens, block_table, page_size) -> None:
         k_cache[rows, pos] = k
         v_cache[rows, pos] = v
     else:
-        blocks = torch.gather(block_table.to(torch.int64), 1, pos // page_size)
+        blocks = torch.gather(block_table.to(torch.int64), 1, pos // page_size).clamp_(0, k_cache.shape[0] - 1)
         offs = pos % page_size
         k_cache[blocks, offs] = k
         v_cache[blocks, offs] = v
@@ -355,10 +428,11 @@ def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
 
 
 def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-          num_splits, want_lse: bool, cache_leftpad=None) -> _Plan:
-    """The kept plan of this call's signature, or a new one (checked; kept when the signature is known)."""
+          num_splits, want_lse: bool, cache_leftpad=None, out=None) -> _Plan:
+    """The kept plan of this call's signature, or a new one (checked; kept when the signature is known).
+    ``out``: the caller's output buffer when it is not ``empty_like(q)`` (its layout joins the signature)."""
     backend = C.torch_backend()
-    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad),
+    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, out),
                      (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
     plan = _CALL_PLANS.get(sig) if sig is not None else None
     if plan is not None and (plan.on_gpu or _interpreting()):
@@ -395,7 +469,7 @@ def _seen_before(sig: tuple) -> bool:
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale: Optional[float] = None, causal: bool = False,
                             window_size: tuple = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
-                            return_lse: bool = False, *, check_values: bool = True, cache_leftpad=None):
+                            return_lse: bool = False, *, check_values: bool = False, cache_leftpad=None):
     """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
 
     Returns ``(B, Sq, Hq, D)`` in q's dtype, or ``(out, lse)`` with ``lse`` fp32 ``(B, Hq, Sq)``
@@ -403,10 +477,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     aligned: new token ``t`` sits at position ``L - Sq + t`` of its sequence's ``L`` keys.
     Not differentiable (inference).
 
-    ``check_values=False`` (keyword only, not in flash-attn) skips the host read of the
-    *values* of ``cache_seqlens`` and ``block_table`` -- the one step that makes a call wait
-    for the GPU. Shapes, dtypes and devices are always checked. Use it in a decode loop whose
-    lengths and tables are known to fit the cache (a captured graph skips the read anyway).
+    **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
+    *values* of ``cache_seqlens``, ``cache_leftpad`` and ``block_table`` live on the GPU, and reading
+    them would make every call wait for it. So the kernels check them instead: a length outside
+    ``0..capacity - Sk_new``, a start outside its sequence or a used page outside the pool is
+    clamped into the cache (no memory outside the cache is ever read or written; that sequence's
+    output is wrong) and sets a bit of a per-device error word. The error reaches you as a
+    ``ValueError`` naming what was out of range: from :func:`check_errors` (waits for the GPU; call
+    it where a step may wait, e.g. once per generated token batch or in tests), and on its own from a
+    later call on that device -- every call looks at the word's last copy without waiting, and a
+    copy is started every :data:`ERROR_POLL_CALLS` calls. ``check_values=True`` (keyword only, not in
+    flash-attn) checks the values on the host before anything runs, as earlier releases did by
+    default: the exact value and index in the message, at the price of one wait per call (skipped
+    while a graph is captured).
 
     ``cache_leftpad`` (keyword only; flash-attn's argument of that name): int32 ``(B,)``, the
     key each sequence starts at -- a left-padded batch, whose keys before it are ignored (not
@@ -426,16 +509,63 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
     if check_values:
         _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts)
+        check_errors(device)
+    else:
+        _poll_errors(device)
     if new:
-        _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size)
+        _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.capacity)
     seqlens = lens + new if new else lens
     out = torch.empty_like(q)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     if plan.nonempty:
         with L.on_device(q):
             KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
-                      plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts)
+                      plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
+                      new_keys=new)
     return (out, lse) if want_lse else out
 
 
-__all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache"]
+#: a short query over many keys runs this module's split-KV kernel from every entry point
+#: (:func:`is_decode_shaped`): at most this many query tokens and (token, query head) rows per K/V head ...
+DECODE_MAX_QUERIES = 16
+DECODE_MAX_ROWS = 64
+#: ... and at least this many keys (fewer: the dense kernel has work enough for the whole GPU)
+DECODE_MIN_KEYS = 256
+
+
+def is_decode_shaped(seqlen_q: int, seqlen_k: int, group: int) -> bool:
+    """Whether attention of ``seqlen_q`` queries over ``seqlen_k`` keys (GQA ``group``) is a decode step.
+
+    The dense kernels tile queries by ``BLOCK_M >= 16`` rows per query head: a step of one token
+    leaves most of each tile empty and launches ``B * Hq`` programs -- too few to read a long K/V
+    at the memory's speed. The decode kernel holds every query row of a K/V head in one tile and
+    splits the keys across programs instead.
+    """
+    return (seqlen_q <= DECODE_MAX_QUERIES and seqlen_q * group <= DECODE_MAX_ROWS
+            and seqlen_k >= max(DECODE_MIN_KEYS, 4 * seqlen_q))
+
+
+_FULL_LENGTHS: dict = {}  #: (batch, length, device) -> int32 (batch,) tensor of ``length``
+
+
+def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None) -> None:
+    """Attention of ``q (B, Sq, Hq, D)`` over every key of ``k``/``v`` ``(B, Sk, Hkv, D)`` into ``out``
+    (``q``'s shape) and, when given, ``lse`` ``(B, Hq, Sq)`` fp32: the decode kernel serving a dense call
+    (``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa`` route decode-shaped
+    calls here, :func:`is_decode_shaped`). Any strides; inputs validated by the caller (checked again
+    once per signature); no host read, no copy."""
+    B, Sk = k.shape[0], k.shape[1]
+    plan = _plan(q, k, v, None, None, Sk, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None, out)
+    key = (B, Sk, q.device)
+    lens = _FULL_LENGTHS.get(key)
+    if lens is None:
+        if len(_FULL_LENGTHS) >= _MAX_CALL_PLANS:
+            _FULL_LENGTHS.clear()
+        lens = _FULL_LENGTHS[key] = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
+    with L.on_device(q):
+        KD.launch(plan.call, q, k, v, lens, lens, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
+                  backend=plan.backend)
+
+
+__all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache", "check_errors", "attend_whole_cache",
+           "is_decode_shaped"]

@@ -37,8 +37,10 @@ from rocmflash.config import KernelConfig
 from rocmflash.kernels import get_variant
 from rocmflash.kernels.backward import backward, empty_like_layout
 from rocmflash.kernels import launch as L
+from rocmflash.decode import attend_whole_cache, is_decode_shaped
 from rocmflash.scale import fold_scale_sign
-from rocmflash.selection import select_bwd_config, select_config
+from rocmflash.incumbent import sdpa_attention
+from rocmflash.selection import select_bwd_config, select_config, select_incumbent
 
 
 def _fresh_out(q: torch.Tensor) -> torch.Tensor:
@@ -70,6 +72,13 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
+        return out, lse
+    if scale <= 0:  # legal but odd: the forward kernels need a positive scale (rocmflash/scale.py); the
+        q, scale = fold_scale_sign(q, scale)  # backward recomputes exp(scale * q·k - lse), exact for any sign
+    if cfg is None and variant == "online" and is_decode_shaped(q.shape[2], k.shape[2], q.shape[1] // k.shape[1]):
+        # a few query tokens over a long key set: the split-KV decode kernel, on (B, S, H, D) views
+        attend_whole_cache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal,
+                           out.transpose(1, 2), lse)
         return out, lse
     if cfg is None:
         cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1],
@@ -166,6 +175,20 @@ def _needs_dispatcher(q, k, v) -> bool:
     return _get_current_dispatch_mode() is not None
 
 
+def _incumbent(q, k, v, causal: bool) -> Optional[str]:
+    """The SDPA backend the served database entry says is faster here (:mod:`rocmflash.incumbent`), or None.
+    Not while torch.compile traces (the op keeps the graph whole) and never where SDPA computes another
+    function (causal with ``Sq != Sk``) or for a decode-shaped call (the decode kernel has its own entries)."""
+    Sq, Sk = q.shape[2], k.shape[2]
+    if (causal and Sq != Sk) or torch.compiler.is_compiling():
+        return None
+    group = q.shape[1] // k.shape[1]
+    if is_decode_shaped(Sq, Sk, group):
+        return None
+    train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return select_incumbent(q.device, q.shape[3], q.dtype, causal, group, Sk, train)
+
+
 def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "online",
                       config: Optional[KernelConfig] = None, need_lse: bool = True):
     """``(out, lse)`` of validated tensors, differentiable; ``lse`` is None when not needed and no grad flows.
@@ -173,8 +196,10 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     Plain eager calls run the implementation directly (an autograd Function when a gradient
     is needed); traced, subclassed or mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``.
     """
-    if scale <= 0:  # legal but odd: the kernels need a positive scale (rocmflash/scale.py)
-        q, scale = fold_scale_sign(q, scale)
+    if config is None and variant == "online" and not need_lse:
+        backend = _incumbent(q, k, v, causal)
+        if backend is not None:  # the tune measured the platform's own attention faster for this problem
+            return sdpa_attention(backend, q, k, v, bool(causal), float(scale)), None
     if _needs_dispatcher(q, k, v):
         return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
                                             config.to_json() if config is not None else "")

@@ -211,8 +211,8 @@ def test_bad_input_after_a_kept_plan_raises_before_writing(fake_triton, paged, c
     if exc is None:
         Dm.flash_attn_with_kvcache(**args)
         return
-    with pytest.raises(exc) as info:
-        Dm.flash_attn_with_kvcache(**args)
+    with pytest.raises(exc) as info:  # values: checked on the host with check_values=True (default: on the GPU)
+        Dm.flash_attn_with_kvcache(**args, check_values=True)
     assert words in str(info.value)
     if kc.device.type != "meta":
         assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
@@ -225,7 +225,7 @@ def test_bad_block_table_after_a_kept_plan_raises_before_writing(fake_triton):
     args["block_table"][0, 0] = 10 ** 6  # a used page outside the cache: same metadata, bad value
     before = args["k_cache"].clone()
     with pytest.raises(ValueError, match=r"block_table\[0\]"):
-        Dm.flash_attn_with_kvcache(**args)
+        Dm.flash_attn_with_kvcache(**args, check_values=True)
     assert torch.equal(args["k_cache"], before)
 
 

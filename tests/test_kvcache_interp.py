@@ -243,8 +243,8 @@ def test_decode_bad_input_raises_before_writing(interpret, change, exc, words):
     kc, vc = args["k_cache"], args["v_cache"]
     before = kc.clone(), vc.clone()
     args.update(change(args) if callable(change) else change)
-    with pytest.raises(exc) as info:
-        flash_attn_with_kvcache(**args)
+    with pytest.raises(exc) as info:  # values checked on the host: check_values=True (the default checks on the GPU)
+        flash_attn_with_kvcache(**args, check_values=True)
     assert words in str(info.value)
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
 

@@ -127,7 +127,7 @@ def test_leftpad_bad_input_raises_before_writing(interpret, starts, exc, words):
     args = _args()  # B=2, cache_seqlens [3, 10], one new key each, pages of 16
     kc, vc = args["k_cache"], args["v_cache"]
     before = kc.clone(), vc.clone()
-    with pytest.raises(exc) as info:
-        flash_attn_with_kvcache(**args, cache_leftpad=starts)
+    with pytest.raises(exc) as info:  # values checked on the host: check_values=True (the default checks on the GPU)
+        flash_attn_with_kvcache(**args, cache_leftpad=starts, check_values=True)
     assert words in str(info.value)
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])

@@ -42,30 +42,40 @@ from rocmflash.kernels.common import kernel_jit
 
 # ----------------------------------------------------------------------------- kernels
 @kernel_jit
-def _key_rows(BT_row, start_n, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED: tl.constexpr,
+def _key_rows(BT_row, start_n, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, NUM_BLOCKS, PAGED: tl.constexpr,
               WHOLE_PAGES: tl.constexpr):
-    """Element offsets (before the head/dim terms) of keys ``offs_n`` of sequence ``off_b``.
+    """``(element offsets (before the head/dim terms) of keys offs_n of sequence off_b, error bits)``.
 
     ``WHOLE_PAGES``: the key block lies inside one page (the page size is a multiple of
     ``BLOCK_N``), so one page number serves the block -- a scalar load, not a gather. Keys
     past the sequence's end then still address that page (in bounds; their loads are masked).
+    A page number outside the pool (``0..NUM_BLOCKS-1``) is read as page 0 -- never an address
+    outside the cache -- and the bits say :data:`BAD_PAGE` (the caller ORs them into the error word
+    once, after its loops: an atomic inside the key loop would cost every iteration).
     """
     if PAGED:
         if WHOLE_PAGES:
             page = tl.load(BT_row + start_n // PAGE_SIZE)
+            outside = (page < 0) | (page >= NUM_BLOCKS)
+            bits = tl.where(outside, BAD_PAGE, 0)
+            page = tl.where(outside, 0, page)
             rows = page.to(tl.int64) * stride_kb + ((start_n % PAGE_SIZE) + (offs_n - start_n)).to(tl.int64) * stride_kn
         else:
             page = tl.load(BT_row + offs_n // PAGE_SIZE)
+            outside = (page < 0) | (page >= NUM_BLOCKS)
+            bits = tl.max(tl.where(outside, BAD_PAGE, 0), 0)
+            page = tl.where(outside, 0, page)
             rows = page.to(tl.int64) * stride_kb + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kn
     else:
         rows = off_b.to(tl.int64) * stride_kb + offs_n.to(tl.int64) * stride_kn
-    return rows
+        bits = 0
+    return rows, bits
 
 
 @kernel_jit
 def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K, K_START, lo_off, hi_off,
                  qk_scale, sm_scale, softcap, stride_kb, stride_kn, stride_kh, stride_kd,
-                 stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                 stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE, NUM_BLOCKS, err,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
                  WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr, LOWER: tl.constexpr,
                  UPPER: tl.constexpr, LEFTPAD: tl.constexpr):
@@ -78,8 +88,10 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
         offs_safe = tl.where(nmask, offs_n, K_START)
     else:
         offs_safe = offs_n
-    k_rows = _key_rows(BT_row, start_n, offs_safe, off_b, stride_kb, stride_kn, PAGE_SIZE, PAGED, WHOLE_PAGES)
-    v_rows = _key_rows(BT_row, start_n, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, PAGED, WHOLE_PAGES)
+    k_rows, bits = _key_rows(BT_row, start_n, offs_safe, off_b, stride_kb, stride_kn, PAGE_SIZE, NUM_BLOCKS, PAGED,
+                             WHOLE_PAGES)
+    v_rows, _ = _key_rows(BT_row, start_n, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, NUM_BLOCKS, PAGED,
+                          WHOLE_PAGES)
     k = C.load_2d(K + off_hk * stride_kh + k_rows[None, :] + offs_d[:, None] * stride_kd,
                   offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK)
     x = M.log2_scores(tl.dot(q, k), qk_scale, sm_scale, softcap, SOFTCAP)
@@ -101,17 +113,17 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
                   nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, m_new, l_i
+    return acc, m_new, l_i, err | bits
 
 
 @kernel_jit
-def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
                   stride_ob, stride_ot, stride_oh, stride_od,
-                  stride_btb, PAGE_SIZE, H_KV, GROUP, SEQ_Q, NUM_SPLITS, WIN_LEFT, WIN_RIGHT,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  stride_btb, PAGE_SIZE, NUM_BLOCKS, CAPACITY, NEW_KEYS, H_KV, GROUP, SEQ_Q, NUM_SPLITS,
+                  WIN_LEFT, WIN_RIGHT, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
                   STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr):
@@ -119,7 +131,11 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, sm_scale, qk_s
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
     off_hk = off_bhk % H_KV
-    SEQ_K = tl.load(SEQLENS + off_b)
+    # a length outside NEW_KEYS..CAPACITY (the appended keys .. the cache's rows) is clamped -- the cache is
+    # never addressed outside -- and reported through the error word (no host read: flash_attn_with_kvcache)
+    len_given = tl.load(SEQLENS + off_b)
+    SEQ_K = tl.minimum(tl.maximum(len_given, NEW_KEYS), CAPACITY)
+    err = tl.where(SEQ_K != len_given, BAD_LENGTH, 0)
     # rows r = (token t, group head g): t = r // GROUP, query head = hk * GROUP + g
     offs_r = tl.arange(0, BLOCK_M)
     offs_t = offs_r // GROUP
@@ -138,7 +154,9 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, sm_scale, qk_s
     hi_off = shift + WIN_RIGHT
     lo, full_lo, full_hi, hi = M.band_bounds(0, SEQ_Q, SEQ_K, lo_off, hi_off, BLOCK_M, BLOCK_N)
     if LEFTPAD:  # the sequence starts at key K_START: from its block on, masked up to the next block
-        K_START = tl.load(LEFTPADS + off_b)
+        start_given = tl.load(LEFTPADS + off_b)
+        K_START = tl.minimum(tl.maximum(start_given, 0), SEQ_K)
+        err = err | tl.where(K_START != start_given, BAD_START, 0)
         lo = tl.maximum(lo, (K_START // BLOCK_N) * BLOCK_N)
         hi = tl.maximum(hi, lo)
         full_lo = tl.minimum(tl.maximum(full_lo, tl.cdiv(K_START, BLOCK_N) * BLOCK_N), hi)
@@ -151,24 +169,26 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, sm_scale, qk_s
     s_hi = tl.minimum(hi, s_lo + blocks_per_split * BLOCK_N)
     if BOUNDED_LEFT or LEFTPAD:
         for start_n in range(s_lo, tl.minimum(s_hi, full_lo), BLOCK_N):
-            acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
-                                         K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
-                                         stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                         HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT,
-                                         BOUNDED_RIGHT, LEFTPAD)
+            acc, m_i, l_i, err = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
+                                              SEQ_K, K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb,
+                                              stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh,
+                                              stride_vd, PAGE_SIZE, NUM_BLOCKS, err, HEAD_DIM, BLOCK_N, BLOCK_D, PAGED,
+                                              WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT, LEFTPAD)
     for start_n in range(tl.maximum(s_lo, full_lo), tl.minimum(s_hi, full_hi), BLOCK_N):
-        acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
-                                     K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
-                                     stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, False, BOUNDED_LEFT, BOUNDED_RIGHT,
-                                     False)
+        acc, m_i, l_i, err = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
+                                          K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                          stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                                          NUM_BLOCKS, err, HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP,
+                                          False, BOUNDED_LEFT, BOUNDED_RIGHT, False)
     for start_n in range(tl.maximum(s_lo, full_hi), s_hi, BLOCK_N):
-        acc, m_i, l_i = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
-                                     K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
-                                     stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
-                                     HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP, True, BOUNDED_LEFT, BOUNDED_RIGHT,
-                                     LEFTPAD)
+        acc, m_i, l_i, err = _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t, SEQ_K,
+                                          K_START, lo_off, hi_off, qk_scale, sm_scale, softcap, stride_kb, stride_kn,
+                                          stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd, PAGE_SIZE,
+                                          NUM_BLOCKS, err, HEAD_DIM, BLOCK_N, BLOCK_D, PAGED, WHOLE_PAGES, SOFTCAP,
+                                          True, BOUNDED_LEFT, BOUNDED_RIGHT, LEFTPAD)
 
+    if err != 0:  # once per program, after the loops
+        tl.atomic_or(ERR, err, sem="relaxed")
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:  # one split: this program holds the whole row, so it writes the output (no combine launch)
         o_ptrs = (O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
@@ -221,6 +241,22 @@ def _decode_combine(PO, PL, O, LSE, stride_ob, stride_ot, stride_oh, stride_od,
 
 
 KERNELS = ("_decode_split", "_decode_combine")
+
+#: bits of the error word the split kernel raises (``tl.atomic_or``) on values it had to clamp
+BAD_LENGTH = tl.constexpr(1)  #: a ``cache_seqlens`` value outside ``0..capacity - new``
+BAD_START = tl.constexpr(2)  #: a ``cache_leftpad`` value outside ``0..cache_seqlens + new``
+BAD_PAGE = tl.constexpr(4)  #: a used ``block_table`` entry outside the page pool
+
+_ERROR_WORDS: dict = {}  #: device -> int32 (1,) error word
+
+
+def error_word(device) -> torch.Tensor:
+    """The int32 ``(1,)`` word the decode kernels on ``device`` OR their :data:`BAD_LENGTH` / ``BAD_START`` /
+    ``BAD_PAGE`` bits into; zero until a launch met a value it had to clamp (read and reset by the caller)."""
+    word = _ERROR_WORDS.get(device)
+    if word is None:
+        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return word
 
 
 # ----------------------------------------------------------------------------- configs
@@ -348,16 +384,21 @@ def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False,
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
-               out=None, lse=None, leftpads=None) -> dict:
+               out=None, lse=None, leftpads=None, err=None, new_keys: int = 0) -> dict:
     """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
     (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused).
-    ``leftpads``: int32 ``(B,)`` start keys when ``call.leftpad`` (else ``seqlens`` stands in, unread)."""
+    ``leftpads``: int32 ``(B,)`` start keys when ``call.leftpad`` (else ``seqlens`` stands in, unread).
+    ``err``: the error word (:func:`error_word`; compile-only builds: any int32 stand-in);
+    ``new_keys``: keys appended this call (a length below it is out of range)."""
     sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
+    capacity, num_blocks = _cache_extent(call, k_cache, block_table)
     so = out.stride() if out is not None else (0, 0, 0, 0)
     softcap = float(call.softcap)
     return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens,
                 LEFTPADS=leftpads if leftpads is not None else seqlens, PO=po, PL=pl,
                 O=out if out is not None else po, LSE=lse if lse is not None else pl,
+                ERR=err if err is not None else seqlens, NUM_BLOCKS=num_blocks, CAPACITY=capacity,
+                NEW_KEYS=int(new_keys),
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
                 softcap=softcap if softcap > 0 else 1.0,
                 stride_qb=sq[0], stride_qt=sq[1], stride_qh=sq[2], stride_qd=sq[3],
@@ -367,6 +408,17 @@ def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, 
                 stride_btb=block_table.stride(0) if call.paged else 0, PAGE_SIZE=call.page_size if call.paged else 1,
                 H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits,
                 WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
+
+
+def _cache_extent(call: DecodeCall, k_cache, block_table) -> tuple[int, int]:
+    """``(keys per sequence the cache holds, pages in the pool)`` (0 pages: contiguous); a compile-only
+    build (tensor stand-ins without shapes) gets a 4096-key cache of 16 * 257 pages."""
+    shape = getattr(k_cache, "shape", None)
+    if shape is None:
+        return 4096, (16 * 257 if call.paged else 0)
+    if call.paged:
+        return block_table.shape[1] * call.page_size, shape[0]
+    return shape[1], 0
 
 
 def combine_args(call: DecodeCall, po, pl, out, lse, num_splits: int) -> dict:
@@ -383,7 +435,7 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None, leftpads=None) -> None:
+           backend: Optional[str] = None, leftpads=None, new_keys: int = 0) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -402,6 +454,9 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     fresh buffers can change between such calls, is checked here on every call.
     ``backend``: :func:`rocmflash.kernels.common.torch_backend`'s answer when the caller has it.
     ``leftpads``: int32 ``(B,)`` first key of each sequence, required when ``call.leftpad``.
+    ``new_keys``: keys appended to each sequence by this call (its length must be at least that).
+    Values outside the cache (lengths, starts, pages) are clamped in the kernel and raise bits of
+    :func:`error_word` for ``q``'s device instead of addressing memory outside the cache.
     """
     backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
@@ -409,15 +464,16 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     if call.leftpad != (leftpads is not None):
         raise ValueError("leftpads must be given exactly when the DecodeCall has leftpad=True")
     starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
+    err = error_word(q.device)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
-        scalars = (call, cfg, 1, lse is not None)
-        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg)
+        scalars = (call, cfg, 1, lse is not None, new_keys)
+        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err)
         C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
-                                            out, lse_arg, starts),
+                                            out, lse_arg, starts, err, new_keys),
                                  _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend,
-                        _kept_key(keys, ("direct", lse is not None, backend), _decode_split, scalars, tensors, kcfg,
+                        _kept_key(keys, ("direct", lse is not None, backend, new_keys), _decode_split, scalars, tensors, kcfg,
                                   backend))
         return
     rows = call.batch * call.heads_kv * num_splits
@@ -426,14 +482,14 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
-    scalars = (call, cfg, num_splits)
-    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl)
+    scalars = (call, cfg, num_splits, new_keys)
+    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err)
     C.launch_cached(_decode_split, scalars, tensors,
                     lambda: ((num_splits, call.batch * call.heads_kv),
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
-                                        leftpads=starts),
+                                        leftpads=starts, err=err, new_keys=new_keys),
                              _split_constexprs(call, cfg)), kcfg, backend,
-                    _kept_key(keys, ("split", num_splits, backend), _decode_split, scalars, tensors, kcfg, backend))
+                    _kept_key(keys, ("split", num_splits, backend, new_keys), _decode_split, scalars, tensors, kcfg, backend))
     scalars = (call, num_splits, lse is not None)
     tensors = (po, pl, out, lse_arg)
     combine_cfg = _kernel_config(16, 4, 1, 0)
@@ -467,8 +523,8 @@ def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tu
 
 
 class _StridedPtr(C.Ptr):
-    def __init__(self, ty: str, strides: tuple):
-        super().__init__(ty)
+    def __init__(self, ty: str, strides: tuple, nbytes: int = 0):
+        super().__init__(ty, nbytes)
         self._strides = tuple(strides)
 
     def stride(self, dim=None):
@@ -477,18 +533,27 @@ class _StridedPtr(C.Ptr):
 
 def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
-                softcap: bool = False, window: bool = False, leftpad: bool = False):
+                softcap: bool = False, window: bool = False, leftpad: bool = False, cache_bytes: int = 0,
+                q_bytes: int = 0):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
     ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them);
-    ``leftpad``: the left-padded build (``cache_leftpad``)."""
+    ``leftpad``: the left-padded build (``cache_leftpad``).
+
+    ``cache_bytes``: the storage of each K and V cache (or page pool) the build stands for,
+    ``q_bytes`` that of ``q`` and the output (0: well under 2 GiB). On AMD a tensor past 2 GiB
+    is read with global loads instead of buffer loads (another binary, other registers), so a
+    build for a large cache must be told its size."""
+    for name, value in (("cache_bytes", cache_bytes), ("q_bytes", q_bytes)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"compile_for: {name} {value!r} is invalid; expected an int >= 0")
     hkv, smax = 8, 4096
     call = DecodeCall(8, seqlen_q, hkv, group, head_dim, paged, page_size, 0.125, 30.0 if softcap else 0.0,
                       256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED, leftpad)
     t = "*" + dtype
     hq = hkv * group
-    q = _StridedPtr(t, (seqlen_q * hq * head_dim, hq * head_dim, head_dim, 1))
+    q = _StridedPtr(t, (seqlen_q * hq * head_dim, hq * head_dim, head_dim, 1), q_bytes)
     rows = page_size if paged else smax
-    kv = _StridedPtr(t, (rows * hkv * head_dim, hkv * head_dim, head_dim, 1))
+    kv = _StridedPtr(t, (rows * hkv * head_dim, hkv * head_dim, head_dim, 1), cache_bytes)
     bt = _StridedPtr("*i32", (smax // max(1, page_size), 1))
     f32 = _StridedPtr("*fp32", (1,))
     splits = 4

@@ -1,0 +1,97 @@
+"""Decode through every entry point: ``rocmflash.attention``, ``patch_sdpa`` and ``flash_attn_with_kvcache``
+against PyTorch's default SDPA, one GPU, one process, interleaved rounds.
+
+One new token per sequence over ``KV`` cached keys, D=128, Hq=32 with Hkv=8 (GQA 4:1) and Hkv=32 (MHA),
+bf16. The cache is one ``(B, KV, Hkv, D)`` tensor; SDPA and ``rocmflash.attention`` get ``(B, H, S, D)``
+views of it (no copies), as a model holding its cache in flash-attn's layout would pass them. Every
+rocmflash path is the public call with the shipped databases, host time included:
+
+- ``attention``: ``rocmflash.attention(q, k, v)`` -- a decode-shaped call routed to the decode kernel;
+- ``patch_sdpa``: ``F.scaled_dot_product_attention(..., enable_gqa=True)`` under ``rocmflash.sdpa.patch_sdpa()``;
+- ``kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)`` (the default call);
+- ``kvcache unchecked``: the same with ``check_values=False``.
+
+Ratio = SDPA default µs / path µs (> 1: rocmflash faster). Bandwidth = K+V bytes / time.
+
+Usage (on a GPU): ``python bench/decode_entry.py --out $OUT [--rounds 5] [--batches 1,8,32] [--lengths ...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from interleaved import MarkdownTable, interleaved_medians
+
+
+def _paths(torch, B, L, Hq, Hkv, D=128):
+    import torch.nn.functional as F
+
+    import rocmflash
+    from rocmflash import sdpa
+
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(B, 1, Hq, D, device=dev, dtype=dt)
+    kc = torch.randn(B, L, Hkv, D, device=dev, dtype=dt)
+    vc = torch.randn_like(kc)
+    lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+    qs, ks, vs = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def patched():
+        with sdpa.patch_sdpa():
+            return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+
+    return {
+        "sdpa default": lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True),
+        "attention": lambda: rocmflash.attention(qs, ks, vs),
+        "patch_sdpa": patched,
+        "kvcache": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens),
+        "kvcache unchecked": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                                       check_values=False),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--lengths", default="2048,8192,32768,65536")
+    ap.add_argument("--kv-heads", default="8,32", help="Hkv values (Hq=32)")
+    args = ap.parse_args(argv)
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("bench/decode_entry.py needs a GPU", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    head = [f"# decode through every entry point vs SDPA ({datetime.date.today()})", "",
+            f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
+            f"- command: `python {' '.join(sys.argv)}`",
+            "- Sq=1, D=128, Hq=32, bf16; µs per call (public API, host time included), median of interleaved rounds; "
+            "ratio = SDPA default / path", "",
+            "| Hkv | B | KV | path | µs | GB/s | SDPA default / this |", "|---|---|---|---|---|---|---|"]
+    table = MarkdownTable(os.path.join(args.out, "decode_entry.md"), head)
+    for Hkv in (int(h) for h in args.kv_heads.split(",")):
+        for B in (int(b) for b in args.batches.split(",")):
+            for L in (int(n) for n in args.lengths.split(",")):
+                nbytes = 2 * B * L * Hkv * 128 * 2
+                if nbytes > 40e9:
+                    continue
+                paths = _paths(torch, B, L, 32, Hkv)
+                med = interleaved_medians(torch, paths, args.rounds, args.iters)
+                for p, t in med.items():
+                    table.add(f"| {Hkv} | {B} | {L} | {p} | {t:.1f} | {nbytes / (t * 1e-6) / 1e9:.0f} | "
+                              f"{med['sdpa default'] / t:.2f}x |")
+                table.flush()
+                del paths
+                torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
