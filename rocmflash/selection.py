@@ -54,6 +54,7 @@ def clear_cache() -> None:
     _VARLEN.clear()
     _VARLEN_BWD.clear()
     _LAST_SOURCE.clear()
+    _INCUMBENT.clear()
     try:
         from rocmflash import db
     except ImportError:
@@ -157,6 +158,43 @@ def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, se
     _log.info("rocmflash: %s", _LAST_SOURCE[key]["text"])
     _FWD[key] = cfg
     return cfg
+
+
+_INCUMBENT: dict = {}  #: (device, problem, bucket, train) -> SDPA backend name or None
+
+
+def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_k: int,
+                     train: bool = False) -> Optional[str]:
+    """The SDPA backend to run instead of rocmflash's kernel for this problem, or None (the usual case).
+
+    A backend is named only when the database entry that :func:`select_config` serves carries an
+    ``incumbent`` (timed beside the Triton configs by ``rocmflash tune``, :mod:`rocmflash.incumbent`)
+    that was faster -- forward alone, or forward+backward when ``train``. Cached per bucket."""
+    key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(), int(head_dim),
+           str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), bool(train))
+    try:
+        return _INCUMBENT[key]
+    except KeyError:
+        pass
+    from rocmflash.incumbent import winner
+
+    entry = _served_entry(device, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1))
+    _INCUMBENT[key] = backend = winner(entry.get("incumbent") if entry else None, bool(train))
+    return backend
+
+
+def _served_entry(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) -> Optional[dict]:
+    """The database entry whose ``online`` config :func:`select_config` serves for this problem (None: none)."""
+    gpu_name, _ = device_identity(device)
+    match = _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen_k, "online")
+    if match is None:
+        return None
+    from rocmflash import db
+
+    for path, bucket, entry in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio):
+        if path == match.path and bucket == match.bucket:
+            return entry
+    return None
 
 
 def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:
