@@ -3,13 +3,20 @@
 ``import rocmflash`` is cheap: the attention API (which imports torch and triton)
 is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`` /
 ``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``.
+The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.ops`) work right after ``import rocmflash``
+too, whether torch was imported before or after it: their module is imported on the first lookup.
 """
+
+import sys
 
 __version__ = "0.1.0"
 
 _LAZY = {"attention": "rocmflash.api", "flash_attn_func": "rocmflash.api",
          "flash_attn_varlen_func": "rocmflash.varlen", "flash_attn_with_kvcache": "rocmflash.decode",
          "patch_sdpa": "rocmflash.sdpa", "unpatch_sdpa": "rocmflash.sdpa"}
+
+#: the modules that register ``torch.ops.rocmflash.*`` when imported
+_OP_MODULES = ("rocmflash.ops",)
 
 
 def __getattr__(name):
@@ -20,6 +27,83 @@ def __getattr__(name):
         globals()[name] = value  # later lookups are plain attribute reads (no per-call import machinery)
         return value
     raise AttributeError(f"module 'rocmflash' has no attribute {name!r}")
+
+
+def _install_op_namespace(torch) -> None:
+    """Make ``torch.ops.rocmflash`` import :data:`_OP_MODULES` on its first unknown attribute.
+
+    Importing :mod:`rocmflash.ops` eagerly would cost every ``import rocmflash`` torch and
+    Triton (and the CLI's CPU-only commands a version check); instead the ``torch.ops``
+    namespace object, which torch creates on first access and caches as an attribute, is
+    made lazy: ``torch.ops.rocmflash.attn_fwd`` imports the op modules, then looks again.
+    """
+    import importlib
+
+    ops = getattr(torch, "ops", None)
+    base = getattr(getattr(torch, "_ops", None), "_OpNamespace", None)
+    if ops is None or base is None or all(m in sys.modules for m in _OP_MODULES):
+        return  # an unknown torch layout, or the ops are registered already: nothing to make lazy
+
+    class _LazyOpNamespace(base):
+        def __getattr__(self, op_name):
+            if not op_name.startswith("__") and not all(m in sys.modules for m in _OP_MODULES):
+                for module in _OP_MODULES:
+                    importlib.import_module(module)  # registers the ops; its errors are the user's answer
+                self.__class__ = base  # registered now: lookups are torch's own from here on
+            return base.__getattr__(self, op_name)
+
+    namespace = ops.__dict__.get("rocmflash")
+    if namespace is None:
+        setattr(ops, "rocmflash", _LazyOpNamespace("rocmflash"))  # what torch.ops.__getattr__ would cache
+        if isinstance(getattr(ops, "_dir", None), list):
+            ops._dir.append("rocmflash")  # as torch.ops.__getattr__ does, for dir(torch.ops)
+    elif type(namespace) is base:
+        namespace.__class__ = _LazyOpNamespace  # someone looked before importing rocmflash: keep that object
+
+
+class _AfterTorchImport:
+    """A one-shot ``sys.meta_path`` finder: when ``torch`` is imported after rocmflash, install the lazy
+    op namespace right after torch's module has run (Python has no post-import hook of its own)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")  # the finders after this one, as the import would ask them
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _install_after(spec.loader)
+        return spec
+
+
+def _install_after(inner):
+    """A loader that runs ``inner`` and then :func:`_install_op_namespace`, and leaves no trace once loaded."""
+    import importlib.abc
+
+    class _Loader(importlib.abc.Loader):
+        def create_module(self, spec):
+            return inner.create_module(spec)
+
+        def exec_module(self, module):
+            inner.exec_module(module)
+            module.__loader__ = module.__spec__.loader = inner
+            try:
+                _install_op_namespace(module)
+            except Exception:  # a torch whose ops look different: the ops then need `import rocmflash.ops`,
+                pass           # but `import torch` itself must never fail because of rocmflash
+
+        def __getattr__(self, name):  # anything else a loader is asked (resources, source): the real one's
+            return getattr(inner, name)
+
+    return _Loader()
+
+
+if "torch" in sys.modules:
+    _install_op_namespace(sys.modules["torch"])
+elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterTorchImport())
 
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",

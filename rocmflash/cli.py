@@ -1,7 +1,10 @@
 """The ``rocmflash`` command line.
 
-Every user error (unknown GPU, unreadable code object, bad flag value) is one line
-on stderr and exit code 2, never a traceback.
+Every user error (unknown GPU, unreadable code object, bad flag value, an output or cache
+path that cannot be written, a flag the chosen mode would ignore) is one line on stderr and
+exit code 2, never a traceback; it is found before the first compile. Argparse's own errors
+(a number out of range: the line names the allowed range) keep its usage line and exit code 2.
+A file-system failure in the middle of a run (disk full) is one line and exit code 1.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ DEMO_CONSTEXPRS = {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_DIM": 128}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rocmflash.cli_tune import add_tune_parsers, int_at_least
+
     parser = argparse.ArgumentParser(
         prog="rocmflash",
         description="Tune Triton FlashAttention kernels for AMD wave-64 GPUs from compiler truth.",
@@ -52,10 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where report.md/configs.csv/vgprs.png go (default reports/vgpr-<gpu>-d<D>-<dtype>)")
     report.add_argument("--cache-dir", metavar="DIR", default=None,
                         help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
-    report.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
-    report.add_argument("--occupancy-floor", type=int, default=None, metavar="W",
-                        help="prune configs below W waves/SIMD (default 2 on AMD, 1 warp/scheduler on NVIDIA)")
-    report.add_argument("--cliff-margin", type=int, default=16, metavar="V",
+    report.add_argument("--workers", type=int_at_least(1), default=None, metavar="N",
+                        help="compile processes (default: CPUs)")
+    report.add_argument("--occupancy-floor", type=int_at_least(1), default=None, metavar="W",
+                        help="prune configs below W waves/SIMD (default 2 on AMD, 1 warp/scheduler on NVIDIA; at most "
+                             "the arch's maximum, e.g. 8 on gfx90a/gfx942/gfx950)")
+    report.add_argument("--cliff-margin", type=int_at_least(0), default=None, metavar="V",
                         help="a config at most V VGPRs past a cliff that costs it waves is a cliff victim (default 16)")
     report.add_argument("--reference", action="store_true",
                         help="also compile the AMD-published forward configs for the GPU's arch "
@@ -69,20 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                         help="fwd: the forward space (default); bwd: the backward's dQ and dK/dV kernels "
                              "(--mode prefill; --mode varlen: the packed backward's, over the same space)")
-    report.add_argument("--batch", type=int, default=None, metavar="B", help="--mode decode: batch (default 32)")
-    report.add_argument("--seqlen", type=int, default=None, metavar="S", help="--mode decode: cached keys (default 4096)")
-    report.add_argument("--heads", type=int, default=None, metavar="H",
+    report.add_argument("--batch", type=int_at_least(1), default=None, metavar="B",
+                        help="--mode decode: batch (default 32)")
+    report.add_argument("--seqlen", type=int_at_least(1), default=None, metavar="S",
+                        help="--mode decode: cached keys (default 4096)")
+    report.add_argument("--heads", type=int_at_least(1), default=None, metavar="H",
                         help="query heads (--mode decode: default 32; --pass bwd: default 16; --mode varlen: "
                              "default 2048 // D)")
-    report.add_argument("--kv-heads", type=int, default=None, metavar="H",
+    report.add_argument("--kv-heads", type=int_at_least(1), default=None, metavar="H",
                         help="key/value heads (--mode decode: default 8; --pass bwd, --mode varlen: default --heads)")
-    report.add_argument("--page-size", type=int, default=0, metavar="P",
+    report.add_argument("--page-size", type=int_at_least(0), default=None, metavar="P",
                         help="--mode decode: paged cache with this page size (default 0: contiguous)")
     report.add_argument("--reference-file", metavar="PATH", default=None,
                         help="a reference file of the same format to use instead of the packaged one "
                              "(implies --reference)")
-
-    from rocmflash.cli_tune import add_tune_parsers
 
     add_tune_parsers(sub)  # `tune` and `export`
 
@@ -132,9 +139,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_tune(args) if args.command == "tune" else run_export(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "vgpr-report":
+            _check_report_args(args)
         if args.command == "vgpr-report" and args.pass_ == "bwd" and args.mode != "varlen":
-            if args.mode == "decode":
-                raise ValueError("--pass bwd is for --mode prefill or varlen (decode has no backward)")
             from rocmflash import bwd_report
 
             return bwd_report.main(args, "rocmflash " + " ".join(argv if argv is not None else sys.argv[1:]))
@@ -160,8 +167,61 @@ def main(argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         sys.stdout = open(os.devnull, "w")
         return 0
+    except OSError as err:  # a path that passed the checks and still failed (disk full, removed meanwhile)
+        where = f": {err.filename}" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+        return 1
     parser.error(f"unknown command {args.command!r}")
     return 2
+
+
+#: vgpr-report flags read by some (--mode, --pass) pairs only: elsewhere they are refused, never silently ignored
+REPORT_FLAG_SCOPE = {
+    "--variant": ("variant", {("prefill", "fwd")}),
+    "--reference": ("reference", {("prefill", "fwd")}),
+    "--reference-file": ("reference_file", {("prefill", "fwd")}),
+    "--occupancy-floor": ("occupancy_floor", {("prefill", "fwd")}),
+    "--cliff-margin": ("cliff_margin", {("prefill", "fwd")}),
+    "--causal": ("causal", {("prefill", "fwd"), ("prefill", "bwd"), ("varlen", "fwd"), ("varlen", "bwd")}),
+    "--heads": ("heads", {("decode", "fwd"), ("prefill", "bwd"), ("varlen", "fwd"), ("varlen", "bwd")}),
+    "--kv-heads": ("kv_heads", {("decode", "fwd"), ("prefill", "bwd"), ("varlen", "fwd"), ("varlen", "bwd")}),
+    "--batch": ("batch", {("decode", "fwd")}),
+    "--seqlen": ("seqlen", {("decode", "fwd")}),
+    "--page-size": ("page_size", {("decode", "fwd")}),
+}
+
+
+def _check_report_args(args: argparse.Namespace) -> None:
+    """ValueError (one line) before any compile: a flag this mode/pass would ignore, an occupancy floor past the
+    arch's maximum, an ``--out``/``--cache-dir`` that cannot be written. Fills ``--cliff-margin``'s default."""
+    from rocmflash.cli_tune import check_cache_dir, check_writable_dir
+
+    if args.mode == "decode" and args.pass_ == "bwd":
+        raise ValueError("--pass bwd is for --mode prefill or varlen (decode has no backward)")
+    for flag, (attr, scope) in REPORT_FLAG_SCOPE.items():
+        if getattr(args, attr) not in (None, False) and (args.mode, args.pass_) not in scope:
+            where = f"--mode {args.mode}" + (" --pass bwd" if args.pass_ == "bwd" else "")
+            raise ValueError(f"{flag} does not go with {where} (it would be ignored there)")
+    if args.occupancy_floor is not None:
+        most = _max_occupancy(get_gpu(args.gpu))
+        if args.occupancy_floor > most:
+            raise ValueError(f"--occupancy-floor {args.occupancy_floor} is invalid for {args.gpu}; expected 1..{most} "
+                             "(a higher floor prunes every config)")
+    if args.cliff_margin is None:
+        from rocmflash.prune import PruneSettings
+
+        args.cliff_margin = PruneSettings().cliff_margin
+    check_writable_dir("--out", args.out or "reports")  # the default goes under ./reports
+    check_cache_dir(args.cache_dir)
+
+
+def _max_occupancy(gpu) -> int:
+    """The most waves per SIMD (AMD) or warps per scheduler (NVIDIA, 4 per SM) the GPU's arch can hold."""
+    from isa_tools.archs import amd_arch, nvidia_arch
+
+    if gpu.vendor == "amd":
+        return amd_arch(gpu.arch).max_waves_per_simd
+    return nvidia_arch(gpu.arch).max_warps_per_sm // 4
 
 
 def _isa(args: argparse.Namespace) -> int:
@@ -195,8 +255,12 @@ def _explain(args: argparse.Namespace) -> int:
 
     if args.variant not in ("online", "split_kv", "two_phase", "split_d"):
         raise ValueError(f"--variant {args.variant!r} is unknown; expected online, split_kv, two_phase or split_d")
-    if args.db is not None and not os.path.isfile(args.db):
-        raise ValueError(f"--db {args.db}: no such file" + (" (it is a directory)" if os.path.isdir(args.db) else ""))
+    if args.db is not None:
+        _check_explain_db(args.db, args.gpu)
+    if not args.no_compile:
+        from rocmflash.cli_tune import check_cache_dir
+
+        check_cache_dir(args.cache_dir)
     result = explain(args.gpu, args.head_dim, args.dtype, args.causal, args.seqlen, args.seqlen_k, args.gqa,
                      args.variant, args.db, check=not args.no_compile, cache_dir=args.cache_dir)
     if args.json:
@@ -208,6 +272,19 @@ def _explain(args: argparse.Namespace) -> int:
 
     print_explanation(result, Console())
     return 0
+
+
+def _check_explain_db(path: str, gpu_name: str) -> None:
+    """``--db``: a readable database of this GPU; run-time selection would skip a corrupt one with a warning,
+    but a file named on purpose that cannot be used is an error, not an empty answer."""
+    from rocmflash.db import ConfigDB
+
+    if not os.path.isfile(path):
+        raise ValueError(f"--db {path}: no such file" + (" (it is a directory)" if os.path.isdir(path) else ""))
+    data = ConfigDB.read(path)  # DBError (a ValueError) names what is wrong with it
+    gpu = get_gpu(gpu_name)
+    if data.get("gpu") != gpu.name:
+        raise ValueError(f"--db {path} holds configs for {data.get('gpu')!r}, not {gpu.name!r}")
 
 
 def _gpus(args: argparse.Namespace) -> int:

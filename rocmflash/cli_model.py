@@ -64,7 +64,10 @@ def _dtypes(text) -> list:
         return ["fp16", "bf16"]
     from rocmflash.config import normalize_dtype
 
-    return [normalize_dtype(part.strip()) for part in str(text).split(",") if part.strip()]
+    dtypes = [normalize_dtype(part.strip()) for part in str(text).split(",") if part.strip()]
+    if not dtypes:  # "," or "": an empty plan would be printed as if it were a tune
+        raise ValueError(f"--dtype {text!r} names no dtype; expected fp16, bf16 or fp16,bf16")
+    return list(dict.fromkeys(dtypes))
 
 
 def run_model_tune(args: argparse.Namespace, console) -> int:

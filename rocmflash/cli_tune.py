@@ -54,9 +54,10 @@ def add_tune_parsers(subparsers) -> None:
                       help="sequence length to tune (repeat for several); stored under the next power of two "
                            "(--model: default 1024..32768 in powers of two, up to the model's context length)")
     tune.add_argument("--batch", type=int, default=None, metavar="B", help="batch (default 16384 // S)")
-    tune.add_argument("--heads", type=int, default=None, metavar="H", help="query heads (default 2048 // D)")
-    tune.add_argument("--kv-heads", type=int, default=None, metavar="H", help="key/value heads (default: --heads)")
-    tune.add_argument("--strategy", choices=("race", "pruned", "exhaustive"), default="race",
+    tune.add_argument("--heads", type=int_at_least(1), default=None, metavar="H", help="query heads (default 2048 // D)")
+    tune.add_argument("--kv-heads", type=int_at_least(1), default=None, metavar="H",
+                      help="key/value heads (default: --heads)")
+    tune.add_argument("--strategy", choices=("race", "pruned", "exhaustive"), default=None,
                       help="race: every static survivor, short screen then longer rounds for the fastest "
                            "(default); pruned: only the top-K survivors by static score; exhaustive: every config")
     tune.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes, ~/.config/rocmflash/<gpu>.json or $ROCMFLASH_CONFIG_DIR)")
@@ -69,11 +70,12 @@ def add_tune_parsers(subparsers) -> None:
                       help="do not add the AMD-published configs of the GPU's arch to the configs timed")
     tune.add_argument("--variant", nargs="+", default=None, metavar="NAME",
                       help="limit the space to these variants: online split_kv two_phase split_d")
-    tune.add_argument("--timeout", type=float, default=120.0, metavar="SEC",
+    tune.add_argument("--timeout", type=positive_seconds, default=120.0, metavar="SEC",
                       help="per-candidate limit in the live worker (default 120)")
     tune.add_argument("--cache-dir", default=None, metavar="DIR",
                       help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
-    tune.add_argument("--workers", type=int, default=None, metavar="N", help="compile processes (default: CPUs)")
+    tune.add_argument("--workers", type=int_at_least(1), default=None, metavar="N",
+                      help="compile processes (default: CPUs)")
     tune.add_argument("--mode", choices=("prefill", "decode", "varlen"), default=None,
                       help="prefill: the attention forward (default; --model: prefill and decode); decode: flash_attn_with_kvcache's split-KV "
                            "kernels at --seqlen cached keys, --batch sequences (default 32), --heads/--kv-heads "
@@ -93,8 +95,9 @@ def add_tune_parsers(subparsers) -> None:
                            "kernels (entries bwd-<key>, used by the autograd backward), or both (default); "
                            "--mode varlen: the packed forward (default), the packed backward's dQ and dK/dV "
                            "kernels (entries varlen-bwd-<key>), or both")
-    tune.add_argument("--seqlen-q", type=int, default=1, metavar="N", help="--mode decode: new tokens per step (default 1)")
-    tune.add_argument("--page-size", type=_page_sizes, default=(0,), metavar="P[,P...]",
+    tune.add_argument("--seqlen-q", type=int_at_least(1), default=None, metavar="N",
+                      help="--mode decode: new tokens per step (default 1)")
+    tune.add_argument("--page-size", type=_page_sizes, default=None, metavar="P[,P...]",
                       help="--mode decode: tune for a paged cache with this page size (default 0: contiguous); "
                            "a comma list (e.g. 16,64,256) tunes each and compares them: which page size to give "
                            "your cache")
@@ -121,6 +124,87 @@ def _page_sizes(text: str) -> tuple:
     return tuple(dict.fromkeys(sizes))
 
 
+def int_at_least(low: int):
+    """An argparse ``type=``: an integer >= ``low``; anything else is argparse's one-line error naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is invalid; expected an integer >= {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type=``: a finite number of seconds > 0 (``inf`` or ``nan`` would disable or break a limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected seconds > 0") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text} is invalid; expected a finite number of seconds > 0")
+    return value
+
+
+def check_writable_dir(flag: str, path: str) -> None:
+    """ValueError (one line) unless ``path`` is a directory this process can write, or can be made one.
+
+    Checked before any compile, so a bad ``--out``/``--cache-dir`` fails in a second, not after a sweep.
+    """
+    reason = _unwritable_dir(path)
+    if reason:
+        raise ValueError(f"{flag} {path}: {reason}")
+
+
+def check_db_path(path: str) -> None:
+    """ValueError (one line) when ``--db`` names a directory or a file whose folder cannot be written."""
+    if os.path.isdir(path):
+        raise ValueError(f"--db {path} is a directory; --db takes a database file such as mi300x.json")
+    reason = _unwritable_dir(os.path.dirname(os.path.abspath(path)))
+    if reason:
+        raise ValueError(f"--db {path}: {reason}")
+
+
+def _unwritable_dir(path: str):
+    """Why ``path`` cannot be used as a directory to write in, or None when it can.
+
+    Nothing is left behind: the directories made for the check and its probe file are removed
+    again (the real run makes them), and an existing file named by ``path`` is never touched.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path} is a file, not a directory"
+    missing, parent = [], os.path.abspath(path)
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is a file, so no directory can be made under it"
+    created = []
+    try:
+        for folder in reversed(missing):  # outermost first, as os.makedirs would
+            os.mkdir(folder)
+            created.append(folder)
+        import tempfile
+
+        fd, probe = tempfile.mkstemp(prefix=".rocmflash-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        return f"cannot write there ({err.strerror or err})"
+    finally:
+        for folder in reversed(created):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass  # something else wrote into it meanwhile: leave it
+    return None
+
+
 def _preset_names() -> list:
     from rocmflash.tuning.models import PRESETS
 
@@ -132,12 +216,70 @@ def _error(msg: str) -> int:
     return 2
 
 
+#: tune flags that only some kinds of tune read (flag, attribute, kinds): elsewhere they are refused, not ignored
+SCOPED_TUNE_FLAGS = (("--strategy", "strategy", ("prefill", "model")), ("--top-k", "top_k", ("prefill",)),
+                     ("--no-seeds", "no_seeds", ("prefill", "model")), ("--seqlen-q", "seqlen_q", ("decode",)),
+                     ("--page-size", "page_size", ("decode",)), ("--causal", "causal", ("prefill", "varlen", "model")))
+
+
+def check_tune_args(args: argparse.Namespace) -> None:
+    """ValueError (one line) for what argparse cannot see: counts that must be positive, flags that the chosen
+    kind of tune would ignore, and paths it could not write (all before the first compile).
+
+    Fills the defaults that depend on the kind of tune (``--strategy race``, ``--seqlen-q 1``, ``--page-size 0``).
+    """
+    kind = "model" if getattr(args, "model", None) else (getattr(args, "mode", None) or "prefill")
+    where = _where(kind)
+    for flag, attr, kinds in SCOPED_TUNE_FLAGS:
+        if getattr(args, attr, None) not in (None, False) and kind not in kinds:
+            readers = [_where(k) for k in kinds]
+            readers = " and ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
+            raise ValueError(f"{flag} does not go with {where} (it is read by {readers} only)")
+    for s in args.seqlen or ():
+        if s < 1:
+            raise ValueError(f"--seqlen {s} is invalid; expected a positive int")
+    for flag, value in (("--batch", args.batch), ("--top-k", getattr(args, "top_k", None))):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} {value} is invalid; expected a positive int")
+    if not args.dry_run:
+        check_cache_dir(args.cache_dir)
+        from rocmflash.db import CONFIG_DIR_ENV
+
+        if args.db:
+            check_db_path(args.db)
+        elif os.environ.get(CONFIG_DIR_ENV):
+            check_writable_dir(f"${CONFIG_DIR_ENV}", os.environ[CONFIG_DIR_ENV])
+    args.strategy = args.strategy or "race"
+    if getattr(args, "seqlen_q", None) is None:
+        args.seqlen_q = 1
+    if getattr(args, "page_size", None) is None:
+        args.page_size = (0,)
+
+
+def _where(kind: str) -> str:
+    return "--model" if kind == "model" else f"--mode {kind}"
+
+
+def check_cache_dir(cache_dir) -> None:
+    """``--cache-dir`` (or ``$ROCMFLASH_CACHE_DIR`` standing in for it) must be a directory that can be written."""
+    from rocmflash.compile import CACHE_ENV
+
+    if cache_dir:
+        check_writable_dir("--cache-dir", cache_dir)
+    elif os.environ.get(CACHE_ENV):
+        check_writable_dir(f"${CACHE_ENV}", os.environ[CACHE_ENV])
+
+
 def run_tune(args: argparse.Namespace) -> int:
     from rocmflash.db import DBError
     from rocmflash.live import LiveSettings
     from rocmflash.report import make_console
     from rocmflash.tune import INJECT_ENV, ReplayRunner, TuneInterrupted, TuneSpec, parse_inject, print_summary, tune
 
+    try:
+        check_tune_args(args)
+    except ValueError as err:
+        return _error(str(err))
     console = make_console()
     passes = getattr(args, "pass_", None)
     if getattr(args, "mode", None) == "varlen":
@@ -172,8 +314,9 @@ def run_tune(args: argparse.Namespace) -> int:
                         inject=parse_inject(os.environ.get(INJECT_ENV)))
         runner = pool = None
         if args.replay:
-            if not os.path.exists(args.replay):
-                raise ValueError(f"--replay {args.replay}: no such file")
+            if not os.path.isfile(args.replay):
+                raise ValueError(f"--replay {args.replay}: no such file"
+                                 + (" (it is a directory)" if os.path.isdir(args.replay) else ""))
             runner = ReplayRunner.from_journal(args.replay)
         elif args.gpus or args.cluster:
             from rocmflash.cli_model import make_pool
@@ -380,6 +523,8 @@ def run_export(args: argparse.Namespace) -> int:
 
     try:
         gpu = get_gpu(args.gpu)
+        if args.db and os.path.isdir(args.db):
+            raise ValueError(f"--db {args.db} is a directory; --db takes a database file such as {gpu.name}.json")
         candidates = [args.db] if args.db else database_paths(gpu.name)
         path = next((p for p in candidates if os.path.isfile(p)), None)
         if path is None:

@@ -52,6 +52,8 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
     if type(seqlen) is not int or seqlen < 1:
         raise ValueError(f"--seqlen {seqlen!r} is invalid; expected a positive int")
     seqlen_k = seqlen if seqlen_k is None else seqlen_k
+    if type(seqlen_k) is not int or seqlen_k < 1:
+        raise ValueError(f"--seqlen-k {seqlen_k!r} is invalid; expected a positive int")
     if type(gqa_ratio) is not int or gqa_ratio < 1:
         raise ValueError(f"--gqa {gqa_ratio!r} is invalid; expected a positive int")
     Problem(head_dim=head_dim, dtype=dtype)  # validates the head dim
