@@ -9,7 +9,9 @@ JSON (the tuner database stores them):
   ``d_chunks`` for ``split_d``), and the AMD-only compiler options ``waves_per_eu``,
   ``matrix_instr_nonkdim``, ``kpack`` and ``schedule_hint``. ``validate()`` rejects bad
   values by name -- Triton itself silently drops unknown option names and silently
-  accepts a bad ``schedule_hint``, so nothing downstream would notice.
+  accepts a bad ``schedule_hint``, so nothing downstream would notice. Given the target
+  arch and the Triton version it also rejects what that pair cannot build as asked
+  (:data:`SCHEDULE_HINT_SEMANTICS`, :data:`WAVES_PER_EU_EXACT_FROM`, :data:`KPACK_ONE_ONLY_ARCHS`).
 * :class:`Problem` -- the shape/dtype facts a compile depends on (head dim, dtype,
   causal, heads, sequence lengths), so a kernel can be built for any target with no
   tensors and no GPU.
@@ -32,6 +34,54 @@ _NONKDIM = (0, 16, 32)  # 0: let Triton pick (32x32 MFMA for FA-sized tiles)
 _KPACK = (1, 2)
 #: the values Triton 3.6's AMD backend understands (comma-separated combinations allowed)
 SCHEDULE_HINTS = ("none", "attention", "memory-bound-attention", "local-prefetch")
+
+# What each Triton (3.4..3.9) does with the AMD options: read from triton-lang/triton's
+# third_party/amd/backend/compiler.py of each release, then checked by cross-compiling the
+# online kernel (128x64, 4 warps, D=128) for gfx90a/gfx942/gfx950 with each release and comparing
+# the code objects; tests/test_triton_semantics.py re-checks the installed Triton's row.
+# "same binary as 'none'" means byte-identical code objects: the static phase collapses such configs
+# (rocmflash.dedupe), so a space may list them without the live phase timing one binary twice.
+_SAME_AS_NONE = "ignored: same binary as 'none'"
+#: ``{(major, minor): {schedule_hint value: what that Triton does with it}}``; "a,b" stands for a
+#: comma-separated combination
+SCHEDULE_HINT_SEMANTICS = {
+    (3, 4): {
+        "none": "no hint passes",
+        "attention": "sched-hint ops around each dot (iglp) and LLVM's sink-insts-to-avoid-spills",
+        "memory-bound-attention": "not a 3.4 variant: the hint passes run with none (mostly the 'none' binary, "
+                                  "not always: gfx942 at num_stages=1 differs)",
+        "local-prefetch": "the stream pipeliner with global and local prefetch: fails to compile at num_stages=1 "
+                          "(rejected by validate()); at num_stages>=2 a binary of its own",
+        "a,b": "not split on commas: the whole string is one unknown variant (rejected by validate())",
+    },
+    (3, 5): {
+        "none": "no hint passes",
+        "attention": "sched-hint ops around each dot (iglp) and LLVM's sink-insts-to-avoid-spills",
+        "memory-bound-attention": _SAME_AS_NONE,
+        "local-prefetch": _SAME_AS_NONE,
+        "a,b": "not split on commas: an unknown variant, same binary as 'none' (rejected by validate())",
+    },
+    (3, 6): {
+        "none": "no hint passes",
+        "attention": "sched-hint ops around each dot (iglp) and LLVM's sink-insts-to-avoid-spills",
+        "memory-bound-attention": "LLVM's iterative-ILP scheduler (amdgpu-sched-strategy=iterative-ilp)",
+        "local-prefetch": _SAME_AS_NONE,
+        "a,b": "split on commas, each value applied",
+    },
+}
+SCHEDULE_HINT_SEMANTICS[(3, 7)] = SCHEDULE_HINT_SEMANTICS[(3, 6)]  # same backend code for the hints
+#: 3.8 dropped the hint passes ("Experimental; right now no effect"; its default became '')
+SCHEDULE_HINT_SEMANTICS[(3, 8)] = {hint: _SAME_AS_NONE for hint in SCHEDULE_HINT_SEMANTICS[(3, 6)]}
+SCHEDULE_HINT_SEMANTICS[(3, 8)]["none"] = "no hint passes"
+SCHEDULE_HINT_SEMANTICS[(3, 9)] = SCHEDULE_HINT_SEMANTICS[(3, 8)]
+
+#: First Triton whose ``waves_per_eu=N`` is an exact request: 3.6 and 3.7 set the LLVM attribute
+#: ``"amdgpu-waves-per-eu"="N, N"`` (3.8+: ``"N,N"``, and none at all for 0). 3.4 and 3.5 set ``"N"``, a
+#: minimum only: LLVM may still reach more waves, and ``waves_per_eu=1`` asks for nothing (the same
+#: binary as 0, checked on gfx942/gfx950).
+WAVES_PER_EU_EXACT_FROM = (3, 6)
+#: ``kpack=2`` on gfx950: Triton 3.4 refuses it (``assert kpack == 1``); 3.5+ warns and builds kpack=1.
+KPACK_ONE_ONLY_ARCHS = ("gfx950",)
 
 #: options that only the AMD (``hip``) backend knows; never passed on CUDA
 AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
@@ -74,8 +124,17 @@ class KernelConfig:
     pad_head_dim: bool = False
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> "KernelConfig":
-        """Raise ValueError naming the first bad field and its allowed values; return self."""
+    def validate(self, arch: Optional[str] = None, triton_version: Optional[str] = None) -> "KernelConfig":
+        """Raise ValueError naming the first bad field and its allowed values; return self.
+
+        ``arch`` (e.g. ``"gfx950"``) and ``triton_version`` (e.g. ``"3.6.0"``), when given, add the
+        checks of what that target and Triton cannot build as asked (:data:`SCHEDULE_HINT_SEMANTICS`):
+        ``kpack=2`` on gfx950 (Triton 3.4 fails, 3.5+ silently builds kpack=1), ``local-prefetch``
+        at ``num_stages=1`` on Triton 3.4 (fails to compile), and a comma-separated
+        ``schedule_hint`` on Triton < 3.6 (not split: read as one unknown value). A value a
+        Triton merely ignores (e.g. every hint on 3.8+) stays valid: it compiles to the binary
+        of ``"none"``, and the static phase drops such duplicates by binary.
+        """
 
         def bad(field: str, allowed: str) -> None:
             raise ValueError(
@@ -111,7 +170,27 @@ class KernelConfig:
             bad("schedule_hint", f"one of {SCHEDULE_HINTS} (or a comma-separated combination without 'none')")
         if not isinstance(self.pad_head_dim, bool):
             bad("pad_head_dim", "a bool")
+        self._validate_for(arch, triton_version)
         return self
+
+    def _validate_for(self, arch: Optional[str], triton_version: Optional[str]) -> None:
+        """The checks that depend on the target arch and the Triton version (see :meth:`validate`)."""
+        if arch is not None and not isinstance(arch, str):
+            raise TypeError(f"arch={arch!r} is invalid; expected an arch string such as 'gfx950' or None")
+        base = arch.split(":", 1)[0].strip().lower() if arch else None  # gfx950:sramecc+:xnack- -> gfx950
+        version = triton_minor(triton_version) if triton_version is not None else None
+        if base in KPACK_ONE_ONLY_ARCHS and self.kpack != 1:
+            raise ValueError(f"KernelConfig.kpack={self.kpack!r} is invalid on {base}; expected 1 ({base} has no "
+                             "kpack=2: Triton 3.4 refuses to compile it, 3.5+ silently builds kpack=1)")
+        if version is None:
+            return
+        hints = self.schedule_hint.split(",")
+        if version < (3, 6) and len(hints) > 1:
+            raise ValueError(f"KernelConfig.schedule_hint={self.schedule_hint!r} is invalid with Triton "
+                             f"{triton_version}; expected a single value (Triton < 3.6 does not split on commas)")
+        if version < (3, 5) and "local-prefetch" in hints and self.num_stages < 2:
+            raise ValueError(f"KernelConfig.schedule_hint='local-prefetch' is invalid at num_stages=1 with Triton "
+                             f"{triton_version}; expected num_stages >= 2 (its stream prefetch fails to compile)")
 
     # ------------------------------------------------------------------ compile options
     def compile_options(self, backend: str) -> dict:
@@ -162,6 +241,46 @@ class KernelConfig:
     def replace(self, **changes) -> "KernelConfig":
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes).validate()
+
+
+def triton_minor(version: Any) -> tuple:
+    """``(major, minor)`` of a Triton version string (``"3.6.0"``, ``"3.5.1+rocm7.0"``, ``"3.4.0+gitabc"``)."""
+    try:
+        major, minor = str(version).strip().split(".")[:2]
+        return int(major), int("".join(ch for ch in minor if ch.isdigit()) or "x")
+    except (ValueError, AttributeError):
+        raise ValueError(f"triton_version={version!r} is invalid; expected a version such as '3.6.0'") from None
+
+
+def installed_triton_version() -> Optional[str]:
+    """The importable Triton's ``__version__`` (None when Triton cannot be imported)."""
+    try:
+        import triton
+    except Exception:  # pragma: no cover - triton is a dependency of every compile
+        return None
+    return str(triton.__version__)
+
+
+def waves_per_eu_is_exact(triton_version: Optional[str] = None) -> bool:
+    """Whether ``waves_per_eu=N`` asks LLVM for exactly N waves (Triton >= 3.6) or only for at least N.
+
+    ``triton_version`` None: the installed Triton (the one that compiled this process's
+    observations: the sweep cache is keyed by Triton version).
+    """
+    version = triton_version if triton_version is not None else installed_triton_version()
+    return version is None or triton_minor(version) >= WAVES_PER_EU_EXACT_FROM
+
+
+def schedule_hint_semantics(hint: str, triton_version: Optional[str] = None) -> str:
+    """What ``triton_version`` (None: the installed one) does with ``schedule_hint=hint`` (one sentence)."""
+    version = triton_version if triton_version is not None else installed_triton_version()
+    known = sorted(SCHEDULE_HINT_SEMANTICS)
+    row = SCHEDULE_HINT_SEMANTICS[min(max(triton_minor(version), known[0]), known[-1])]
+    if "," in hint:
+        return row["a,b"]
+    if hint not in row:
+        raise ValueError(f"schedule_hint={hint!r} is invalid; expected one of {SCHEDULE_HINTS}")
+    return row[hint]
 
 
 def _check_option_names(backend: str, opts: dict) -> None:

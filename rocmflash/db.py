@@ -65,7 +65,7 @@ import threading
 import warnings
 from typing import Any, NamedTuple, Optional
 
-from rocmflash.config import KernelConfig, normalize_dtype
+from rocmflash.config import KernelConfig, installed_triton_version, normalize_dtype
 
 DB_FORMAT = "rocmflash-config-db"
 JOURNAL_FORMAT = "rocmflash-tune-journal"
@@ -419,11 +419,15 @@ def store_entry(db_path: str, gpu, fingerprint: dict, key: str, entry: dict, mea
 
 # ---------------------------------------------------------------------- run-time lookup
 _INDEX: dict = {}
+_ARCH: dict = {}  #: ``{path: arch}`` of each loaded database's header
+_WARNED: set = set()  #: ``(path, key, config json)`` of entries already reported as unusable
 
 
 def clear_cache() -> None:
     """Forget every loaded database and cached lookup (called after every save in this process)."""
     _INDEX.clear()
+    _ARCH.clear()
+    _WARNED.clear()
     lookup_match.cache_clear()
 
 
@@ -438,6 +442,7 @@ def _index(path: str) -> dict:
             except (DBError, OSError) as err:
                 warnings.warn(f"rocmflash: ignoring config database: {err}", RuntimeWarning, stacklevel=3)
                 data = {"entries": {}}
+            _ARCH[path] = data.get("arch") if isinstance(data.get("arch"), str) else None
             for key, entry in data["entries"].items():
                 try:
                     p = parse_key(key)
@@ -504,13 +509,43 @@ def lookup_match(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_rat
             continue
         cfg = _pick(entry, variant)
         if cfg is not None:
-            try:
-                config = KernelConfig.from_dict(cfg)
-            except (TypeError, ValueError):  # an entry this rocmflash cannot read: skip it
+            key = problem_key(head_dim, dtype, causal, gqa_ratio, bucket)
+            config = entry_config(cfg, _ARCH.get(path) or _catalog_arch(gpu_name), path, key)
+            if config is None:
                 continue
-            return DBMatch(config, problem_key(head_dim, dtype, causal, gqa_ratio, bucket), bucket,
+            return DBMatch(config, key, bucket,
                            abs(bucket.bit_length() - target), path, bool(entry.get("measured")))
     return None
+
+
+def _catalog_arch(gpu_name: str) -> Optional[str]:
+    """The catalog arch of ``gpu_name`` (for a database whose header names none); None if unknown."""
+    from rocmflash.gpus import get_gpu
+
+    try:
+        return get_gpu(gpu_name).arch
+    except ValueError:
+        return None
+
+
+def entry_config(cfg: Any, arch: Optional[str], path: str = "", key: str = "") -> Optional[KernelConfig]:
+    """The :class:`KernelConfig` of a database entry's config dict, validated for the database's arch
+    and the installed Triton; None (with one warning per entry) when this rocmflash cannot use it.
+
+    One bad entry never makes the rest of a database unusable: e.g. ``kpack=2`` in a gfx950 file
+    (Triton 3.4 cannot build it, 3.5+ would silently build kpack=1) or a key an older rocmflash
+    does not know is skipped, and the lookup goes on to the next-nearest entry.
+    """
+    try:
+        if not isinstance(cfg, dict):
+            raise TypeError(f"expected a config object, got {type(cfg).__name__}")
+        return KernelConfig.from_dict(cfg).validate(arch=arch, triton_version=installed_triton_version())
+    except (TypeError, ValueError) as err:
+        if (path, key, json.dumps(cfg, sort_keys=True, default=str)) not in _WARNED:
+            _WARNED.add((path, key, json.dumps(cfg, sort_keys=True, default=str)))
+            warnings.warn(f"rocmflash: skipping entry {key or '?'} of {path or 'a config database'}: {err}",
+                          RuntimeWarning, stacklevel=3)
+        return None
 
 
 def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,

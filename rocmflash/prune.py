@@ -23,7 +23,8 @@ held-out problem by 8% (``reports/race-heldout-2026-11-23-h100.md``).
 Occupancy rules judge only an occupancy the compiler fell to: an AMD kernel that sits
 exactly at the ``waves_per_eu`` its config asked for (AMD's own tuned lists ship one-wave
 and two-wave tiles) passes the default floor and is no cliff victim
-(:func:`occupancy_was_asked_for`).
+(:func:`occupancy_was_asked_for`) -- where the request is exact, from Triton 3.6 on; Triton
+3.4/3.5 pass ``waves_per_eu`` to LLVM as a minimum only, which asks for no occupancy ceiling.
 
 The pruner never returns an empty set: if every config is rejected it keeps the
 compiled one with the best occupancy and says so (reason ``kept_best_of_pruned``).
@@ -36,6 +37,7 @@ from typing import Callable, Optional
 
 from isa_tools import AMD_ARCHS, NVIDIA_ARCHS, amd_occupancy
 from isa_tools.scratch import ScratchUse
+from rocmflash.config import waves_per_eu_is_exact
 
 REASONS = ("compile_failed", "spills", "lds_over_budget", "below_occupancy_floor", "cliff_victim",
            "duplicate_binary")
@@ -64,7 +66,10 @@ class PruneSettings:
     cap on LDS/shared bytes per workgroup below the hardware maximum.
     ``allow_spills``: never prune for spilling. ``harmless_spill_bytes``: the most
     scratch per lane a spill may use and still be kept, when the assembly shows all of
-    its scratch traffic outside loops.
+    its scratch traffic outside loops. ``triton_version``: the Triton that compiled the
+    observations (None: the installed one, which compiled every observation of this process:
+    the sweep cache is keyed by Triton version); it decides whether ``waves_per_eu`` was an
+    exact request (:func:`occupancy_was_asked_for`).
     """
 
     occupancy_floor: Optional[int] = None
@@ -72,6 +77,7 @@ class PruneSettings:
     lds_budget: Optional[int] = None
     allow_spills: bool = False
     harmless_spill_bytes: int = HARMLESS_SPILL_BYTES
+    triton_version: Optional[str] = None
 
     def floor_for(self, arch: str) -> int:
         if self.occupancy_floor is not None:
@@ -211,8 +217,8 @@ def requested_waves(obs: dict) -> int:
     return int((obs.get("config") or {}).get("waves_per_eu") or 0)
 
 
-def occupancy_was_asked_for(obs: dict) -> bool:
-    """True when an AMD kernel sits exactly at the ``waves_per_eu`` its config asked for.
+def occupancy_was_asked_for(obs: dict, triton_version: Optional[str] = None) -> bool:
+    """True when an AMD kernel sits exactly at the ``waves_per_eu`` its config asked for, as an exact request.
 
     Such an occupancy is a choice, not a cliff: the config traded resident waves for
     registers (``waves_per_eu=1`` gives a wave the whole 512-entry register file), as
@@ -222,17 +228,24 @@ def occupancy_was_asked_for(obs: dict) -> bool:
     two waves. The same tile without the request, when it lands at the same occupancy,
     compiles to the same registers (``reports/reference-2026-11-24/README.md``) and is
     judged by the floor as before.
+
+    Only where the request is exact (Triton >= 3.6, ``"amdgpu-waves-per-eu"="N, N"``;
+    ``triton_version`` None: the installed Triton). Triton 3.4/3.5 pass ``"N"``, a minimum: LLVM
+    was never asked to stop at N waves, so landing there is a fall like any other (and
+    ``waves_per_eu=1`` asks for nothing at all: it compiles to the binary of 0).
     """
     kernel = _main(obs)
     asked = requested_waves(obs)
-    return kernel["arch"] in AMD_ARCHS and asked > 0 and kernel["waves_per_simd"] == asked
+    return (kernel["arch"] in AMD_ARCHS and asked > 0 and kernel["waves_per_simd"] == asked
+            and waves_per_eu_is_exact(triton_version))
 
 
 def below_occupancy_floor(obs: dict, settings: PruneSettings) -> Optional[str]:
     """Fewer resident waves than the floor, unless the config asked for exactly that many."""
     kernel = _main(obs)
     floor = settings.floor_for(kernel["arch"])
-    if kernel["waves_per_simd"] < floor and not (settings.occupancy_floor is None and occupancy_was_asked_for(obs)):
+    if kernel["waves_per_simd"] < floor and not (settings.occupancy_floor is None
+                                                  and occupancy_was_asked_for(obs, settings.triton_version)):
         return f"{kernel['waves_per_simd']} waves/SIMD < floor {floor} (limited by {kernel['limiter']})"
     return None
 
@@ -246,7 +259,8 @@ def cliff_victim(obs: dict, settings: PruneSettings) -> Optional[str]:
     """
     kernel = _main(obs)
     past = kernel.get("vgprs_past_cliff")
-    if kernel["arch"] not in AMD_ARCHS or not past or past > settings.cliff_margin or occupancy_was_asked_for(obs):
+    if (kernel["arch"] not in AMD_ARCHS or not past or past > settings.cliff_margin
+            or occupancy_was_asked_for(obs, settings.triton_version)):
         return None
     at_cliff = kernel["allocated_vgprs"] - past
     better = amd_occupancy(kernel["arch"], at_cliff, kernel["sgpr_count"], kernel["lds_bytes"],
@@ -275,7 +289,7 @@ def judge(obs: dict, settings: PruneSettings = PruneSettings()) -> Verdict:
             return Verdict(False, reason, detail)
     kernel = _main(obs)
     detail = f"{kernel['waves_per_simd']} waves/SIMD, limited by {kernel['limiter']}"
-    if occupancy_was_asked_for(obs):
+    if occupancy_was_asked_for(obs, settings.triton_version):
         detail += f", as its waves_per_eu={requested_waves(obs)} asks"
     note = harmless_spill(obs, settings)
     if note is not None:

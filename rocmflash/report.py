@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import collections
-import os
 from typing import Optional
 
 from isa_tools import vgpr_cliffs
+from rocmflash.dedupe import binary_twins
 from rocmflash.prune import HARMLESS_SPILL
 
 #: ``rocmflash vgpr-report --json`` promises these keys (one object per config)
@@ -15,7 +15,7 @@ ROW_KEYS = ("variant", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_p
             "vgprs_past_cliff", "verdict", "reason")
 EXTRA_KEYS = ("PRE_LOAD_V", "matrix_instr_nonkdim", "kpack", "schedule_hint", "num_splits", "d_chunks",
               "sgpr_count", "scratch_bytes", "waves_per_simd_static", "vgpr_headroom", "detail",
-              "compile_seconds", "arch")
+              "compile_seconds", "arch", "duplicate_of")
 
 
 def make_console(stderr: bool = False):
@@ -35,6 +35,8 @@ def config_label(row: dict) -> str:
         parts += [f"wpe{row['waves_per_eu']}", f"mfma{row['matrix_instr_nonkdim']}", f"kp{row['kpack']}"]
     if row.get("PRE_LOAD_V"):
         parts.append("plv")
+    if row.get("schedule_hint") not in (None, "", "none"):  # else two hints' rows would read alike
+        parts.append(f"hint={row['schedule_hint']}")
     return " ".join(parts)
 
 
@@ -43,10 +45,16 @@ def rows_from_sweep(configs: list, observations: list[dict], verdicts: list) -> 
 
     ``lds_bytes`` is the LDS a workgroup really gets: static plus Triton's dynamic LDS.
     Spill and scratch counts cover every kernel of the variant (split_kv's combine too).
+    ``duplicate_of``: the row (0-based, this order) whose config compiled to the same code
+    object and represents it (:mod:`rocmflash.dedupe`; None: the row is its binary's
+    representative). It marks duplicates without changing a verdict: a duplicate of a kept
+    config is pruned as ``duplicate_binary``, a duplicate of a pruned one keeps its own reason.
     """
     rows = []
-    for cfg, obs, verdict in zip(configs, observations, verdicts):
+    twins = binary_twins(observations, verdicts)
+    for cfg, obs, verdict, twin in zip(configs, observations, verdicts, twins):
         row = {key: None for key in ROW_KEYS + EXTRA_KEYS}
+        row["duplicate_of"] = twin
         row.update({k: v for k, v in cfg.to_dict().items() if k in row})
         row["arch"] = obs["arch"]
         row["compile_seconds"] = obs.get("compile_seconds")
@@ -63,6 +71,11 @@ def rows_from_sweep(configs: list, observations: list[dict], verdicts: list) -> 
         row["detail"] = verdict.detail
         rows.append(row)
     return rows
+
+
+def duplicate_count(rows: list[dict]) -> int:
+    """How many rows compiled to the code object of another row (their ``duplicate_of`` is set)."""
+    return sum(1 for r in rows if r.get("duplicate_of") is not None)
 
 
 def reason_counts(rows: list[dict]) -> dict:
@@ -106,7 +119,9 @@ def _s(value) -> str:
 def write_csv(rows: list[dict], path: str) -> None:
     import pandas as pd
 
-    pd.DataFrame(rows, columns=list(ROW_KEYS + EXTRA_KEYS)).to_csv(path, index=False)
+    frame = pd.DataFrame(rows, columns=list(ROW_KEYS + EXTRA_KEYS))
+    frame["duplicate_of"] = frame["duplicate_of"].astype("Int64")  # a row number, not 12.0 beside blanks
+    frame.to_csv(path, index=False)
 
 
 def plot_vgprs(rows: list[dict], arch: str, path: str, title: str) -> None:

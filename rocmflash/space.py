@@ -6,6 +6,13 @@ worth compiling at all (no string evaluation). The default spaces span what AMD'
 FlashAttention configs use (BLOCK_M x BLOCK_N = 128 x {32, 64, 128}, num_warps 4,
 num_stages 1, waves_per_eu 1..3) and more: 64/256-row tiles, 8 warps, both MFMA
 shapes, PRE_LOAD_V, and the three accumulator-lifetime variants beside ``online``.
+
+On gfx950 the ``online`` space also tries ``num_stages=2``: Triton's AMD pipeliner double-buffers
+K/V in LDS only from two stages on, and that is where gfx950's async copy (direct-to-LDS loads,
+Triton's default there from 3.8, ``TRITON_HIP_USE_ASYNC_COPY=1`` before) and block ping-pong
+(on with async copy) come in. gfx950's 160 KiB of LDS holds the second stage; the static checks
+(LDS budget, spills, occupancy) judge each such config like any other. gfx90a and gfx942 keep
+one stage (64 KiB of LDS, no async copy).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import dataclasses
 import itertools
 from typing import Callable, Iterable, Optional
 
-from rocmflash.config import VARIANTS, KernelConfig, Problem
+from rocmflash.config import KPACK_ONE_ONLY_ARCHS, VARIANTS, KernelConfig, Problem
 from rocmflash.gpus import GPU
 
 #: knob names a space can list values for (KernelConfig fields)
@@ -73,8 +80,8 @@ def waves_hint_reachable(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
 
 
 def kpack_supported(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
-    """gfx950 forces kpack=1 (with a warning); kpack=2 there is a duplicate."""
-    return cfg.kpack == 1 or gpu.arch != "gfx950"
+    """gfx950 has no kpack=2: Triton 3.4 fails to compile it, 3.5+ builds kpack=1 (a duplicate) with a warning."""
+    return cfg.kpack == 1 or gpu.arch not in KPACK_ONE_ONLY_ARCHS
 
 
 def split_d_chunk_is_real(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
@@ -87,9 +94,14 @@ DEFAULT_RESTRICTIONS = (tile_fits_warps, big_tiles_need_eight_warps, waves_hint_
 
 
 # ------------------------------------------------------------------ default spaces
-def _amd_knobs() -> dict:
+#: archs whose ``online`` space adds ``num_stages=2`` (async copy / block ping-pong need a second stage)
+PIPELINED_ARCHS = ("gfx950",)
+
+
+def _amd_knobs(arch: str = "") -> dict:
+    stages = [1, 2] if arch in PIPELINED_ARCHS else [1]
     online = {
-        "BLOCK_M": [64, 128, 256], "BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1],
+        "BLOCK_M": [64, 128, 256], "BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": stages,
         "PRE_LOAD_V": [False, True], "waves_per_eu": [0, 1, 2, 3], "matrix_instr_nonkdim": [16, 32],
         "kpack": [1, 2],
     }
@@ -119,6 +131,6 @@ def _nvidia_knobs() -> dict:
 
 def default_space(gpu: GPU, variants: Optional[Iterable[str]] = None) -> ConfigSpace:
     """The default space for a GPU (AMD and NVIDIA differ), optionally limited to some variants."""
-    knobs = _amd_knobs() if gpu.vendor == "amd" else _nvidia_knobs()
+    knobs = _amd_knobs(gpu.arch) if gpu.vendor == "amd" else _nvidia_knobs()
     assert set(knobs) == set(VARIANTS)
     return ConfigSpace(knobs, DEFAULT_RESTRICTIONS).restrict(variants)

@@ -14,7 +14,7 @@ from rocmflash.compile import SweepStats, sweep
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.gpus import GPU, get_gpu
 from rocmflash.prune import HARMLESS_SPILL, PruneSettings, prune
-from rocmflash.report import (ROW_KEYS, config_label, plot_vgprs, print_table, reason_counts,
+from rocmflash.report import (ROW_KEYS, config_label, duplicate_count, plot_vgprs, print_table, reason_counts,
                               rows_from_sweep, variant_comparison, write_csv)
 from rocmflash.space import default_space
 
@@ -170,6 +170,7 @@ def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=
         _md_table([{"reason": reason, "config": f"{r['variant']} {config_label(r)}", "why": r["detail"]}
                    for reason, r in pruned.items()]),
         _harmless_markdown(harmless),
+        _duplicates_markdown(rows),
         "\n## Kept configs (best occupancy first)\n",
         _md_table([{**{k: r[k] for k in ("variant", "vgpr_count", "agpr_count", "allocated_vgprs", "lds_bytes",
                                           "waves_per_simd", "limiter", "vgpr_headroom")},
@@ -195,6 +196,20 @@ def _harmless_markdown(harmless: list[dict]) -> str:
     return (f"\n{len(harmless)} kept config(s) spill, but the assembly shows no scratch access inside a loop "
             f"(reason `{HARMLESS_SPILL}`: a few bytes spilled outside the KV loop, or SGPRs kept in VGPR lanes), "
             f"e.g. {r['variant']} {config_label(r)}: {r['detail']}\n")
+
+
+def _duplicates_markdown(rows: list[dict]) -> str:
+    """One line on the configs that compiled to another config's code object (the ``duplicate_of`` column)."""
+    dups = [r for r in rows if r.get("duplicate_of") is not None]
+    if not dups:
+        return "\nNo two configs compiled to the same code object.\n"
+    r = dups[0]
+    twin = rows[r["duplicate_of"]]
+    return (f"\n{len(dups)} config(s) compiled to the same code object as another (column `duplicate_of` of "
+            f"`configs.csv`: the row that represents it; a tune times each code object once), e.g. {r['variant']} "
+            f"{config_label(r)} builds the binary of row {r['duplicate_of']} ({twin['variant']} {config_label(twin)}). "
+            "Verdicts are "
+            "unchanged by it: a twin of a kept config is pruned as `duplicate_binary`, any other keeps its reason.\n")
 
 
 def seed_markdown(seed: list[dict]) -> str:
@@ -223,6 +238,9 @@ def print_summary(result: ReportResult, console, gpu: GPU) -> None:
                   f"{st.cache_hits} from cache ({'warm' if st.compiled == 0 else 'cold'} run), {st.failed} failed, "
                   f"{st.seconds:.1f} s, {st.configs_per_second:.1f} configs/s")
     console.print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
+    dups = duplicate_count(result.rows)
+    if dups:
+        console.print(f"{dups} config(s) compiled to another config's code object (column duplicate_of)")
     for row in result.seed:
         if "allocated_vgprs" in row:
             console.print(

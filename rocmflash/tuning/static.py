@@ -10,6 +10,7 @@ import math
 from typing import Callable, Optional
 
 from rocmflash.config import KernelConfig, Problem
+from rocmflash.dedupe import mark_candidates
 from rocmflash.gpus import GPU
 from rocmflash.prune import PruneSettings, prune
 from rocmflash.tuning.spec import DEFAULT_TOP_K_FRACTION
@@ -55,6 +56,7 @@ class Candidate:
     detail: str
     static_rank: Optional[int] = None  #: 0-based rank among survivors (None: pruned)
     seed: Optional[str] = None  #: the AMD-published reference id this config is (always timed; :mod:`rocmflash.seeds`)
+    duplicate_of: Optional[int] = None  #: index of the candidate with the same code object that is timed instead
 
     def summary(self) -> dict:
         k = self.observation["kernels"][0] if self.observation.get("kernels") else {}
@@ -92,6 +94,7 @@ def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None
     verdicts = prune(observations, settings)
     cands = [Candidate(cfg, obs, v.kept, v.reason, v.detail, seed=seed_of.get(i))
              for i, (cfg, obs, v) in enumerate(zip(configs, observations, verdicts))]
+    mark_candidates(cands)  # byte-identical binaries: one representative each (rocmflash.dedupe)
     survivors = sorted((i for i, c in enumerate(cands) if c.kept),
                        key=lambda i: static_key(cands[i].config, cands[i].observation, i))
     for rank, i in enumerate(survivors):

@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Optional
 
 from rocmflash.db import Journal, now_iso
+from rocmflash.dedupe import distinct
 from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
 from rocmflash.race import FINAL_PASSES, advancing
 from rocmflash.roofline import Shape
@@ -22,16 +23,17 @@ if TYPE_CHECKING:
 
 def choose(strategy: str, static: StaticResult, top_k: Optional[int]) -> list:
     """The candidates a strategy times, in timing order."""
-    if strategy == "exhaustive":
-        return list(static.candidates)
+    if strategy == "exhaustive":  # every binary once: a duplicate is timed as its representative
+        return distinct(static.candidates, static.candidates)
     k = top_k or default_top_k(len(static.candidates))
     top = static.ranked[:k]
     return top + [c for c in seeded(static) if c not in top]
 
 
 def seeded(static: StaticResult) -> list:
-    """The seed candidates that compiled (kept or not): every strategy times them."""
-    return [c for c in static.candidates if c.seed and c.reason != "compile_failed"]
+    """The seed candidates that compiled (kept or not): every strategy times them (a seed with the
+    binary of another candidate as that one, :func:`rocmflash.dedupe.distinct`)."""
+    return distinct([c for c in static.candidates if c.seed and c.reason != "compile_failed"], static.candidates)
 
 
 def race_field(static: StaticResult) -> list:
