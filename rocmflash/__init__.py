@@ -45,8 +45,12 @@ def _install_op_namespace(torch) -> None:
         return  # an unknown torch layout, or the ops are registered already: nothing to make lazy
 
     class _LazyOpNamespace(base):
+        # torch names each op's module after its namespace object's ``__module__`` ("torch._ops.rocmflash"),
+        # and Inductor finds ops again by that name: it must be torch's, not this module's
+        __module__ = base.__module__
+
         def __getattr__(self, op_name):
-            if not op_name.startswith("__") and not all(m in sys.modules for m in _OP_MODULES):
+            if not op_name.startswith("__"):
                 for module in _OP_MODULES:
                     importlib.import_module(module)  # registers the ops; its errors are the user's answer
                 self.__class__ = base  # registered now: lookups are torch's own from here on

@@ -68,6 +68,9 @@ def add_tune_parsers(subparsers) -> None:
                       help="configs the pruned strategy times (default 15%% of the space, at least 4)")
     tune.add_argument("--no-seeds", action="store_true",
                       help="do not add the AMD-published configs of the GPU's arch to the configs timed")
+    tune.add_argument("--no-incumbent", action="store_true",
+                      help="do not time the platform's own attention (SDPA's backends) beside each forward "
+                           "winner; without it, an entry where SDPA was faster makes run-time calls use SDPA")
     tune.add_argument("--variant", nargs="+", default=None, metavar="NAME",
                       help="limit the space to these variants: online split_kv two_phase split_d")
     tune.add_argument("--timeout", type=positive_seconds, default=120.0, metavar="SEC",
@@ -218,7 +221,8 @@ def _error(msg: str) -> int:
 
 #: tune flags that only some kinds of tune read (flag, attribute, kinds): elsewhere they are refused, not ignored
 SCOPED_TUNE_FLAGS = (("--strategy", "strategy", ("prefill", "model")), ("--top-k", "top_k", ("prefill",)),
-                     ("--no-seeds", "no_seeds", ("prefill", "model")), ("--seqlen-q", "seqlen_q", ("decode",)),
+                     ("--no-seeds", "no_seeds", ("prefill", "model")), ("--no-incumbent", "no_incumbent", ("prefill",)),
+                     ("--seqlen-q", "seqlen_q", ("decode",)),
                      ("--page-size", "page_size", ("decode",)), ("--causal", "causal", ("prefill", "varlen", "model")))
 
 
@@ -311,7 +315,7 @@ def run_tune(args: argparse.Namespace) -> int:
                         strategy=args.strategy, top_k=args.top_k, db_path=args.db, resume=args.resume,
                         cache_dir=args.cache_dir, workers=args.workers, variants=args.variant,
                         live_settings=LiveSettings(timeout_s=args.timeout), seeds=not args.no_seeds,
-                        inject=parse_inject(os.environ.get(INJECT_ENV)))
+                        incumbent=not args.no_incumbent, inject=parse_inject(os.environ.get(INJECT_ENV)))
         runner = pool = None
         if args.replay:
             if not os.path.isfile(args.replay):

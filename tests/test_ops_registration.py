@@ -89,3 +89,17 @@ def test_op_called_first_matches_rocmflash_attention_on_cpu():
     same_as_api, vs_exact = map(float, out.split())
     assert same_as_api == 0.0
     assert vs_exact < 2e-2
+
+
+def test_op_packets_carry_torchs_module_name():
+    """Inductor finds a custom op again by ``<packet.__module__>.<name>``: it must be torch's namespace module
+    (``torch._ops.rocmflash``), also when ``rocmflash.ops`` was imported before the first lookup."""
+    import subprocess
+    import sys
+
+    code = ("import torch, rocmflash, rocmflash.ops; p = torch.ops.rocmflash.attn_fwd; "
+            "want = torch.ops.aten.add.__module__.replace('aten', 'rocmflash'); "
+            "assert p.__module__ == want, (p.__module__, want); "
+            "assert type(torch.ops.rocmflash) is type(torch.ops.aten), type(torch.ops.rocmflash); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

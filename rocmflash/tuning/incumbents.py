@@ -32,14 +32,14 @@ def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms
     return incumbent.incumbent_field(result, triton_ms)
 
 
-def refresh(db, runner, settings: dict, note: Callable[[str], None] = print) -> int:
-    """Re-time every measured forward entry's winner and its incumbents in ``runner``'s worker; store the
-    ``incumbent`` fields (``db`` saved after each). Returns the number of entries refreshed."""
+def refresh(db, runner, settings: dict, note: Callable[[str], None] = print, keys: Optional[set] = None) -> int:
+    """Re-time every measured forward entry's winner (``keys``: only these) and its incumbents in ``runner``'s
+    worker; store the ``incumbent`` fields (``db`` saved after each). Returns the number of entries refreshed."""
     from rocmflash.config import KernelConfig
 
     done = 0
     for key, entry in sorted(db.data.get("entries", {}).items()):
-        if not _refreshable(key, entry):
+        if not _refreshable(key, entry) or (keys is not None and key not in keys):
             continue
         shape = Shape.from_dict(entry["shape"])
         mine = runner.measure(KernelConfig.from_dict(entry["best"]), shape)

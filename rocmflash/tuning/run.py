@@ -13,6 +13,7 @@ from rocmflash.gpus import GPU, get_gpu
 from rocmflash.race import FINAL_PASSES, final_round_records, merge_final_passes
 from rocmflash.roofline import Shape
 from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
+from rocmflash.tuning.incumbents import time_incumbent
 from rocmflash.tuning.output import _Output
 from rocmflash.tuning.spec import NoLiveGPUError, TuneSpec, static_problem
 from rocmflash.tuning.strategies import RACE_ROUNDS, Stopped, _LiveProblem, _race, _single_round, choose, race_field
@@ -230,6 +231,12 @@ class _LiveTune:
                 records, rounds, to_time = ctx.recorded(chosen), None, len(chosen)
             outcome.entry = measured_entry(self.gpu, shape, records, static, self.spec.strategy, to_time, complete,
                                            self.env, rounds=rounds)
+            if complete and self.spec.incumbent and outcome.entry.get("best"):
+                self.out.note(f"{outcome.key}: timing the platform's SDPA backends beside the winner")
+                field = time_incumbent(self.runner, shape, outcome.entry["best"],
+                                       self.spec.live_settings.to_dict(), outcome.entry["time_ms"])
+                if field is not None:
+                    outcome.entry["incumbent"] = field
             self.db.put(outcome.key, outcome.entry)
             self.db.save(self.env)
             outcome.seconds = time.perf_counter() - t0 + outcome.static_seconds

@@ -52,6 +52,7 @@ class TuneSpec:
     inject: dict = dataclasses.field(default_factory=dict)  #: test mode {mode: timed position}
     prewarm: bool = True
     seeds: bool = True  #: always time the AMD-published configs of the GPU's arch (:mod:`rocmflash.seeds`)
+    incumbent: bool = True  #: also time the platform's SDPA backends (:mod:`rocmflash.incumbent`); --no-incumbent
 
     def validate(self) -> "TuneSpec":
         self.dtype = normalize_dtype(self.dtype)
