@@ -171,23 +171,35 @@ def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
     ``incumbent`` (timed beside the Triton configs by ``rocmflash tune``, :mod:`rocmflash.incumbent`)
     that was faster -- forward alone, or forward+backward when ``train``. Cached per bucket."""
     key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(), int(head_dim),
-           str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), bool(train))
+           str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), bool(train),
+           os.environ.get(NO_INCUMBENT_ENV, ""))
     try:
         return _INCUMBENT[key]
     except KeyError:
         pass
     from rocmflash.incumbent import winner
 
-    entry = _served_entry(device, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1))
-    _INCUMBENT[key] = backend = winner(entry.get("incumbent") if entry else None, bool(train))
+    backend = None
+    if os.environ.get(NO_INCUMBENT_ENV, "") in ("", "0"):
+        entry = _served_entry(device, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1))
+        backend = winner(entry.get("incumbent") if entry else None, bool(train))
+    _INCUMBENT[key] = backend
     return backend
 
 
+#: ``ROCMFLASH_NO_INCUMBENT=1``: never run the platform's SDPA in place of rocmflash's kernels
+NO_INCUMBENT_ENV = "ROCMFLASH_NO_INCUMBENT"
+#: an entry's incumbent decides only for problems within this many length buckets (powers of two) of it
+INCUMBENT_MAX_BUCKET_DISTANCE = 1
+
+
 def _served_entry(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) -> Optional[dict]:
-    """The database entry whose ``online`` config :func:`select_config` serves for this problem (None: none)."""
+    """The database entry whose ``online`` config :func:`select_config` serves for this problem, when it was
+    measured at this length bucket or the next one (an incumbent timed at S=8192 says little about S=256);
+    None otherwise."""
     gpu_name, _ = device_identity(device)
     match = _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen_k, "online")
-    if match is None:
+    if match is None or match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
         return None
     from rocmflash import db
 

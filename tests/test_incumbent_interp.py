@@ -154,3 +154,22 @@ def test_worker_task_gates_each_backend(interpret):
     assert res["backends"]["default"]["status"] == "skipped" and res["backends"]["default"]["rel_err"] < 1e-2
     for r in res["backends"].values():
         assert r["status"] in ("skipped", "failed", "incorrect") and r["time_ms"] is None
+
+
+def test_far_buckets_and_the_switch_keep_rocmflash(interpret, tmp_path, monkeypatch):
+    """An incumbent timed at one length decides for that bucket and the next only; ROCMFLASH_NO_INCUMBENT=1
+    turns the dispatch off."""
+    import rocmflash
+
+    _entry_db(tmp_path, monkeypatch, FASTER_FWD, bucket=4096)
+    dev = torch.device("cpu")
+    assert selection.select_incumbent(dev, 32, torch.float16, False, 2, 4096) == "default"
+    assert selection.select_incumbent(dev, 32, torch.float16, False, 2, 2048) == "default"  # next bucket
+    assert selection.select_incumbent(dev, 32, torch.float16, False, 2, 1024) is None      # two away
+    monkeypatch.setenv(selection.NO_INCUMBENT_ENV, "1")
+    assert selection.select_incumbent(dev, 32, torch.float16, False, 2, 4096) is None
+    q, k, v = _qkv(Sq=64, Sk=64)
+    _entry_db(tmp_path, monkeypatch, FASTER_FWD)
+    with observe_launches() as seen:
+        rocmflash.attention(q, k, v)
+    assert seen, "the switch keeps rocmflash's kernel"
