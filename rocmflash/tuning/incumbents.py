@@ -22,7 +22,7 @@ def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms
     cannot run worker tasks, e.g. a replay)."""
     from rocmflash import incumbent
 
-    if not incumbent.applies(shape.causal, shape.seqlen_q, shape.seqlen_k) or not hasattr(runner, "call"):
+    if not incumbent.applies(shape.causal, shape.seqlen_q, shape.seqlen_k) or not _runs_tasks(runner):
         return None
     task = {"shape": shape.to_dict(), "settings": settings, "config": config, "backends": incumbent.candidates()}
     result = runner.call(incumbent.measure, task, TIMEOUT_S)
@@ -30,6 +30,11 @@ def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms
         return {"backend": None, "time_ms": None, "triton_ms": triton_ms,
                 "error": f"{result.get('status')}: {result.get('error')}"}
     return incumbent.incumbent_field(result, triton_ms)
+
+
+def _runs_tasks(runner) -> bool:
+    """Whether ``runner`` (or every runner of a pool) runs worker tasks: a live runner does, a replay does not."""
+    return all(hasattr(r, "call") for r in getattr(runner, "runners", [runner]))
 
 
 def refresh(db, runner, settings: dict, note: Callable[[str], None] = print, keys: Optional[set] = None) -> int:
