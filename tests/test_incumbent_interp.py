@@ -173,3 +173,18 @@ def test_far_buckets_and_the_switch_keep_rocmflash(interpret, tmp_path, monkeypa
     with observe_launches() as seen:
         rocmflash.attention(q, k, v)
     assert seen, "the switch keeps rocmflash's kernel"
+
+
+def test_explain_says_what_runs_and_why(tmp_path, monkeypatch):
+    from rocmflash.explain import explain
+
+    _entry_db(tmp_path, monkeypatch, FASTER_FWD)
+    path = str(tmp_path / "h100.json")
+    res = explain("h100", 32, "fp16", False, 64, gqa_ratio=2, db_path=path, check=False)
+    fwd, train = res["runs"]["forward"], res["runs"]["forward+backward"]
+    assert fwd["runs"] == "SDPA (default)" and fwd["sdpa_ms"] == 0.1 and fwd["rocmflash_ms"] == 0.2
+    assert train["runs"] == "rocmflash" and train["why"] == "rocmflash was as fast or faster"
+    far = explain("h100", 32, "fp16", False, 4096, gqa_ratio=2, db_path=path, check=False)["runs"]["forward"]
+    assert far["runs"] == "rocmflash" and "buckets away" in far["why"]
+    decode = explain("h100", 32, "fp16", False, 1, seqlen_k=4096, gqa_ratio=2, db_path=path, check=False)
+    assert "decode" in decode["runs"]["forward"]["why"]
