@@ -217,22 +217,23 @@ def check_errors(device=None) -> None:
     and reset the report. Waits for the GPU (reads the device-side error word)."""
     devices = list(KD._ERROR_WORDS) if device is None else [torch.device(device)]
     for dev in devices:
-        word = KD._ERROR_WORDS.get(dev)
-        bits = int(word[0]) if word is not None else 0
-        if bits:
-            word.zero_()
-            _raise_for(bits, dev, "a call since the last check")
+        _read_and_report(dev, "a call since the last check")
+
+
+def _read_and_report(device, how: str) -> None:
+    """Read ``device``'s error word (a wait on a GPU) and, when a bit is set, reset it and raise."""
+    word = KD._ERROR_WORDS.get(device)
+    bits = int(word[0]) if word is not None else 0
+    if bits:
+        word.zero_()
+        _raise_for(bits, device, how)
 
 
 def _poll_errors(device) -> None:
     """Raise what an earlier, finished copy of ``device``'s error word shows; start a copy every
     :data:`ERROR_POLL_CALLS` calls. Never waits (on the CPU, under the interpreter, it reads the word)."""
     if device.type != "cuda":
-        word = KD._ERROR_WORDS.get(device)
-        if word is not None and int(word[0]):
-            bits = int(word[0])
-            word.zero_()
-            _raise_for(bits, device, "an earlier call")
+        _read_and_report(device, "an earlier call")
         return
     watch = _WATCHES.get(device)
     if watch is None:

@@ -81,14 +81,11 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
               if g != (head_dim, dtype, bool(causal), gqa_ratio)]
     others.sort(key=lambda o: (o["dtype"] != dtype, o["causal"] != bool(causal), abs(o["head_dim"] - head_dim),
                                abs(o["gqa_ratio"] - gqa_ratio)))
-    entry = None
-    if match is not None:
-        entry = next((e for p, b, e in db.entries_for(gpu.name, head_dim, dtype, causal, gqa_ratio, db_path)
-                      if p == match.path and b == match.bucket), None)
     result = {"gpu": gpu.name, "arch": gpu.arch, "asked": asked, "seqlen_q": seqlen, "seqlen_k": seqlen_k,
               "variant": variant, "databases": [db_path] if db_path else db.database_paths(gpu.name),
               "candidates": rows, "choice": choice, "other_groups": others[:6],
-              "runs": _what_runs(match, entry, bool(causal), seqlen, seqlen_k, gqa_ratio, variant)}
+              "runs": _what_runs(gpu.name, head_dim, dtype, bool(causal), seqlen, seqlen_k, gqa_ratio, variant,
+                                 match)}
     if check:
         problem = Problem(head_dim=head_dim, dtype=dtype, causal=bool(causal), heads_q=8 * gqa_ratio, heads_kv=8,
                           seqlen_q=seqlen, seqlen_k=seqlen_k)
@@ -98,32 +95,19 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
     return result
 
 
-def _what_runs(match, entry: Optional[dict], causal: bool, seqlen_q: int, seqlen_k: int, gqa_ratio: int,
-               variant: str) -> dict:
+def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q: int, seqlen_k: int,
+               gqa_ratio: int, variant: str, match) -> dict:
     """What a call without ``config=`` runs, forward alone and with gradients: rocmflash's kernel or the
-    platform's SDPA backend the entry measured faster (:mod:`rocmflash.incumbent`), with both times and why."""
-    import os
+    platform's SDPA backend the entry measured faster (:mod:`rocmflash.incumbent`), with both times and why
+    -- decided by the functions run-time dispatch uses."""
+    from rocmflash.incumbent import shape_excludes, winner
+    from rocmflash.selection import incumbent_timing
 
-    from rocmflash.decode import is_decode_shaped
-    from rocmflash.incumbent import applies, winner
-    from rocmflash.selection import INCUMBENT_MAX_BUCKET_DISTANCE, NO_INCUMBENT_ENV
-
-    field = (entry or {}).get("incumbent")
-    why = None
+    field, why = incumbent_timing(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
     if variant != "online":
         why = f"variant {variant} asked for: rocmflash's kernel"
-    elif is_decode_shaped(seqlen_q, seqlen_k, gqa_ratio):
-        why = "decode-shaped (a few queries over many keys): rocmflash's split-KV decode kernel"
-    elif not applies(causal, seqlen_q, seqlen_k):
-        why = "causal with Sq != Sk: SDPA's causal mask is top-left aligned, rocmflash's bottom-right"
-    elif os.environ.get(NO_INCUMBENT_ENV, "") not in ("", "0"):
-        why = f"{NO_INCUMBENT_ENV} is set"
-    elif match is None:
-        why = "no measured entry: rocmflash's per-arch default (no incumbent timed)"
-    elif match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
-        why = f"the entry is {match.bucket_distance} buckets away: its incumbent timing is not used"
-    elif not field:
-        why = "the entry has no incumbent timing (tuned with --no-incumbent or before it existed)"
+    else:
+        why = shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) or why
     out = {"incumbent": field}
     for side, train in (("forward", False), ("forward+backward", True)):
         times = (field.get("train") if train else field) if field else None

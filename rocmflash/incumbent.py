@@ -43,6 +43,19 @@ def applies(causal: bool, seqlen_q: int, seqlen_k: int, need_lse: bool = False) 
     return not need_lse and (not causal or seqlen_q == seqlen_k)
 
 
+def shape_excludes(causal: bool, seqlen_q: int, seqlen_k: int, group: int) -> Optional[str]:
+    """Why a call of this shape never runs the incumbent, or None: the call is decode-shaped (the decode
+    kernel serves it), or SDPA computes another function (causal with ``Sq != Sk``). Run-time dispatch and
+    ``rocmflash explain`` both ask this."""
+    from rocmflash.decode import is_decode_shaped
+
+    if is_decode_shaped(seqlen_q, seqlen_k, group):
+        return "decode-shaped (a few queries over many keys): rocmflash's split-KV decode kernel"
+    if not applies(causal, seqlen_q, seqlen_k):
+        return "causal with Sq != Sk: SDPA's causal mask is top-left aligned, rocmflash's bottom-right"
+    return None
+
+
 def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float):
     """``softmax(scale * q kᵀ) v`` of ``(B, H, S, D)`` tensors by SDPA's ``backend`` (differentiable)."""
     import torch
@@ -128,12 +141,11 @@ def _train_ms(forward, shape, settings) -> float:
 
     sets, flush = _inputs(shape, settings)
     leaves = [tuple(t.detach().requires_grad_(True) for t in s[:3]) for s in sets]
-    grads = [torch.randn_like(s[0]) for s in sets[:1]] * len(sets)
+    dout = torch.randn_like(sets[0][0])  # one output gradient serves every input set
 
     def step(i):
         q, k, v = leaves[i % len(leaves)]
-        out = forward(q, k, v)
-        torch.autograd.grad(out, (q, k, v), grads[i % len(grads)])
+        torch.autograd.grad(forward(q, k, v), (q, k, v), dout)
 
     for i in range(3):
         step(i)
@@ -181,5 +193,5 @@ def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
     return side["backend"] if side["time_ms"] < side["triton_ms"] else None
 
 
-__all__ = ["DEFAULT", "candidates", "applies", "sdpa_attention", "SdpaKernel", "measure", "incumbent_field",
+__all__ = ["DEFAULT", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "measure", "incumbent_field",
            "winner"]

@@ -39,7 +39,7 @@ from rocmflash.kernels.backward import backward, empty_like_layout
 from rocmflash.kernels import launch as L
 from rocmflash.decode import attend_whole_cache, is_decode_shaped
 from rocmflash.scale import fold_scale_sign
-from rocmflash.incumbent import sdpa_attention
+from rocmflash.incumbent import sdpa_attention, shape_excludes
 from rocmflash.selection import select_bwd_config, select_config, select_incumbent
 
 
@@ -179,11 +179,8 @@ def _incumbent(q, k, v, causal: bool) -> Optional[str]:
     """The SDPA backend the served database entry says is faster here (:mod:`rocmflash.incumbent`), or None.
     Not while torch.compile traces (the op keeps the graph whole) and never where SDPA computes another
     function (causal with ``Sq != Sk``) or for a decode-shaped call (the decode kernel has its own entries)."""
-    Sq, Sk = q.shape[2], k.shape[2]
-    if (causal and Sq != Sk) or torch.compiler.is_compiling():
-        return None
-    group = q.shape[1] // k.shape[1]
-    if is_decode_shaped(Sq, Sk, group):
+    Sq, Sk, group = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    if torch.compiler.is_compiling() or shape_excludes(causal, Sq, Sk, group) is not None:
         return None
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return select_incumbent(q.device, q.shape[3], q.dtype, causal, group, Sk, train)

@@ -179,11 +179,10 @@ def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
         pass
     from rocmflash.incumbent import winner
 
-    backend = None
-    if os.environ.get(NO_INCUMBENT_ENV, "") in ("", "0"):
-        entry = _served_entry(device, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1))
-        backend = winner(entry.get("incumbent") if entry else None, bool(train))
-    _INCUMBENT[key] = backend
+    gpu_name, _ = device_identity(device)
+    match = _db_lookup(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1), "online")
+    field, why_not = incumbent_timing(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), match)
+    _INCUMBENT[key] = backend = None if why_not else winner(field, bool(train))
     return backend
 
 
@@ -193,20 +192,28 @@ NO_INCUMBENT_ENV = "ROCMFLASH_NO_INCUMBENT"
 INCUMBENT_MAX_BUCKET_DISTANCE = 1
 
 
-def _served_entry(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) -> Optional[dict]:
-    """The database entry whose ``online`` config :func:`select_config` serves for this problem, when it was
-    measured at this length bucket or the next one (an incumbent timed at S=8192 says little about S=256);
-    None otherwise."""
-    gpu_name, _ = device_identity(device)
-    match = _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen_k, "online")
-    if match is None or match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
-        return None
-    from rocmflash import db
+def incumbent_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match) -> tuple:
+    """``(the served entry's incumbent field or None, why that timing does not decide or None)`` for the entry
+    ``match`` (a :class:`rocmflash.db.DBMatch`): it does not when the switch is set, when there is no measured
+    entry or no timing in it, or when the entry is more than :data:`INCUMBENT_MAX_BUCKET_DISTANCE` buckets away
+    (an incumbent timed at S=8192 says little about S=256). Run-time dispatch and ``rocmflash explain`` both
+    ask this."""
+    field = None
+    if match is not None:
+        from rocmflash import db
 
-    for path, bucket, entry in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio):
-        if path == match.path and bucket == match.bucket:
-            return entry
-    return None
+        entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
+                      if b == match.bucket), None)
+        field = (entry or {}).get("incumbent") or None
+    if os.environ.get(NO_INCUMBENT_ENV, "") not in ("", "0"):
+        return field, f"{NO_INCUMBENT_ENV} is set"
+    if match is None:
+        return None, "no measured entry: rocmflash's per-arch default (no incumbent timed)"
+    if match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
+        return field, f"the entry is {match.bucket_distance} buckets away: its incumbent timing is not used"
+    if field is None:
+        return None, "the entry has no incumbent timing (tuned with --no-incumbent or before it existed)"
+    return field, None
 
 
 def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:
