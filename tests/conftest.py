@@ -65,6 +65,17 @@ def small_online_space(gpu):
 
 
 @pytest.fixture
+def fresh_selection(monkeypatch):
+    """Run-time selection with the databases read afresh (no ``ROCMFLASH_NO_DB``, every cache cleared)."""
+    from rocmflash import selection
+
+    monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
+    selection.clear_cache()
+    yield
+    selection.clear_cache()
+
+
+@pytest.fixture
 def interpret(monkeypatch):
     """Run kernel launches in this test through Triton's CPU interpreter."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -13,12 +13,7 @@ from rocmflash.kernels.launch import observe_launches
 from varlen_reference import attention_fp64, rel_err
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
-    selection.clear_cache()
-    yield
-    selection.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_selection")
 
 
 def _entry_db(tmp_path, monkeypatch, field, causal=False, group=2, D=32, bucket=64):

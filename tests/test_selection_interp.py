@@ -10,12 +10,7 @@ from rocmflash import selection
 from rocmflash.config import KernelConfig, default_config
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
-    selection.clear_cache()
-    yield
-    selection.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_selection")
 
 
 class _Dev:
