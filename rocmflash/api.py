@@ -9,7 +9,9 @@ Tensors must be on a GPU (CUDA or ROCm). With ``TRITON_INTERPRET=1`` set in the
 environment the same calls run CPU tensors through Triton's interpreter (that is how CI
 checks numerics); the variable is read at call time.
 
-Semantics: fp16/bf16 in, fp32 accumulation, output in the input dtype. Causal masking
+Semantics: fp16/bf16 in, fp32 accumulation, output in the input dtype. fp8 in (inference only,
+:mod:`rocmflash.fp8`): the arch's fp8 format with flash-attn 3's ``q_descale``/``k_descale``/
+``v_descale`` (fp32, ``(batch, kv_heads)``), both GEMMs in fp8, output bf16 (or ``out_dtype``). Causal masking
 is bottom-right aligned (flash-attn convention): query ``i`` attends key ``j`` iff
 ``j <= i + (Sk - Sq)``; with ``Sq > Sk`` the first ``Sq - Sk`` query rows attend nothing
 and get output 0 and LSE ``-inf``. GQA/MQA: ``Hq`` must be a multiple of ``Hkv``; query
@@ -28,6 +30,7 @@ require_supported_versions()
 import torch  # noqa: E402
 
 from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E402
+from rocmflash.fp8 import attention_fp8, is_fp8, refuse_descales  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.scale import check_softmax_scale  # noqa: E402
 
@@ -123,7 +126,7 @@ class _nullcontext:
 
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
               variant: str = "online", config: Optional[KernelConfig] = None,
-              return_lse: bool = False):
+              return_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Scaled dot-product attention forward, ``softmax(q kᵀ * scale) v``.
 
     Args:
@@ -135,10 +138,24 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
         config: a :class:`~rocmflash.config.KernelConfig` (or its dict) whose ``variant``
             matches; ``None`` uses the default for the live GPU and head dim.
         return_lse: also return the fp32 natural-log log-sum-exp ``(B, Hq, Sq)``.
+        q_descale, k_descale, v_descale: fp8 inputs only (then required): fp32 ``(B, Hkv)``
+            dequantisation factors, flash-attn 3's names (:mod:`rocmflash.fp8`).
+        out_dtype: fp8 inputs only: ``torch.bfloat16`` (default) or ``torch.float16``.
+
+    fp8 q/k/v (one dtype, the arch's format: FNUZ on gfx942, OCP on gfx950 and sm_89+) run
+    :mod:`rocmflash.kernels.fp8_forward` (``variant="online"`` only; inference only).
 
     Returns:
-        ``(B, Hq, Sq, D)`` output in q's dtype, or ``(out, lse)`` with ``return_lse``.
+        ``(B, Hq, Sq, D)`` output in q's dtype (fp8: ``out_dtype``), or ``(out, lse)`` with ``return_lse``.
     """
+    if _is_fp8(q):
+        if variant != "online":
+            raise ValueError(f"variant={variant!r}: fp8 attention has one kernel; pass variant='online'")
+        out, lse = _fp8_run(q, k, v, causal, softmax_scale, config, return_lse,
+                            (q_descale, k_descale, v_descale), out_dtype, bshd=False)
+        out = out.contiguous()
+        return (out, lse) if return_lse else out
+    refuse_descales(q_descale, k_descale, v_descale, out_dtype, getattr(q, "dtype", None))
     _check_inputs(q, k, v, softmax_scale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -149,7 +166,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: tuple = (-1, -1), softcap: float = 0.0,
-                    alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False):
+                    alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False, *,
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """flash-attn compatible forward: q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hkv, D)`` -> ``(B, Sq, Hq, D)``.
 
     flash-attn 2's signature and conventions. Causal masking is bottom-right aligned, as in
@@ -162,8 +180,15 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     dropout (``softmax_lse`` fp32 ``(B, Hq, Sq)``; the attention matrix is never formed).
     Not implemented, each a one-line error: dropout (``dropout_p`` other than 0) and ALiBi
     (``alibi_slopes`` other than None).
+
+    fp8 q/k/v (flash-attn 3): pass ``q_descale``/``k_descale``/``v_descale`` (fp32 ``(B, Hkv)``);
+    the output is bf16, or ``out_dtype=torch.float16``. Plain or causal attention only (no window,
+    no softcap), inference only; see :func:`attention` and :mod:`rocmflash.fp8`.
     """
-    _check_inputs(q, k, v, softmax_scale, layout="(B, S, H, D)")
+    fp8_in = _is_fp8(q)
+    if not fp8_in:
+        refuse_descales(q_descale, k_descale, v_descale, out_dtype, getattr(q, "dtype", None))
+        _check_inputs(q, k, v, softmax_scale, layout="(B, S, H, D)")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:
@@ -178,6 +203,14 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     from rocmflash.varlen import check_options
 
     left, right = check_options(softmax_scale, causal, window_size, softcap)
+    if fp8_in:
+        if _banded(left, right, causal) or softcap > 0:
+            raise NotImplementedError("window_size/softcap with fp8 inputs: rocmflash's fp8 kernel runs plain or "
+                                      "causal attention only; pass window_size=(-1, -1) and softcap=0.0")
+        out, lse = _fp8_run(q, k, v, causal, softmax_scale, None, return_attn_probs,
+                            (q_descale, k_descale, v_descale), out_dtype, bshd=True)
+        out = out.transpose(1, 2)  # (B, S, H, D) memory: contiguous
+        return (out, lse, None) if return_attn_probs else out
     if _banded(left, right, causal) or softcap > 0:
         _check_shapes(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         out, lse = _batch_as_packed(q, k, v, softmax_scale, causal, tuple(window_size), float(softcap))
@@ -188,6 +221,36 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                         "online", None, return_attn_probs)
         out = out.transpose(1, 2).contiguous()
     return (out, lse, None) if return_attn_probs else out
+
+
+def _is_fp8(q) -> bool:
+    return isinstance(q, torch.Tensor) and is_fp8(q.dtype)
+
+
+def _fp8_run(q, k, v, causal, softmax_scale, config, return_lse, descales, out_dtype, bshd: bool):
+    """Check fp8 q/k/v (one fp8 dtype, 4-D, one device) and run :func:`rocmflash.fp8.attention_fp8`
+    on ``(B, H, S, D)`` views; ``bshd``: the inputs are ``(B, S, H, D)`` and so is the output's memory."""
+    names, layout = ("q", "k", "v"), "(B, S, H, D)" if bshd else "(B, H, S, D)"
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(t.shape)}")
+    for name, t in zip(names[1:], (k, v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must match q.dtype ({q.dtype}): fp8 q, k and v share one format")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share a device")
+    check_device("q", q)
+    check_softmax_scale(softmax_scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if bshd:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    _check_shapes(q, k, v)
+    D = q.shape[3]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    return attention_fp8(q, k, v, causal, scale, config, bool(return_lse), *descales, out_dtype, out_bshd=bshd)
 
 
 def _banded(left: int, right: int, causal: bool) -> bool:
