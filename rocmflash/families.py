@@ -57,9 +57,11 @@ FAMILIES = {
     "backward": Family("backward", "rocmflash.tuning.backward",
                        _SHARED + ("kernels/backward.py", "tuning/backward.py")),
     "varlen": Family("varlen", "rocmflash.tuning.varlen",
-                     _SHARED + ("kernels/masks.py", "kernels/varlen.py", "tuning/varlen.py")),
+                     _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen.py",
+                                "tuning/varlen.py")),
     "varlen_bwd": Family("varlen_bwd", "rocmflash.tuning.varlen_bwd",
-                         _SHARED + ("kernels/masks.py", "kernels/varlen.py", "tuning/varlen_bwd.py")),
+                         _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen.py",
+                                    "tuning/varlen_bwd.py")),
 }
 
 

@@ -10,10 +10,11 @@ is stored or computed. Code written for flash-attn switches by changing the impo
 
 Forward and backward (autograd), GQA/MQA, bottom-right causal per sequence, sliding
 windows ``(left, right)``, tanh soft-capping, head dims 16..256, zero-length sequences.
-Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs;
-checking the values of ``cu_seqlens`` reads them on the host (one small copy), except
-while a CUDA/HIP graph is being captured, where reading is impossible and only shapes and
-dtypes are checked.
+Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs.
+The *values* of ``cu_seqlens`` are checked by the kernels, not on the host (a host read
+waits for the GPU): wrong ones are clamped into the packed tensors and reported by
+:func:`check_errors` or a later call (see :func:`flash_attn_varlen_func`);
+``check_values=True`` checks them on the host first.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 
 from rocmflash.kernels import masks as M  # noqa: E402
 from rocmflash.kernels import varlen as VK  # noqa: E402
+from rocmflash.kernels import varlen_checks as VC  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.scale import check_softmax_scale  # noqa: E402
@@ -129,6 +131,93 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
     return cu.shape[0] - 1
 
 
+# ----------------------------------------------------------------------------- device-side value checks
+#: a default call starts an asynchronous copy of its device's error word every this many calls
+ERROR_POLL_CALLS = 64
+_ERROR_TEXT = ((VC.BAD_FIRST.value, "cu_seqlens_{s} must start at 0"),
+               (VC.BAD_LAST.value, "cu_seqlens_{s}[-1] must equal the number of packed tokens ({s}.shape[0])"),
+               (VC.BAD_ORDER.value, "cu_seqlens_{s} must be non-decreasing"),
+               (VC.BAD_LONG.value, "a sequence of cu_seqlens_{s} is longer than max_seqlen_{s}"))
+
+
+class _ErrorWatch:
+    """One device's watch on its error word: on a GPU, a pinned host copy, the event that completes it, calls
+    since the last copy started."""
+
+    __slots__ = ("calls", "event", "gpu", "host")
+
+    def __init__(self, gpu: bool):
+        self.gpu, self.calls, self.event = gpu, 0, None
+        self.host = None  # pinned when the first copy starts (never while a graph is captured)
+
+
+_WATCHES: dict = {}  #: device -> _ErrorWatch
+
+
+def _raise_for(bits: int, device, how: str) -> None:
+    what = "; ".join(text.format(s=side) for side, shift in (("q", 0), ("k", VC.K_SHIFT.value))
+                     for bit, text in _ERROR_TEXT if (bits >> shift) & bit)
+    raise ValueError(f"flash_attn_varlen_func on {device}: {how} got {what} (clamped into the packed tensors, so "
+                     "no memory outside them was touched, but those sequences' outputs are wrong); pass "
+                     "check_values=True to have each call checked on the host, with the index and value")
+
+
+def _device_key(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_errors(device=None) -> None:
+    """Raise ``ValueError`` if a ``flash_attn_varlen_func`` call on ``device`` (None: every device used) met
+    out-of-range ``cu_seqlens`` values since the last report, and reset the report. Waits for the GPU (reads
+    the device-side error word): call it where a step may wait, e.g. once per training step or in tests."""
+    devices = list(VC._ERROR_WORDS) if device is None else [_device_key(device)]
+    for dev in devices:
+        _read_and_report(dev, "a call since the last check")
+
+
+def _read_and_report(device, how: str) -> None:
+    """Read ``device``'s error word (a wait on a GPU) and, when a bit is set, reset it and raise."""
+    word = VC._ERROR_WORDS.get(device)
+    bits = int(word.item()) if word is not None else 0
+    watch = _WATCHES.get(device)
+    if watch is not None:
+        watch.event = None  # a copy in flight holds nothing newer than this read
+    if bits:
+        word.zero_()
+        _raise_for(bits, device, how)
+
+
+def _poll_errors(device) -> None:
+    """On a GPU, raise what an earlier, finished copy of the error word shows and start a copy every
+    :data:`ERROR_POLL_CALLS` calls -- never waiting for the GPU. (On the CPU, under Triton's interpreter,
+    :func:`flash_attn_varlen_func` reads the word right after its launch: there is no GPU to wait for.)"""
+    watch = _WATCHES.get(device)
+    if watch is None:
+        watch = _WATCHES[device] = _ErrorWatch(device.type == "cuda")
+    watch.calls += 1
+    if (watch.calls < ERROR_POLL_CALLS and watch.event is None) or not watch.gpu:  # the common case: nothing to do
+        return
+    if _capturing(device):  # no event query and no copy while a graph is captured (replays still set bits)
+        return
+    if watch.event is not None and watch.event.query():
+        watch.event = None
+        bits = int(watch.host[0])  # pinned host memory the finished copy wrote: no GPU wait
+        if bits:
+            VC.error_word(device).zero_()
+            _raise_for(bits, device, "an earlier call")
+    if watch.calls >= ERROR_POLL_CALLS and watch.event is None:
+        watch.calls = 0
+        if watch.host is None:
+            watch.host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        with L.on_device(VC.error_word(device)):
+            watch.host.copy_(VC.error_word(device), non_blocking=True)
+            watch.event = torch.cuda.Event()
+            watch.event.record()
+
+
 # ----------------------------------------------------------------------------- configs
 def _forward_config(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, softcap: float,
                     window_left: int):
@@ -159,7 +248,8 @@ def _backward_config(device, dtype, call: VK.VarlenCall):
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, call, fwd_cfg, need_lse):
-        out = torch.empty_like(q)
+        # rows after the last sequence (call.strict_end False) are never written: zero, not garbage
+        out = torch.empty_like(q) if call.strict_end else torch.zeros_like(q)
         needs_grad = any(ctx.needs_input_grad[:3])
         lse = None
         if need_lse or needs_grad:
@@ -190,7 +280,7 @@ class _VarlenAttention(torch.autograd.Function):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                            dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: tuple = (-1, -1), softcap: float = 0.0, return_lse: bool = False, *,
-                           check_values: bool = True):
+                           check_values: bool = False):
     """Attention over packed variable-length sequences (flash-attn's ``flash_attn_varlen_func``).
 
     Args:
@@ -211,12 +301,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         ``(total_q, Hq, D)`` in q's dtype (rows that see no key are 0 with LSE ``-inf``), or
         ``(out, lse)``. Differentiable in q, k and v (and through the LSE).
 
-    ``check_values=False`` (keyword only, not in flash-attn) skips the host read of the
-    cumulative lengths' *values* -- the one step that makes a call wait for the GPU (twice: q's
-    and k's). Shapes, dtypes and devices are always checked. Use it in a training or prefill loop
-    whose lengths are built by the caller and known to be valid (start at 0, non-decreasing, end
-    at the packed lengths, no sequence longer than ``max_seqlen_*``): wrong values then read
-    outside the tensors instead of raising. (A captured graph skips the read anyway.)
+    **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
+    *values* of ``cu_seqlens_q``/``cu_seqlens_k`` live on the GPU, and reading them would make every
+    call wait for it. So the kernels check them instead: a sequence's rows are clamped into the
+    packed tensors (no memory outside q, k, v, the output or the gradients is ever read or written;
+    that sequence's output is wrong), and an entry list that does not start at 0, does not end at
+    the packed length, decreases, or holds a sequence longer than ``max_seqlen_*`` sets a bit of a
+    per-device error word. The error reaches you as a ``ValueError`` naming what was wrong: from
+    :func:`check_errors` (waits for the GPU; call it where a step may wait, e.g. once per training
+    step or in tests), and on its own from a later call on that device -- every call looks at the
+    word's last copy without waiting, and a copy is started every :data:`ERROR_POLL_CALLS` calls.
+    On the CPU (Triton's interpreter) the call itself raises: there is no GPU to wait for.
+    ``check_values=True`` (keyword only, not in flash-attn) checks the values on the host before
+    anything runs, as earlier releases did by default: the index and value in the message, at
+    the price of two waits per call (skipped while a graph is captured).
     """
     check_qkv(q, k, v)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
@@ -231,13 +329,44 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                              read_values=check_values)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,
                      read_values=check_values)
+    device = q.device
+    if check_values:
+        check_errors(device)  # what earlier unchecked calls on this device left (this call waits anyway)
+    else:
+        _poll_errors(device)
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                (left, right), return_lse, True, device)
+
+
+def packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                  causal: bool, window_left: int, softcap: float):
+    """:func:`flash_attn_varlen_func` over a packing built on the device (the HF integration): the last
+    ``cu_seqlens`` entries may stop short of the packed rows -- the rows after them are unused, zero in the
+    output and in the gradients -- so the caller never needs the number of real tokens on the host.
+    Values are never read on the host; wrong ones are reported as :func:`flash_attn_varlen_func` says."""
+    check_qkv(q, k, v)
+    left, right = check_options(softmax_scale, causal, (window_left, -1), softcap)
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device, read_values=False)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch, read_values=False)
+    device = q.device
+    _poll_errors(device)
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                (left, right), False, False, device)
+
+
+def _run(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, softmax_scale, softcap, band: tuple,
+         return_lse, strict_end: bool, device):
+    """Launch a validated call (autograd); on the CPU, report what its kernel found wrong at once."""
     D = q.shape[2]
+    left, right = band
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_seqlen_q), int(max_seqlen_k), scale,
-                         float(softcap), left, right)
-    fwd_cfg = _forward_config(q.device, D, q.dtype, right == 0, call.group, int(max_seqlen_k), float(softcap), left)
-    out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, fwd_cfg, bool(return_lse))
+    call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_q), int(max_k), scale, float(softcap), left, right,
+                         strict_end)
+    fwd_cfg = _forward_config(device, D, q.dtype, right == 0, call.group, int(max_k), float(softcap), left)
+    out, lse = _VarlenAttention.apply(q, k, v, cu_q, cu_k, call, fwd_cfg, bool(return_lse))
+    if device.type != "cuda" and q.shape[0]:  # Triton's interpreter: reading the word waits for nothing
+        _read_and_report(device, "this call")
     return (out, lse) if return_lse else out
 
 
-__all__ = ["flash_attn_varlen_func"]
+__all__ = ["flash_attn_varlen_func", "check_errors", "ERROR_POLL_CALLS"]

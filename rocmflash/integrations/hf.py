@@ -10,11 +10,11 @@
 :func:`register` adds two entries under the name ``"rocmflash"``:
 
 * ``AttentionInterface.register("rocmflash", rocmflash_attention_forward)``
-* ``AttentionMaskInterface.register("rocmflash", sdpa_mask)`` -- the same mask function as
-  ``"sdpa"``; without a mask function transformers would build no causal mask at all.
-  ``sdpa_mask`` returns ``None`` when the mask is the plain causal (or no) mask, so those
-  layers take rocmflash's ``is_causal`` path; a real mask (padding, sliding window,
-  packed sequences, ...) arrives as a tensor.
+* ``AttentionMaskInterface.register("rocmflash", rocmflash_mask)`` -- ``"sdpa"``'s mask function
+  (:func:`rocmflash_mask` returns ``sdpa_mask``'s mask unchanged); without a mask function
+  transformers would build no causal mask at all. ``sdpa_mask`` returns ``None`` when the mask
+  is the plain causal (or no) mask, so those layers take rocmflash's ``is_causal`` path; a real
+  mask (padding, sliding window, packed sequences, ...) arrives as a tensor.
 
 transformers takes any implementation name containing "flash" for a flash-attn kernel
 and tries to preload it when a model is built; :func:`register` makes that preload a
@@ -29,17 +29,21 @@ kernel that computes it identically:
   are not repeated);
 * a padded batch (left or right padding, during training, prefill or ``generate()``), with
   or without a sliding window: the boolean 4-D mask is checked to be exactly "padding +
-  causal/window" (:func:`padded_layout`), then the tokens are unpadded, run through
-  :func:`rocmflash.flash_attn_varlen_func` and re-padded (padded query rows get 0);
+  causal/window" (:func:`padded_layout`), then the tokens are packed on the device, run
+  through the varlen kernel and unpacked (padded query rows get 0);
 * soft-capping (Gemma 2) or a sliding window without a mask: the varlen kernel;
 * a ``generate()`` step (one new token): the split-KV decode kernel of
   :func:`rocmflash.flash_attn_with_kvcache`, reading transformers' cache tensors in place; a
   mask of one run of keys per sequence (left padding, a static cache's free slots) passes
   each run's first key as ``cache_leftpad`` and its end as ``cache_seqlens`` (no unpadding).
 
-transformers hands every layer of a forward the same mask tensor: what is read from it (the
-padding layout, gather indices, the longest sequence: host reads that wait for the GPU) is
-worked out by the first layer and kept for the others while that tensor comes back unchanged.
+Host reads (each waits for the GPU), per mask: a causal mask built over a 2-D padding mask
+(training, prefill) is known from the 2-D mask by :func:`rocmflash_mask` and never read; any
+other 4-D mask is read once, to decide whether rocmflash computes it exactly (else SDPA runs
+it); a one-token step's mask is read once, to decide whether it is one run of keys per row
+(the decode kernel) or not (the varlen route). Packing, lengths and bounds stay on the device.
+transformers hands every layer of a forward the same mask tensor: what is worked out from it
+is kept for the other layers while that tensor comes back unchanged.
 
 Every other call (dropout, fp32, other mask patterns, position bias, attention sinks,
 ``output_attentions``, ...) goes to transformers' own ``sdpa_attention_forward`` with the
@@ -52,6 +56,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -124,18 +129,32 @@ def _window_left(sliding_window):
 def padded_layout(mask, q_len: int, kv_len: int, causal: bool, window_left: int):
     """Read a padded batch from transformers' boolean 4-D mask, or None when the mask is anything else.
 
-    Queries are the last ``q_len`` of ``kv_len`` positions (transformers' convention). A key
-    is real when some query may attend it; a query is real when its own position's key is.
-    The mask is accepted only if, on the real queries, it equals the band (causal and/or
-    window) over the real tokens *in order* -- exactly what the varlen kernel computes on
-    the unpadded sequences. Returns ``(valid_q (B, Sq), valid_k (B, Sk), lens_q, lens_k)``.
+    Queries are the last ``q_len`` of the keys up to the last one any query may see (a static
+    cache's free slots after it are cut: transformers' prefill into a static cache). A key is real
+    when some query may attend it; a query is real when its own position's key is. The mask is
+    accepted only if, on the real queries, it equals the band (causal and/or window) over the real
+    tokens *in order* -- exactly what the varlen kernel computes on the unpadded sequences. Returns
+    ``(valid_q (B, Sq), valid_k (B, kept), lens_q, lens_k)``, ``kept <= kv_len`` the keys up to that last one.
+
+    A mask built by :func:`rocmflash_mask` as "causal + 2-D padding" is known without reading it
+    (:func:`_built_layout`). Any other mask is read once on the host (a wait for the GPU): whether it
+    is one rocmflash computes exactly decides the route (rocmflash or SDPA), so it cannot stay on the device.
     """
+    built = _built_layout(mask, q_len, kv_len, causal, window_left)
+    if built is not None:
+        return built
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
         return None
     B = mask.shape[0]
     m = mask[:, 0].expand(B, q_len, kv_len)
     valid_k = m.any(1)
-    valid_q = valid_k[:, kv_len - q_len:] if kv_len >= q_len else m.any(2)
+    if kv_len >= q_len:  # the queries end at the last key any query sees (at least q_len keys)
+        pos = torch.arange(1, kv_len + 1, device=mask.device)
+        end = torch.where(valid_k.any(0), pos, 0).max().clamp(min=q_len)
+        valid_q = valid_k.gather(1, (end - q_len + pos[:q_len] - 1).expand(B, q_len))
+    else:
+        end = valid_k.new_full((), kv_len, dtype=torch.int64)
+        valid_q = m.any(2)
     lens_q, lens_k = valid_q.sum(1), valid_k.sum(1)
     rank_q = valid_q.cumsum(1) - 1
     rank_k = valid_k.cumsum(1) - 1
@@ -145,21 +164,94 @@ def padded_layout(mask, q_len: int, kv_len: int, causal: bool, window_left: int)
         expected &= rel <= 0
     if window_left >= 0:
         expected &= rel >= -window_left
-    if not torch.equal(m & valid_q[:, :, None], expected):
+    same = ((m & valid_q[:, :, None]) == expected).all()
+    ok, kept = torch.stack([same.to(end.dtype), end]).tolist()  # the one host read
+    if not ok:
         return None
-    return valid_q, valid_k, lens_q, lens_k
+    return valid_q, valid_k[:, :kept], lens_q, lens_k
+
+
+#: the last mask :func:`rocmflash_mask` built as "causal + 2-D padding" (a weak reference: the mask is not
+#: kept alive for it), its version and its layout
+_BUILT: dict = {}
+
+
+def rocmflash_mask(*args, **kwargs):
+    """transformers mask function for ``"rocmflash"``: ``sdpa_mask``'s mask, bit for bit (and its choice to
+    build none), remembering for a plain causal mask over a 2-D padding mask its padded layout, computed on
+    the device from the 2-D mask: the attention layers then never read the 4-D mask on the host.
+
+    Only ``causal_mask_function`` with integer offsets is remembered: any other pattern (sliding windows,
+    packed sequences, ``or``/``and`` overlays, a static cache's tensor offset) is read and checked by
+    :func:`padded_layout`. transformers' own ``sdpa_mask`` still reads the 2-D mask to decide whether a mask
+    is needed at all (its ``is_causal`` skip); that read is transformers', once per forward.
+    """
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    if args or not isinstance(mask, torch.Tensor) or torch.compiler.is_compiling():
+        return mask
+    pad = kwargs.get("attention_mask")
+    sizes = [kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")]
+    if (kwargs.get("mask_function") is not causal_mask_function or not isinstance(pad, torch.Tensor)
+            or pad.dtype != torch.bool or pad.dim() != 2 or any(type(x) is not int for x in sizes)):
+        return mask
+    q_len, kv_len, q_off, kv_off = sizes
+    end = q_off + q_len  # one past the last query's position: later keys are never seen (causal)
+    try:
+        version = mask._version
+    except (AttributeError, RuntimeError):  # inference-mode tensors have no version counter
+        return mask
+    if not (kv_off <= q_off and end <= kv_off + kv_len) or mask.shape != (pad.shape[0], 1, q_len, kv_len):
+        return mask
+    pad = prepare_padding_mask(pad, kv_len, kv_off)  # as sdpa_mask pads it
+    valid_q, valid_k = pad[:, q_off:end], pad[:, kv_off:end]
+    _BUILT.clear()
+    _BUILT.update(mask=weakref.ref(mask), version=version, sizes=(q_len, kv_len),
+                  layout=(valid_q, valid_k, valid_q.sum(1), valid_k.sum(1)))
+    return mask
+
+
+def _built_layout(mask, q_len: int, kv_len: int, causal: bool, window_left: int):
+    """:func:`padded_layout`'s answer for a mask :func:`rocmflash_mask` built as "causal + 2-D padding" and
+    unchanged since, without reading it (None otherwise, or when the call asks for another band).
+
+    A real query (its own key real) at position ``p`` sees the real keys at positions ``<= p``: the
+    real keys of rank ``<=`` its rank plus the real keys before the first query, which is the varlen
+    kernel's bottom-right causal band over the packed tokens, holes in the padding included. A window
+    counts positions in the mask but tokens in the kernel, which differ across holes: not served here.
+    """
+    ref = _BUILT.get("mask")
+    if ref is None or ref() is not mask or not causal or window_left >= 0 or _BUILT["sizes"] != (q_len, kv_len):
+        return None
+    try:
+        if mask._version != _BUILT["version"]:
+            return None
+    except (AttributeError, RuntimeError):
+        return None
+    return _BUILT["layout"]
 
 
 def _cu(lengths):
     return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
 
 
-class _Padded(NamedTuple):
-    """How a padded batch is packed for the varlen kernel: gather indices (None: no padding, nothing
-    to gather), cumulative lengths and longest sequences (read from the mask, so never checked again)."""
+def _destinations(valid):
+    """Where each padded token of ``valid`` ``(B, S)`` goes in a packed ``(B * S)`` batch: real tokens first,
+    in order (sequence ``b`` at ``cu[b]..cu[b+1]``), padding after them. Device ops only: the number of real
+    tokens stays on the device, so the packed tensors keep ``B * S`` rows (the tail unused)."""
+    flat = valid.reshape(-1)
+    real = flat.cumsum(0)  # 1-based rank among real tokens
+    pad_rank = torch.arange(1, flat.numel() + 1, device=flat.device) - real  # 1-based rank among padding
+    return torch.where(flat, real - 1, real[-1:] + pad_rank - 1)
 
-    idx_q: Optional[torch.Tensor]
-    idx_k: Optional[torch.Tensor]
+
+class _Padded(NamedTuple):
+    """How a padded batch is packed for the varlen kernel: the packed row of each padded token (None: no
+    padding, nothing to move), cumulative lengths and the longest sequences' bounds."""
+
+    dest_q: Optional[torch.Tensor]
+    dest_k: Optional[torch.Tensor]
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     max_q: int
@@ -167,32 +259,20 @@ class _Padded(NamedTuple):
 
 
 def _padded_plan(layout) -> Optional[_Padded]:
-    """A :class:`_Padded` from :func:`padded_layout`'s answer (None stays None): two host reads."""
+    """A :class:`_Padded` from :func:`padded_layout`'s answer (None stays None); no host read (the grid is
+    sized by the padded lengths, which bound every sequence)."""
     if layout is None:
         return None
     valid_q, valid_k, lens_q, lens_k = layout
-    idx_q = valid_q.reshape(-1).nonzero().squeeze(1)
-    idx_k = valid_k.reshape(-1).nonzero().squeeze(1)
-    unpadded = idx_q.numel() == valid_q.numel() and idx_k.numel() == valid_k.numel()
-    max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
-    return _Padded(None if unpadded else idx_q, None if unpadded else idx_k, _cu(lens_q), _cu(lens_k), max_q, max_k)
+    return _Padded(_destinations(valid_q), _destinations(valid_k), _cu(lens_q), _cu(lens_k), valid_q.shape[1],
+                   valid_k.shape[1])
 
 
 def _varlen_mask_plan(mask, q_len: int, kv_len: int, causal: bool, window_left: int):
-    """``(keys kept, _Padded)`` for a padded batch's boolean 4-D mask, or None when it is not one.
-
-    A static cache's free slots (the key columns after the last one any query may see) are cut
-    first, so that the queries are the last ``q_len`` of the kept keys, as :func:`padded_layout`
-    reads them (transformers' prefill into a static cache: queries first, free slots after)."""
-    kept = kv_len
-    if mask.dtype == torch.bool and mask.dim() == 4 and kv_len > q_len:
-        seen = mask.any(dim=(0, 1, 2))
-        last = int(torch.where(seen, torch.arange(1, kv_len + 1, device=mask.device), 0).max())  # host read
-        if q_len <= last < kv_len:
-            kept = last
-    plan = _padded_plan(padded_layout(mask[..., :kept] if kept < kv_len else mask, q_len, kept, causal,
-                                      window_left))
-    return None if plan is None else (kept, plan)
+    """``(keys kept, _Padded)`` for a padded batch's boolean 4-D mask, or None when it is not one (a static
+    cache's free slots, the key columns after the last one any query may see, are not kept)."""
+    plan = _padded_plan(padded_layout(mask, q_len, kv_len, causal, window_left))
+    return None if plan is None else (plan.max_k, plan)
 
 
 def _unpadded_plan(batch: int, q_len: int, kv_len: int, device) -> _Padded:
@@ -204,30 +284,33 @@ def _unpadded_plan(batch: int, q_len: int, kv_len: int, device) -> _Padded:
 
 
 def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap):
-    """Unpad, run :func:`rocmflash.flash_attn_varlen_func`, re-pad (padded query rows get 0)."""
-    from rocmflash.varlen import flash_attn_varlen_func
+    """Pack, run the varlen kernel, unpack (padded query rows get 0). No host read: a packing with padding
+    runs :func:`rocmflash.varlen.packed_varlen`, whose packed tensors keep the padded rows as an unused tail."""
+    from rocmflash.varlen import flash_attn_varlen_func, packed_varlen
 
     B, Hq, Sq, D = query.shape
     Hkv, Sk = key.shape[1], key.shape[2]
     q = query.transpose(1, 2).reshape(B * Sq, Hq, D)
     k = key.transpose(1, 2).reshape(B * Sk, Hkv, D)
     v = value.transpose(1, 2).reshape(B * Sk, Hkv, D)
-    if plan.idx_q is not None:
-        q, k, v = q.index_select(0, plan.idx_q), k.index_select(0, plan.idx_k), v.index_select(0, plan.idx_k)
-    # the lengths come from the mask (their maxima read with the plan): no host read of them here
-    out = flash_attn_varlen_func(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, softmax_scale=scale,
-                                 causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
-                                 check_values=False)
-    if plan.idx_q is None:
+    if plan.dest_q is None:
+        out = flash_attn_varlen_func(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, softmax_scale=scale,
+                                     causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0)
         return out.reshape(B, Sq, Hq, D)
-    padded = out.new_zeros(B * Sq, Hq, D).index_copy(0, plan.idx_q, out)
-    return padded.view(B, Sq, Hq, D)
+    q = q.new_empty(q.shape).index_copy(0, plan.dest_q, q)
+    k = k.new_empty(k.shape).index_copy(0, plan.dest_k, k)
+    v = v.new_empty(v.shape).index_copy(0, plan.dest_k, v)
+    out = packed_varlen(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, scale, causal, window_left,
+                        softcap or 0.0)
+    return out.index_select(0, plan.dest_q).view(B, Sq, Hq, D)  # padded rows: the zero tail
 
 
 def decode_key_range(mask, batch: int, kv_len: int, window_left: int) -> Optional[tuple]:
     """``(starts, ends)``, int32 ``(B,)`` each, when ``mask`` is a one-token step's mask over one run of
     keys per row -- left padding before it, a static cache's unused slots after it, the left window
-    cut from the query's own key (the last of the run) -- else None. One host read."""
+    cut from the query's own key (the last of the run) -- else None. One host read: whether the mask is
+    one run decides the kernel (the decode kernel, or the varlen route for holes), so it cannot stay on the
+    device -- a wrong guess would be a wrong answer, not an error."""
     if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4
             or tuple(mask.shape) != (batch, 1, 1, kv_len)):
         return None
@@ -300,8 +383,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
             return out.contiguous(), None
     needs_varlen = attention_mask is not None or bool(softcap) or window_left >= 0
     if needs_varlen and torch.compiler.is_compiling():
-        return _fall_back("torch.compile tracing a padded, windowed or soft-capped call (the varlen path "
-                          "reads sequence lengths on the host)", *args)
+        return _fall_back("torch.compile tracing a padded, windowed or soft-capped call (the varlen path is "
+                          "not traceable)", *args)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             return _fall_back(f"an attention mask of type {type(attention_mask).__name__}", *args)
@@ -341,10 +424,10 @@ def register(name: str = NAME) -> str:
     Idempotent. Returns the name, to pass as ``attn_implementation``.
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, rocmflash_attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, rocmflash_mask)
     _REGISTERED.add(name)
     _skip_flash_preload()
     return name
@@ -387,4 +470,5 @@ def stats() -> dict:
     return dict(_STATS)
 
 
-__all__ = ["register", "rocmflash_attention_forward", "stats", "decode_key_range", "padded_layout", "NAME"]
+__all__ = ["register", "rocmflash_attention_forward", "rocmflash_mask", "stats", "decode_key_range", "padded_layout",
+           "NAME"]

@@ -17,6 +17,10 @@ dK/dV sums the GQA group in registers). Soft-capping adds the ``1 - tanh²`` fac
 
 Head dims 16..256 are padded to the next power of two with masked loads (the dense
 kernel's two-piece split is not used here).
+
+``cu_seqlens`` values are never read on the host: every kernel clamps each sequence into the
+packed rows, so wrong values never address memory outside the tensors, and the forward ORs
+what was wrong into a per-device error word (:mod:`rocmflash.kernels.varlen_checks`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import triton.language as tl
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
 from rocmflash.kernels import masks as M
+from rocmflash.kernels import varlen_checks as VC
 from rocmflash.kernels.common import kernel_jit
 
 
@@ -66,11 +71,11 @@ def _fwd_step(acc, m_i, l_i, q, K_base, V_base, start_n, offs_m, SEQ_K, lo_off, 
     return acc, m_new, l_i
 
 
-@kernel_jit
-def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, sm_scale, qk_scale, softcap,
+@VC.jit_unspecialised(VC.UNSPECIALISED)
+def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, ERR, sm_scale, qk_scale, softcap,
                 stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
                 stride_vt, stride_vh, stride_vd, stride_ot, stride_oh, stride_od,
-                stride_lh, H_Q, GROUP, WIN_LEFT, WIN_RIGHT,
+                stride_lh, H_Q, GROUP, WIN_LEFT, WIN_RIGHT, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, STRICT_END,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, PRE_LOAD_V: tl.constexpr,
                 STORE_LSE: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
@@ -80,12 +85,13 @@ def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, sm_scale, qk_scale, softcap,
     off_bh = tl.program_id(1)
     off_b = off_bh // H_Q
     off_h = off_bh % H_Q
-    q_start = tl.load(CU_Q + off_b)
-    SEQ_Q = tl.load(CU_Q + off_b + 1) - q_start
+    if (tl.program_id(0) == 0) & (off_h == 0):  # one program per sequence checks its lengths
+        VC.report_lengths(CU_Q, CU_K, ERR, off_b, tl.num_programs(1) // H_Q - 1, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K,
+                        STRICT_END)
+    q_start, SEQ_Q = VC.seq_range(CU_Q, off_b, TOTAL_Q)
     if start_m >= SEQ_Q:  # the grid is sized for the longest sequence
         return
-    k_start = tl.load(CU_K + off_b)
-    SEQ_K = tl.load(CU_K + off_b + 1) - k_start
+    k_start, SEQ_K = VC.seq_range(CU_K, off_b, TOTAL_K)
     off_hk = off_h // GROUP
     Q_base = Q + q_start.to(tl.int64) * stride_qt + off_h.to(tl.int64) * stride_qh
     K_base = K + k_start.to(tl.int64) * stride_kt + off_hk.to(tl.int64) * stride_kh
@@ -155,12 +161,12 @@ def _dq_step(dq, q, do, lse2, delta, K_base, V_base, start_n, offs_m, SEQ_K, lo_
     return tl.dot(ds.to(k.dtype), k, dq)
 
 
-@kernel_jit
+@VC.jit_unspecialised(VC.UNSPECIALISED[:2])
 def _varlen_bwd_dq(Q, K, V, O, DO, LSE, DLSE, Delta, DQ, CU_Q, CU_K, sm_scale, qk_scale, softcap,
                    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
                    stride_vt, stride_vh, stride_vd, stride_ot, stride_oh, stride_od,
                    stride_dot, stride_doh, stride_dod, stride_dqt, stride_dqh, stride_dqd,
-                   stride_lh, H_Q, GROUP, WIN_LEFT, WIN_RIGHT,
+                   stride_lh, H_Q, GROUP, WIN_LEFT, WIN_RIGHT, TOTAL_Q, TOTAL_K,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, HAS_DLSE: tl.constexpr,
                    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
@@ -168,12 +174,10 @@ def _varlen_bwd_dq(Q, K, V, O, DO, LSE, DLSE, Delta, DQ, CU_Q, CU_K, sm_scale, q
     off_bh = tl.program_id(1)
     off_b = off_bh // H_Q
     off_h = off_bh % H_Q
-    q_start = tl.load(CU_Q + off_b)
-    SEQ_Q = tl.load(CU_Q + off_b + 1) - q_start
+    q_start, SEQ_Q = VC.seq_range(CU_Q, off_b, TOTAL_Q)
     if start_m >= SEQ_Q:
         return
-    k_start = tl.load(CU_K + off_b)
-    SEQ_K = tl.load(CU_K + off_b + 1) - k_start
+    k_start, SEQ_K = VC.seq_range(CU_K, off_b, TOTAL_K)
     off_hk = off_h // GROUP
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -241,12 +245,12 @@ def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_row, Delta_row, start_m, offs_
     return tl.dot(ds_t.to(q.dtype), q, dk), dv
 
 
-@kernel_jit
+@VC.jit_unspecialised(VC.UNSPECIALISED[:2])
 def _varlen_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, CU_Q, CU_K, sm_scale, qk_scale, softcap,
                      stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
                      stride_vt, stride_vh, stride_vd, stride_dot, stride_doh, stride_dod,
                      stride_dkt, stride_dkh, stride_dkd, stride_dvt, stride_dvh, stride_dvd,
-                     stride_lh, H_KV, GROUP, WIN_LEFT, WIN_RIGHT,
+                     stride_lh, H_KV, GROUP, WIN_LEFT, WIN_RIGHT, TOTAL_Q, TOTAL_K,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
                      BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr):
@@ -254,12 +258,10 @@ def _varlen_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, CU_Q, CU_K, sm_scale, qk_s
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
     off_hk = off_bhk % H_KV
-    k_start = tl.load(CU_K + off_b)
-    SEQ_K = tl.load(CU_K + off_b + 1) - k_start
+    k_start, SEQ_K = VC.seq_range(CU_K, off_b, TOTAL_K)
     if start_n >= SEQ_K:
         return
-    q_start = tl.load(CU_Q + off_b)
-    SEQ_Q = tl.load(CU_Q + off_b + 1) - q_start
+    q_start, SEQ_Q = VC.seq_range(CU_Q, off_b, TOTAL_Q)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nmask = offs_n < SEQ_K
@@ -325,6 +327,9 @@ class VarlenCall:
     softcap: float
     win_left: int  # :data:`rocmflash.kernels.masks.UNBOUNDED` for an unbounded side
     win_right: int
+    #: the last ``cu_seqlens`` entries must be the packed lengths (flash_attn_varlen_func); False: at most,
+    #: the rows after them unused (zero in the output and the gradients; the HF integration's packing)
+    strict_end: bool = True
 
     @property
     def group(self) -> int:
@@ -353,12 +358,15 @@ def _fwd_constexprs(call: VarlenCall, cfg: KernelConfig, store_lse: bool) -> dic
                 SOFTCAP=call.softcap > 0, PRE_LOAD_V=bool(cfg.PRE_LOAD_V), STORE_LSE=bool(store_lse), **call.bounded())
 
 
-def forward_args(call: VarlenCall, q, k, v, out, lse, cu_q, cu_k) -> dict:
-    """Arguments of ``_varlen_fwd`` in signature order (``lse`` a ``(Hq, total_q)`` fp32 buffer)."""
-    return dict(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_q, CU_K=cu_k, **call.scalars(),
+def forward_args(call: VarlenCall, q, k, v, out, lse, cu_q, cu_k, err, totals: Optional[tuple] = None) -> dict:
+    """Arguments of ``_varlen_fwd`` in signature order (``lse`` a ``(Hq, total_q)`` fp32 buffer, ``err``
+    the error word, ``totals`` the packed rows of q and k: their lengths when None)."""
+    totals = totals or (q.shape[0], k.shape[0])
+    return dict(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_q, CU_K=cu_k, ERR=err, **call.scalars(),
                 **_strides3("q", q), **_strides3("k", k), **_strides3("v", v), **_strides3("o", out),
                 stride_lh=_lse_row_stride(lse), H_Q=call.heads_q, GROUP=call.group,
-                WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
+                WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right, TOTAL_Q=totals[0], TOTAL_K=totals[1],
+                MAX_Q=call.max_seqlen_q, MAX_K=call.max_seqlen_k, STRICT_END=int(call.strict_end))
 
 
 def _lse_row_stride(lse) -> int:
@@ -380,25 +388,30 @@ class _StridedPtr(C.Ptr):
 def launch_forward(call: VarlenCall, q, k, v, cu_q, cu_k, cfg: KernelConfig, out, lse: Optional[torch.Tensor]):
     """Run ``_varlen_fwd`` into ``out`` (``(total_q, Hq, D)``) and, when given, ``lse`` (``(Hq, total_q)``)."""
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
-    C.launch_cached(_varlen_fwd, (call, lse is not None), (q, k, v, out, lse_arg, cu_q, cu_k),
+    err = VC.error_word(q.device)
+    C.launch_cached(_varlen_fwd, (call, lse is not None), (q, k, v, out, lse_arg, cu_q, cu_k, err),
                     lambda: ((triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
-                             forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k),
+                             forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k, err),
                              _fwd_constexprs(call, cfg, lse is not None)), cfg, C.torch_backend())
 
 
-def dq_args(call: VarlenCall, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k) -> dict:
+def dq_args(call: VarlenCall, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k, totals=None) -> dict:
+    totals = totals or (q.shape[0], k.shape[0])
     return dict(Q=q, K=k, V=v, O=out, DO=do, LSE=lse, DLSE=dlse if dlse is not None else lse, Delta=delta, DQ=dq,
                 CU_Q=cu_q, CU_K=cu_k, **call.scalars(),
                 **_strides3("q", q), **_strides3("k", k), **_strides3("v", v), **_strides3("o", out),
                 **_strides3("do", do), **_strides3("dq", dq), stride_lh=_lse_row_stride(lse),
-                H_Q=call.heads_q, GROUP=call.group, WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
+                H_Q=call.heads_q, GROUP=call.group, WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right,
+                TOTAL_Q=totals[0], TOTAL_K=totals[1])
 
 
-def dkdv_args(call: VarlenCall, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k) -> dict:
+def dkdv_args(call: VarlenCall, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, totals=None) -> dict:
+    totals = totals or (q.shape[0], k.shape[0])
     return dict(Q=q, K=k, V=v, DO=do, LSE=lse, Delta=delta, DK=dk, DV=dv, CU_Q=cu_q, CU_K=cu_k, **call.scalars(),
                 **_strides3("q", q), **_strides3("k", k), **_strides3("v", v), **_strides3("do", do),
                 **_strides3("dk", dk), **_strides3("dv", dv), stride_lh=_lse_row_stride(lse),
-                H_KV=call.heads_kv, GROUP=call.group, WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
+                H_KV=call.heads_kv, GROUP=call.group, WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right,
+                TOTAL_Q=totals[0], TOTAL_K=totals[1])
 
 
 def _dq_constexprs(call: VarlenCall, cfg: KernelConfig, has_dlse: bool) -> dict:
@@ -431,7 +444,9 @@ def launch_dkdv(call: VarlenCall, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, c
 def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg):
     """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.BwdConfig`
     (its ``head_splits`` is not used: the dK/dV kernel sums the whole GQA group in registers)."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # rows after the last sequence (strict_end=False) are never written by the kernels: zero, not garbage
+    alloc = torch.empty_like if call.strict_end else torch.zeros_like
+    dq, dk, dv = alloc(q), alloc(k), alloc(v)
     delta = torch.empty_like(lse)
     launch_dq(call, do, q, k, v, out, lse, dlse, delta, dq, cu_q, cu_k, bwd_cfg.dq)
     launch_dkdv(call, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, bwd_cfg.dkdv)
@@ -464,8 +479,8 @@ def _compile_geometry(head_dim: int, group: int, heads_kv: int, softcap: bool, w
     """The :class:`VarlenCall` of a compile-only build and the ``(q-like, kv-like)`` packed strides."""
     left = 256 if window else M.UNBOUNDED
     right = 0 if causal else M.UNBOUNDED
-    call = VarlenCall(4, heads_kv * group, heads_kv, head_dim, 1024, 1024, 0.125, 30.0 if softcap else 0.0,
-                      left, right)
+    call = VarlenCall(4, heads_kv * group, heads_kv, head_dim, VC.AS_UNSPECIALISED, VC.AS_UNSPECIALISED, 0.125,
+                      30.0 if softcap else 0.0, left, right)
     return call, (call.heads_q * head_dim, head_dim, 1), (call.heads_kv * head_dim, head_dim, 1)
 
 
@@ -496,8 +511,9 @@ def compile_forward_for(target, fwd_cfg: KernelConfig, head_dim: int, dtype: str
     q_like, kv_like, rows = _compile_ptrs(call, D3, K3, dtype, total_tokens)
     q, o, k, v = q_like(), q_like(), kv_like(), kv_like()
     lse, cu = rows(), _StridedPtr("*i32", ())
-    return C.compile_kernel(_varlen_fwd, target, forward_args(call, q, k, v, o, lse, cu, cu),
-                            _fwd_constexprs(call, fwd_cfg, True), fwd_cfg)
+    args = forward_args(call, q, k, v, o, lse, cu, cu, _StridedPtr("*i32", ()), VC.COMPILE_TOTALS)
+    args["STRICT_END"] = VC.AS_UNSPECIALISED
+    return C.compile_kernel(_varlen_fwd, target, args, _fwd_constexprs(call, fwd_cfg, True), fwd_cfg)
 
 
 def compile_backward_kernel_for(target, kernel: str, cfg: KernelConfig, head_dim: int, dtype: str = "bf16",
@@ -518,9 +534,11 @@ def compile_backward_kernel_for(target, kernel: str, cfg: KernelConfig, head_dim
     lse, delta = rows(), rows()
     cu = _StridedPtr("*i32", ())
     if kernel == "dq":
-        return C.compile_kernel(_varlen_bwd_dq, target, dq_args(call, q, k, v, o, do, lse, None, delta, dq, cu, cu),
+        return C.compile_kernel(_varlen_bwd_dq, target,
+                                dq_args(call, q, k, v, o, do, lse, None, delta, dq, cu, cu, VC.COMPILE_TOTALS),
                                 _dq_constexprs(call, cfg, False), cfg)
-    return C.compile_kernel(_varlen_bwd_dkdv, target, dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu, cu),
+    return C.compile_kernel(_varlen_bwd_dkdv, target,
+                            dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu, cu, VC.COMPILE_TOTALS),
                             _dkdv_constexprs(call, cfg), cfg)
 
 

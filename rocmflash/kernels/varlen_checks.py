@@ -1,0 +1,84 @@
+"""The varlen kernels' handling of ``cu_seqlens`` values they cannot trust: clamps and an error word.
+
+``flash_attn_varlen_func`` does not read the cumulative lengths on the host by default (each read
+waits for the GPU). So every varlen kernel takes a sequence's rows through :func:`seq_range`, which
+clamps them into the packed tensor -- no value, however wrong, addresses memory outside q, k, v or
+their outputs and gradients -- and the forward's first program of each sequence ORs what is wrong
+(:func:`report_lengths`, the ``BAD_*`` bits) into a per-device int32 word (:func:`error_word`) with
+one atomic, only when something is. :mod:`rocmflash.varlen` reads the word and raises.
+
+The kernels' packed sizes (rows of q and k, ``max_seqlen_*``) are integer arguments that change from
+call to call: they are left unspecialised (:data:`UNSPECIALISED`), or every new size divisible by 16
+(or equal to 1) would compile the kernel again.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from rocmflash.kernels import common as C
+from rocmflash.kernels.common import kernel_jit
+
+#: bits of the error word for ``cu_seqlens_q``; ``cu_seqlens_k``'s are these shifted left by :data:`K_SHIFT`
+BAD_FIRST = tl.constexpr(1)  #: the first entry is not 0
+BAD_LAST = tl.constexpr(2)  #: the last entry is not the packed length (with a tail of unused rows: past it)
+BAD_ORDER = tl.constexpr(4)  #: an entry is smaller than the one before it
+BAD_LONG = tl.constexpr(8)  #: a sequence is longer than ``max_seqlen_*``
+K_SHIFT = tl.constexpr(4)
+
+#: the forward's integers Triton must not specialise; the backward kernels have the first two
+UNSPECIALISED = ("TOTAL_Q", "TOTAL_K", "MAX_Q", "MAX_K", "STRICT_END")
+#: their value in a compile-only build: ``kernels.build.compile_kernel`` specialises every integer it is
+#: given, and one that is neither 1 nor a multiple of 16 specialises as an unspecialised launch does
+AS_UNSPECIALISED = 17
+COMPILE_TOTALS = (AS_UNSPECIALISED, AS_UNSPECIALISED)
+
+
+def jit_unspecialised(names):
+    """``kernel_jit`` with the integer arguments ``names`` left unspecialised by Triton."""
+    return lambda fn: C._DualJIT(fn, do_not_specialize=names)
+
+
+@kernel_jit
+def seq_range(CU, off_b, TOTAL):
+    """``(first row, length)`` of sequence ``off_b``, clamped into the ``TOTAL`` packed rows: whatever the
+    values of ``CU``, rows ``first .. first + length - 1`` exist (a decreasing pair gives length 0)."""
+    start = tl.minimum(tl.maximum(tl.load(CU + off_b), 0), TOTAL)
+    end = tl.minimum(tl.maximum(tl.load(CU + off_b + 1), start), TOTAL)
+    return start, end - start
+
+
+@kernel_jit
+def _length_errors(CU, off_b, last_b, TOTAL, MAX_LEN, STRICT_END):
+    """Error bits of sequence ``off_b``'s two entries of ``CU`` (the host check's rules, ``check_values=True``)."""
+    lo, hi = tl.load(CU + off_b), tl.load(CU + off_b + 1)
+    bits = tl.where((off_b == 0) & (lo != 0), BAD_FIRST, 0)
+    end_bad = (hi > TOTAL) | ((STRICT_END != 0) & (hi != TOTAL))
+    bits = bits | tl.where((off_b == last_b) & end_bad, BAD_LAST, 0)
+    bits = bits | tl.where(hi < lo, BAD_ORDER, 0)
+    return bits | tl.where(hi - lo > MAX_LEN, BAD_LONG, 0)
+
+
+@kernel_jit
+def report_lengths(CU_Q, CU_K, ERR, off_b, last_b, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, STRICT_END):
+    """OR sequence ``off_b``'s error bits into ``ERR`` (one atomic, only when something is wrong).
+
+    Together the rules say what the host check says: entries from 0 to the packed length, non-decreasing
+    (so inside the tensor), no sequence longer than its ``max_seqlen``."""
+    err = _length_errors(CU_Q, off_b, last_b, TOTAL_Q, MAX_Q, STRICT_END)
+    err = err | (_length_errors(CU_K, off_b, last_b, TOTAL_K, MAX_K, STRICT_END) << K_SHIFT)
+    if err != 0:
+        tl.atomic_or(ERR, err, sem="relaxed")
+
+
+_ERROR_WORDS: dict = {}  #: device -> int32 (1,) error word
+
+
+def error_word(device) -> torch.Tensor:
+    """The int32 ``(1,)`` word the varlen forward on ``device`` ORs its ``BAD_*`` bits into; zero until a
+    launch met cumulative lengths it had to clamp (read and reset by :mod:`rocmflash.varlen`)."""
+    word = _ERROR_WORDS.get(device)
+    if word is None:
+        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return word
