@@ -14,6 +14,9 @@ a left-padded batch), through the split-KV decode kernels of
 :mod:`rocmflash.kernels.kv_decode`. ``num_splits=0`` takes the split count from the tuned
 database (``rocmflash tune --mode decode``) or a CU-count heuristic.
 
+An fp8 cache (the arch's format) takes fp32 ``k_descale``/``v_descale`` ``(B, Hkv)`` (flash-attn 3's
+names): new keys are quantised into it, the kernel reads half the bytes (:mod:`rocmflash.decode_fp8`).
+
 Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs
 and before anything is written to the cache. Checking the *values* of ``cache_seqlens``
 and ``block_table`` reads them on the host (one small copy); while a CUDA/HIP graph is
@@ -31,8 +34,11 @@ require_supported_versions()
 
 import torch  # noqa: E402
 
+from rocmflash import decode_fp8 as F8D  # noqa: E402
+from rocmflash.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
 from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels import kv_decode as KD  # noqa: E402
+from rocmflash.kernels import kv_quant as KQ  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.varlen import _capturing, check_options  # noqa: E402
 
@@ -69,8 +75,9 @@ def _interpreting() -> bool:
     return C.interpreting()
 
 
-def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, cache_leftpad=None) -> tuple:
-    """Every check but the options' and those of tensor values; returns ``(paged, page_size, capacity, new)``.
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, cache_leftpad=None,
+              k_descale=None, v_descale=None) -> tuple:
+    """Every check but the options' and those of tensor values; returns ``(paged, page_size, capacity, new, fp8)``.
 
     It reads only metadata (types, dtypes, shapes, devices) and the value of an int
     ``cache_seqlens``: what :func:`_signature` keys, so a call of a known signature passes it.
@@ -78,8 +85,10 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
     _check4("q", q, "(B, Sq, Hq, D)")
     paged = block_table is not None
     layout = "(num_blocks, page_size, Hkv, D)" if paged else "(B, S_max, Hkv, D)"
-    _check4("k_cache", k_cache, layout, q)
-    _check4("v_cache", v_cache, layout, q)
+    fp8 = F8D.check_caches(q, k_cache, v_cache, layout)
+    if not fp8:
+        _check4("k_cache", k_cache, layout, q)
+        _check4("v_cache", v_cache, layout, q)
     if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
         L.check_device("q", q)  # raises: names the device (meta: no data) and what is needed
     if k_cache.shape != v_cache.shape:
@@ -93,6 +102,7 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
         raise ValueError(f"head dim must be in 16..256, got {D}")
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"number of query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    F8D.check_descales(fp8, q, B, Hkv, k_descale, v_descale)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (new keys and values to append), or both None")
     new = 0
@@ -134,7 +144,7 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
         _int_tensor("cache_leftpad", cache_leftpad, 1, q.device, (torch.int32, torch.int64))
         if cache_leftpad.shape[0] != B:
             raise ValueError(f"cache_leftpad must be (B={B},), got shape {tuple(cache_leftpad.shape)}")
-    return paged, page_size, capacity, new
+    return paged, page_size, capacity, new, fp8
 
 
 def _lengths(cache_seqlens, batch: int, capacity: int, device):
@@ -146,13 +156,14 @@ def _lengths(cache_seqlens, batch: int, capacity: int, device):
 
 
 def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device,
-                  starts=None) -> None:
+                  starts=None, descales=None) -> None:
     """Values that need a host read: tensor lengths within the cache, start keys (``cache_leftpad``,
     as int32 ``starts``) within their sequences, used pages inside the cache (skipped while a graph is
-    captured; a plain int length was checked on the host already). The checks run on the device and
-    come back as flags in one small copy; details are looked up only on failure."""
+    captured; a plain int length was checked on the host already), an fp8 cache's ``descales``
+    ``(k_descale, v_descale)`` finite and > 0. The checks run on the device and come back as flags in
+    one small copy; details are looked up only on failure."""
     if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None
-                                  or starts is not None):
+                                  or starts is not None or descales is not None):
         return
     bad_len = (lens < 0) | (lens + new > capacity)
     checks = [bad_len.any()]
@@ -168,7 +179,12 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
             used &= pages >= (starts.clamp(min=0) // page_size)[:, None]
         bad_page = used & ((block_table < 0) | (block_table >= num_blocks))
         checks.append(bad_page.any())
+    if descales is not None:
+        bad_scales = F8D.descale_flags(*descales)
+        checks += [bad.any() for bad in bad_scales]
     flags = torch.stack(checks).tolist()
+    if descales is not None and (flags[-1] or flags[-2]):
+        F8D.raise_bad_descale(*bad_scales, *descales)
     if flags[0]:
         b = int(bad_len.nonzero()[0, 0])
         raise ValueError(f"cache_seqlens[{b}]={int(lens[b])} plus {new} new key(s) is outside the cache "
@@ -181,76 +197,6 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
         b, p = (int(x) for x in bad_page.nonzero()[0])
         raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
                          f"(the cache has {num_blocks} blocks)")
-
-
-# ----------------------------------------------------------------------------- device-side value checks
-#: a default call starts an asynchronous copy of its device's error word every this many calls
-ERROR_POLL_CALLS = 64
-_ERROR_TEXT = ((KD.BAD_LENGTH.value, "cache_seqlens plus the new keys outside the cache"),
-               (KD.BAD_START.value, "cache_leftpad outside its sequence"),
-               (KD.BAD_PAGE.value, "block_table pointing outside the cache's pages"))
-
-
-class _ErrorWatch:
-    """One device's watch on its error word: a pinned host copy, the event that completes it, calls since."""
-
-    __slots__ = ("calls", "event", "host")
-
-    def __init__(self):
-        self.calls, self.event = 0, None
-        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
-
-
-_WATCHES: dict = {}  #: device -> _ErrorWatch
-
-
-def _raise_for(bits: int, device, how: str) -> None:
-    what = "; ".join(text for bit, text in _ERROR_TEXT if bits & bit)
-    raise ValueError(f"flash_attn_with_kvcache on {device}: {how} got {what} (clamped into the cache, so no memory "
-                     "outside it was touched, but those sequences' outputs are wrong); pass check_values=True "
-                     "to have each call checked on the host, with the index and value")
-
-
-def check_errors(device=None) -> None:
-    """Raise ``ValueError`` if a ``flash_attn_with_kvcache`` call on ``device`` (None: every device used)
-    met an out-of-range ``cache_seqlens``/``cache_leftpad``/``block_table`` value since the last report,
-    and reset the report. Waits for the GPU (reads the device-side error word)."""
-    devices = list(KD._ERROR_WORDS) if device is None else [torch.device(device)]
-    for dev in devices:
-        _read_and_report(dev, "a call since the last check")
-
-
-def _read_and_report(device, how: str) -> None:
-    """Read ``device``'s error word (a wait on a GPU) and, when a bit is set, reset it and raise."""
-    word = KD._ERROR_WORDS.get(device)
-    bits = int(word[0]) if word is not None else 0
-    if bits:
-        word.zero_()
-        _raise_for(bits, device, how)
-
-
-def _poll_errors(device) -> None:
-    """Raise what an earlier, finished copy of ``device``'s error word shows; start a copy every
-    :data:`ERROR_POLL_CALLS` calls. Never waits (on the CPU, under the interpreter, it reads the word)."""
-    if device.type != "cuda":
-        _read_and_report(device, "an earlier call")
-        return
-    watch = _WATCHES.get(device)
-    if watch is None:
-        watch = _WATCHES[device] = _ErrorWatch()
-    if watch.event is not None and watch.event.query():
-        watch.event = None
-        bits = int(watch.host[0])
-        if bits:
-            KD.error_word(device).zero_()
-            _raise_for(bits, device, "an earlier call")
-    watch.calls += 1
-    if watch.calls >= ERROR_POLL_CALLS and watch.event is None and not _capturing(device):
-        watch.calls = 0
-        with L.on_device(KD.error_word(device)):
-            watch.host.copy_(KD.error_word(device), non_blocking=True)
-            watch.event = torch.cuda.Event()
-            watch.event.record()
 
 
 def _append(k_cache, v_cache, k, v, lens, block_table, page_size, capacity: int) -> None:
@@ -288,15 +234,16 @@ def _append(k_cache, v_cache, k, v, lens, block_table, page_size, capacity: int)
 
 
 def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,
-                  page_size: int = 0) -> "KD.DecodeConfig":
+                  page_size: int = 0, kv_fp8: bool = False) -> "KD.DecodeConfig":
     """The decode config for this problem: the tuned database entry (``rocmflash tune --mode decode``) of the
-    nearest KV-length and batch buckets, else the per-arch default.
+    nearest KV-length and batch buckets, else the per-arch default. An fp8 cache (``kv_fp8``) takes the
+    per-arch fp8 default: database entries are tuned for 16-bit caches (twice the bytes per key block).
 
     Kept per bucket, not per length: the lookup reads the KV length and batch only through their
     next powers of two (``tuning.decode._bucket``), so a cache one key longer each call
     (transformers' generate) finds its config kept instead of looking it up anew every step.
     """
-    key = (device, head_dim, dtype, group, C.next_pow2(max_seqlen_k), C.next_pow2(batch), page_size)
+    key = (device, head_dim, dtype, group, C.next_pow2(max_seqlen_k), C.next_pow2(batch), page_size, kv_fp8)
     cfg = _DECODE_CONFIGS.get(key)
     if cfg is None:
         from rocmflash.selection import device_identity
@@ -304,10 +251,10 @@ def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, b
 
         gpu_name, arch = device_identity(device)
         hit = None
-        if gpu_name is not None:
+        if gpu_name is not None and not kv_fp8:
             hit = lookup_decode(gpu_name, int(head_dim), dtype, int(group), int(max_seqlen_k), int(batch),
                                 int(page_size))
-        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim))
+        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim), kv_fp8)
     return cfg
 
 
@@ -396,22 +343,25 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
 
 
 def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-               num_splits, want_lse: bool, backend: str, keep: bool = False, cache_leftpad=None) -> _Plan:
+               num_splits, want_lse: bool, backend: str, keep: bool = False, cache_leftpad=None, k_descale=None,
+               v_descale=None) -> _Plan:
     """Check every input's metadata and the options (raising before anything runs), choose the config and
     split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys."""
-    paged, page_size, capacity, new = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
-                                                cache_leftpad)
+    paged, page_size, capacity, new, fp8 = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                                     num_splits, cache_leftpad, k_descale, v_descale)
+    if fp8:
+        F8D.check_arch(q.device, k_cache.dtype)
     left, right = check_options(softmax_scale, causal, window_size, softcap)
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right,
-                                   cache_leftpad is not None))
-    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size)
+                                   cache_leftpad is not None, fp8))
+    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size, fp8)
     splits = num_splits or cfg.num_splits
     if not splits:
         splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, C.num_compute_units(q.device),
-                                      KD.programs_per_cu(cfg))
+                                      KD.programs_per_cu(cfg, fp8))
     splits = max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
     return _Plan(backend, q.device.type == "cuda", paged, page_size, capacity, new, (B, Hq, Sq) if want_lse else None,
                  q.numel() > 0, call, cfg, splits, {} if keep else None)
@@ -429,18 +379,19 @@ def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
 
 
 def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-          num_splits, want_lse: bool, cache_leftpad=None, out=None) -> _Plan:
+          num_splits, want_lse: bool, cache_leftpad=None, out=None, k_descale=None, v_descale=None) -> _Plan:
     """The kept plan of this call's signature, or a new one (checked; kept when the signature is known).
     ``out``: the caller's output buffer when it is not ``empty_like(q)`` (its layout joins the signature)."""
     backend = C.torch_backend()
-    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, out),
+    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, out, k_descale,
+                               v_descale),
                      (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
     plan = _CALL_PLANS.get(sig) if sig is not None else None
     if plan is not None and (plan.on_gpu or _interpreting()):
         return plan
     keep = sig is not None and _seen_before(sig)
     plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
-                      softcap, num_splits, want_lse, backend, keep, cache_leftpad)
+                      softcap, num_splits, want_lse, backend, keep, cache_leftpad, k_descale, v_descale)
     if keep:
         if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
             _CALL_PLANS.clear()
@@ -470,7 +421,8 @@ def _seen_before(sig: tuple) -> bool:
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale: Optional[float] = None, causal: bool = False,
                             window_size: tuple = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
-                            return_lse: bool = False, *, check_values: bool = False, cache_leftpad=None):
+                            return_lse: bool = False, *, check_values: bool = False, cache_leftpad=None,
+                            k_descale=None, v_descale=None):
     """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
 
     Returns ``(B, Sq, Hq, D)`` in q's dtype, or ``(out, lse)`` with ``lse`` fp32 ``(B, Hq, Sq)``
@@ -498,22 +450,40 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     masks and windows keep counting positions in the cache, so the new tokens stay aligned to
     its end. Each value must be in ``0..cache_seqlens[b] + Sk_new`` (checked with the values).
 
+    **fp8 cache** (keyword-only ``k_descale``/``v_descale``, flash-attn 3's names): ``k_cache``/``v_cache``
+    of the arch's fp8 format (``float8_e4m3fnuz``/``e5m2fnuz`` on gfx942; ``float8_e4m3fn``/``e5m2`` on
+    gfx950 and sm_89+; none on gfx90a: a ``TypeError`` naming arch and format), holding
+    ``k / k_descale[b, h]``; the descales are fp32 ``(B, Hkv)``, required, finite and > 0. ``q`` and the
+    new ``k``/``v`` stay bf16/fp16: the new keys are written as ``k / k_descale`` rounded to nearest (ties
+    to even) and **saturated** to the format's largest finite value (448, 240 or 57344; NaN stays NaN),
+    the bytes of torch's ``(k.float() / k_descale[:, None, :, None]).clamp(-max, max).to(k_cache.dtype)``.
+    The kernel reads half the bytes, widens K/V to fp16 in registers (exactly) and runs both dots in fp16
+    (q scaled by a power of two into fp16's range); the scales multiply the scores and the output. A
+    scale not finite and > 0 is a value: checked on the GPU (reported like the others above; that call
+    writes nothing to the cache) or on the host with ``check_values=True`` (raises before anything is
+    written).
+
     The metadata checks, config and split count are worked out once per call signature
     (dtypes, shapes, strides, devices, options) and kept; :func:`clear_cache` forgets them.
     """
     want_lse = bool(return_lse)
     plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                 num_splits, want_lse, cache_leftpad)
+                 num_splits, want_lse, cache_leftpad, None, k_descale, v_descale)
     device = q.device
+    fp8 = plan.call.kv_fp8
     lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
     new = plan.new
     starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
     if check_values:
-        _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts)
+        _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts,
+                      (k_descale, v_descale) if fp8 else None)
         check_errors(device)
     else:
         _poll_errors(device)
-    if new:
+    if new and fp8:  # quantise (one launch; a bad scale writes nothing and sets BAD_DESCALE)
+        KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale, v_descale,
+                            KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
+    elif new:
         _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.capacity)
     seqlens = lens + new if new else lens
     out = torch.empty_like(q)
@@ -522,7 +492,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         with L.on_device(q):
             KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
-                      new_keys=new)
+                      new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
     return (out, lse) if want_lse else out
 
 

@@ -53,7 +53,7 @@ class Family:
 _SHARED = ("config.py", "kernels/common.py", "kernels/build.py", "kernels/launch.py")
 FAMILIES = {
     "decode": Family("decode", "rocmflash.tuning.decode",
-                     _SHARED + ("kernels/masks.py", "kernels/kv_decode.py", "tuning/decode.py")),
+                     _SHARED + ("kernels/masks.py", "kernels/kv_quant.py", "kernels/kv_decode.py", "tuning/decode.py")),
     "backward": Family("backward", "rocmflash.tuning.backward",
                        _SHARED + ("kernels/backward.py", "tuning/backward.py")),
     "varlen": Family("varlen", "rocmflash.tuning.varlen",

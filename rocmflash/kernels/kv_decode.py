@@ -36,6 +36,7 @@ import triton.language as tl
 
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
+from rocmflash.kernels import kv_quant as KQ
 from rocmflash.kernels import masks as M
 from rocmflash.kernels.common import kernel_jit
 
@@ -92,8 +93,10 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
                              WHOLE_PAGES)
     v_rows, _ = _key_rows(BT_row, start_n, offs_safe, off_b, stride_vb, stride_vn, PAGE_SIZE, NUM_BLOCKS, PAGED,
                           WHOLE_PAGES)
+    # an fp8 cache is widened to q's dtype (fp16 then, exact: every fp8 value is an fp16 value) in registers; its
+    # scales are folded into qk_scale/sm_scale and the output by the caller. A 16-bit cache: no-op casts
     k = C.load_2d(K + off_hk * stride_kh + k_rows[None, :] + offs_d[:, None] * stride_kd,
-                  offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK)
+                  offs_d < HEAD_DIM, nmask, BLOCK_D > HEAD_DIM, MASK).to(q.dtype)
     x = M.log2_scores(tl.dot(q, k), qk_scale, sm_scale, softcap, SOFTCAP)
     if MASK:
         keep = M.band_keep(offs_t, offs_n, SEQ_K, lo_off, hi_off, LOWER, UPPER)
@@ -111,22 +114,23 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     # V is loaded after the softmax, not with K: on the H100 loading it with K made one-stage
     # loops 6-9 % slower (reports/decode-overhead-2026-11-25-h100.md)
     v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
-                  nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+                  nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM).to(q.dtype)
+    acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i, err | bits
 
 
 @kernel_jit
-def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
                   stride_ob, stride_ot, stride_oh, stride_od,
-                  stride_btb, PAGE_SIZE, NUM_BLOCKS, CAPACITY, NEW_KEYS, H_KV, GROUP, SEQ_Q, NUM_SPLITS,
+                  stride_btb, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
+                  PAGE_SIZE, NUM_BLOCKS, CAPACITY, NEW_KEYS, H_KV, GROUP, SEQ_Q, NUM_SPLITS,
                   WIN_LEFT, WIN_RIGHT, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
-                  STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr):
+                  STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr, KV_FP8: tl.constexpr, FNUZ_VIEW: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
@@ -144,6 +148,12 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, sm_scale,
     rmask = offs_r < SEQ_Q * GROUP
     q = C.load_2d(Q + off_b.to(tl.int64) * stride_qb + offs_t[:, None] * stride_qt + offs_h[:, None] * stride_qh
                   + offs_d[None, :] * stride_qd, rmask, offs_d < HEAD_DIM, True, BLOCK_D > HEAD_DIM)
+    if KV_FP8:  # fp16 dots over the widened cache; this program's scales fold into scalars (kv_quant.fp8_setup)
+        q, k_mult, vs, bad = KQ.fp8_setup(q, KS + off_b * stride_ksb + off_hk * stride_ksh,
+                                          VS + off_b * stride_vsb + off_hk * stride_vsh, FNUZ_VIEW)
+        err = err | tl.where(bad, BAD_DESCALE, 0)
+        qk_scale = qk_scale * k_mult
+        sm_scale = sm_scale * k_mult
     BT_row = BT + off_b.to(tl.int64) * stride_btb
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -189,6 +199,8 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, sm_scale,
 
     if err != 0:  # once per program, after the loops
         tl.atomic_or(ERR, err, sem="relaxed")
+    if KV_FP8:
+        acc = acc * vs
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:  # one split: this program holds the whole row, so it writes the output (no combine launch)
         o_ptrs = (O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
@@ -246,13 +258,15 @@ KERNELS = ("_decode_split", "_decode_combine")
 BAD_LENGTH = tl.constexpr(1)  #: a ``cache_seqlens`` value outside ``0..capacity - new``
 BAD_START = tl.constexpr(2)  #: a ``cache_leftpad`` value outside ``0..cache_seqlens + new``
 BAD_PAGE = tl.constexpr(4)  #: a used ``block_table`` entry outside the page pool
+BAD_DESCALE = tl.constexpr(8)  #: an fp8 cache's ``k_descale``/``v_descale`` not finite and > 0 (nothing appended)
 
 _ERROR_WORDS: dict = {}  #: device -> int32 (1,) error word
 
 
 def error_word(device) -> torch.Tensor:
     """The int32 ``(1,)`` word the decode kernels on ``device`` OR their :data:`BAD_LENGTH` / ``BAD_START`` /
-    ``BAD_PAGE`` bits into; zero until a launch met a value it had to clamp (read and reset by the caller)."""
+    ``BAD_PAGE`` / ``BAD_DESCALE`` bits into; zero until a launch met a value it had to clamp (read and reset
+    by the caller)."""
     word = _ERROR_WORDS.get(device)
     if word is None:
         word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
@@ -303,20 +317,22 @@ def _kernel_config(block_n, num_warps, num_stages, waves_per_eu) -> KernelConfig
     return cfg
 
 
-def default_decode_config(arch: Optional[str], head_dim: int) -> DecodeConfig:
+def default_decode_config(arch: Optional[str], head_dim: int, kv_fp8: bool = False) -> DecodeConfig:
     """Per-arch starting point until a tuned entry exists.
 
     AMD CDNA: one stage (AMD's guidance for these loops), 4 waves, ``waves_per_eu=2``.
     NVIDIA sm_90: 4 warps, 3 stages so the next K/V blocks' loads are in flight (H100 sweep:
     88-93% of HBM at B >= 8 with one split program per SM, see :func:`programs_per_cu`).
-    Wide head dims halve the key block to keep the K and V tiles in registers.
+    Wide head dims halve the key block to keep the K and V tiles in registers. An fp8 cache
+    (``kv_fp8``) on NVIDIA doubles the key block (the bf16 block's bytes): H100, e4m3, D=128, 3 stages,
+    page 256: 1.2-1.3x faster than BN64 (84-85 % of HBM at B=32), contiguous within 5 % of the best.
     """
     arch = arch or "generic"
     block_n = 64 if head_dim <= 128 else 32
     if arch.startswith("gfx9"):
         return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=1, waves_per_eu=2)
     if arch.startswith("sm_"):
-        return DecodeConfig(BLOCK_N=block_n, num_warps=4, num_stages=3)
+        return DecodeConfig(BLOCK_N=2 * block_n if kv_fp8 else block_n, num_warps=4, num_stages=3)
     return DecodeConfig(BLOCK_N=32, num_warps=4, num_stages=1)
 
 
@@ -336,7 +352,7 @@ def choose_num_splits(batch: int, heads_kv: int, max_seqlen_k: int, block_n: int
     return int(max(1, min(want, longest, 64, blocks)))
 
 
-def programs_per_cu(cfg: "DecodeConfig") -> int:
+def programs_per_cu(cfg: "DecodeConfig", kv_fp8: bool = False) -> int:
     """Split programs per CU/SM that keep the memory system busy with ``cfg``'s loop.
 
     A pipelined loop (``num_stages >= 2``) keeps the next K/V block's loads in flight, so
@@ -344,9 +360,12 @@ def programs_per_cu(cfg: "DecodeConfig") -> int:
     a one-stage loop waits on each block's loads and needs about two programs per CU/SM to
     hide that. H100, D=128, GQA 8:1, one token (``bench/decode_sweep.py``,
     reports/decode-sweep-2026-11-24-h100.md): 3 stages at one program per SM reached 88-93%
-    of HBM (B = 8/32, KV = 8k-64k), 2x-4x more splits 3-12% slower.
+    of HBM (B = 8/32, KV = 8k-64k), 2x-4x more splits 3-12% slower. An fp8 cache (``kv_fp8``) halves
+    the bytes a pipelined loop has in flight, so it takes two programs: H100, e4m3 cache, B=8, KV 8k-64k,
+    BN64 w4 s3 went from 75-536 us at one program per SM to 56-373 us at two (1.25x -> 1.66-1.83x the
+    bf16 cache); at B=32 both rules give one split. (One-stage loops, AMD's, are not measured with fp8.)
     """
-    return 1 if cfg.num_stages >= 2 else 2
+    return 1 if cfg.num_stages >= 2 and not kv_fp8 else 2
 
 
 # ----------------------------------------------------------------------------- host side
@@ -364,6 +383,7 @@ class DecodeCall:
     win_left: int
     win_right: int
     leftpad: bool = False  #: a per-sequence start key (``cache_leftpad``) is passed
+    kv_fp8: bool = False  #: the cache is fp8, with ``(B, Hkv)`` fp32 ``k_descale``/``v_descale``
 
     @functools.cached_property
     def block_m(self) -> int:
@@ -375,29 +395,34 @@ class DecodeCall:
 
 
 @functools.lru_cache(maxsize=1024)
-def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False) -> dict:
+def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False,
+                      fnuz_view: bool = False) -> dict:
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
                 BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
-                LEFTPAD=call.leftpad)
+                LEFTPAD=call.leftpad, KV_FP8=call.kv_fp8, FNUZ_VIEW=bool(fnuz_view))
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
-               out=None, lse=None, leftpads=None, err=None, new_keys: int = 0) -> dict:
+               out=None, lse=None, leftpads=None, err=None, new_keys: int = 0, k_descale=None, v_descale=None) -> dict:
     """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
     (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused).
     ``leftpads``: int32 ``(B,)`` start keys when ``call.leftpad`` (else ``seqlens`` stands in, unread).
     ``err``: the error word (:func:`error_word`; compile-only builds: any int32 stand-in);
-    ``new_keys``: keys appended this call (a length below it is out of range)."""
+    ``new_keys``: keys appended this call (a length below it is out of range); ``k_descale``/``v_descale``:
+    the ``(B, Hkv)`` fp32 scales of an fp8 cache (``call.kv_fp8``; else ``seqlens`` stands in, unread)."""
     sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
     capacity, num_blocks = _cache_extent(call, k_cache, block_table)
     so = out.stride() if out is not None else (0, 0, 0, 0)
     softcap = float(call.softcap)
+    ks = k_descale if k_descale is not None else seqlens
+    vs = v_descale if v_descale is not None else seqlens
+    sks, svs = (ks.stride(), vs.stride()) if call.kv_fp8 else ((0, 0), (0, 0))  # unread
     return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens,
                 LEFTPADS=leftpads if leftpads is not None else seqlens, PO=po, PL=pl,
                 O=out if out is not None else po, LSE=lse if lse is not None else pl,
-                ERR=err if err is not None else seqlens, NUM_BLOCKS=num_blocks, CAPACITY=capacity,
+                ERR=err if err is not None else seqlens, KS=ks, VS=vs, NUM_BLOCKS=num_blocks, CAPACITY=capacity,
                 NEW_KEYS=int(new_keys),
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
                 softcap=softcap if softcap > 0 else 1.0,
@@ -405,7 +430,8 @@ def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, 
                 stride_kb=sk[0], stride_kn=sk[1], stride_kh=sk[2], stride_kd=sk[3],
                 stride_vb=sv[0], stride_vn=sv[1], stride_vh=sv[2], stride_vd=sv[3],
                 stride_ob=so[0], stride_ot=so[1], stride_oh=so[2], stride_od=so[3],
-                stride_btb=block_table.stride(0) if call.paged else 0, PAGE_SIZE=call.page_size if call.paged else 1,
+                stride_btb=block_table.stride(0) if call.paged else 0, stride_ksb=sks[0], stride_ksh=sks[1],
+                stride_vsb=svs[0], stride_vsh=svs[1], PAGE_SIZE=call.page_size if call.paged else 1,
                 H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits,
                 WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
 
@@ -435,7 +461,7 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None, leftpads=None, new_keys: int = 0) -> None:
+           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -457,6 +483,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     ``new_keys``: keys appended to each sequence by this call (its length must be at least that).
     Values outside the cache (lengths, starts, pages) are clamped in the kernel and raise bits of
     :func:`error_word` for ``q``'s device instead of addressing memory outside the cache.
+    ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
+    holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
     """
     backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
@@ -465,14 +493,15 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         raise ValueError("leftpads must be given exactly when the DecodeCall has leftpad=True")
     starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
     err = error_word(q.device)
+    k_cache, v_cache, ks, vs, fnuz_view = KQ.launch_views(call.kv_fp8, k_cache, v_cache, k_descale, v_descale, seqlens)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
         scalars = (call, cfg, 1, lse is not None, new_keys)
-        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err)
+        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err, ks, vs)
         C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
-                                            out, lse_arg, starts, err, new_keys),
-                                 _split_constexprs(call, cfg, True, lse is not None)), kcfg, backend,
+                                            out, lse_arg, starts, err, new_keys, ks, vs),
+                                 _split_constexprs(call, cfg, True, lse is not None, fnuz_view)), kcfg, backend,
                         _kept_key(keys, ("direct", lse is not None, backend, new_keys), _decode_split, scalars, tensors, kcfg,
                                   backend))
         return
@@ -483,12 +512,12 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     else:
         po, pl = workspace
     scalars = (call, cfg, num_splits, new_keys)
-    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err)
+    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs)
     C.launch_cached(_decode_split, scalars, tensors,
                     lambda: ((num_splits, call.batch * call.heads_kv),
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
-                                        leftpads=starts, err=err, new_keys=new_keys),
-                             _split_constexprs(call, cfg)), kcfg, backend,
+                                        leftpads=starts, err=err, new_keys=new_keys, k_descale=ks, v_descale=vs),
+                             _split_constexprs(call, cfg, False, False, fnuz_view)), kcfg, backend,
                     _kept_key(keys, ("split", num_splits, backend, new_keys), _decode_split, scalars, tensors, kcfg, backend))
     scalars = (call, num_splits, lse is not None)
     tensors = (po, pl, out, lse_arg)
@@ -534,7 +563,7 @@ class _StridedPtr(C.Ptr):
 def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
                 softcap: bool = False, window: bool = False, leftpad: bool = False, cache_bytes: int = 0,
-                q_bytes: int = 0):
+                q_bytes: int = 0, kv_dtype: str = ""):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
     ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them);
     ``leftpad``: the left-padded build (``cache_leftpad``).
@@ -542,25 +571,30 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     ``cache_bytes``: the storage of each K and V cache (or page pool) the build stands for,
     ``q_bytes`` that of ``q`` and the output (0: well under 2 GiB). On AMD a tensor past 2 GiB
     is read with global loads instead of buffer loads (another binary, other registers), so a
-    build for a large cache must be told its size."""
+    build for a large cache must be told its size. ``kv_dtype``: an fp8 cache's Triton type
+    (``fp8e4b8``/``fp8e5b16`` FNUZ on gfx942, ``fp8e4nv``/``fp8e5`` OCP on gfx950 and sm_89+; checked
+    against the target) with fp32 descales; "" (default): the cache is ``dtype``."""
     for name, value in (("cache_bytes", cache_bytes), ("q_bytes", q_bytes)):
         if type(value) is not int or value < 0:
             raise ValueError(f"compile_for: {name} {value!r} is invalid; expected an int >= 0")
     hkv, smax = 8, 4096
     call = DecodeCall(8, seqlen_q, hkv, group, head_dim, paged, page_size, 0.125, 30.0 if softcap else 0.0,
-                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED, leftpad)
+                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED, leftpad, bool(kv_dtype))
     t = "*" + dtype
     hq = hkv * group
     q = _StridedPtr(t, (seqlen_q * hq * head_dim, hq * head_dim, head_dim, 1), q_bytes)
     rows = page_size if paged else smax
-    kv = _StridedPtr(t, (rows * hkv * head_dim, hkv * head_dim, head_dim, 1), cache_bytes)
+    kv = _StridedPtr("*" + KQ.check_kv_type(kv_dtype, target) if kv_dtype else t,
+                     (rows * hkv * head_dim, hkv * head_dim, head_dim, 1), cache_bytes)
+    scales = _StridedPtr("*fp32", (hkv, 1)) if kv_dtype else None
     bt = _StridedPtr("*i32", (smax // max(1, page_size), 1))
     f32 = _StridedPtr("*fp32", (1,))
     splits = 4
     kcfg = cfg.kernel_config()
     main = C.compile_kernel(_decode_split, target,
                             split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits,
-                                       leftpads=_StridedPtr("*i32", (1,)) if leftpad else None),
+                                       leftpads=_StridedPtr("*i32", (1,)) if leftpad else None, k_descale=scales,
+                                       v_descale=scales),
                             _split_constexprs(call, cfg), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
                                _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))

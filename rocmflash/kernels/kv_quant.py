@@ -1,0 +1,261 @@
+"""fp8 KV cache: the kernel that quantises new keys/values into an fp8 cache, and the fp8 layouts it writes.
+
+``flash_attn_with_kvcache`` with an fp8 ``k_cache``/``v_cache`` takes new ``k``/``v`` in bf16/fp16
+and writes ``saturate(k / k_descale[b, h])`` rounded to the nearest fp8 value (ties to even) at
+``cache_seqlens[b] + t`` -- the same bytes as torch's
+``(k.float() / k_descale[:, None, :, None]).clamp(-max, max).to(cache.dtype)``: fp32 division
+correctly rounded (``div_rn``), one rounding to fp8 (RNE), out-of-range values (and ``inf``)
+saturated to the format's largest finite value, NaN kept NaN.
+
+**One launch, integer rounding.** The append is one program per (sequence, new token, K/V head),
+K and V together, instead of a dozen torch ops (a decode step is host-bound at small batch). The
+fp32 -> fp8 rounding is done with integer ops (:func:`_fp8_bits`), not with ``.to(fp8)``:
+Triton 3.6's interpreter rounds fp8 half-up without carrying into the exponent and has no FNUZ
+types at all, so only integer rounding gives the same bytes in the CPU tests and on every GPU.
+(It costs a few ALU ops per appended element; the append moves ``B * Sk_new`` rows, not the cache.)
+
+**Bad scales write nothing.** Every program reads all of ``k_descale``/``v_descale`` (``B * Hkv``
+floats, from cache) and stores nothing when any is not finite and > 0, so a call with a bad scale
+leaves the cache bytes exactly as they were -- decided on the GPU, without a host read -- and sets
+``kv_decode.BAD_DESCALE`` in the decode error word.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton.language as tl
+
+from rocmflash import fp8 as F8
+from rocmflash.kernels import common as C
+from rocmflash.kernels.common import kernel_jit
+
+
+class Fp8Layout(NamedTuple):
+    """Bit layout of an fp8 format: mantissa bits, exponent bias, FNUZ (no -0 nor inf; NaN is 0x80)."""
+
+    mant: int
+    bias: int
+    fnuz: bool
+
+
+# Written out, not read from torch.finfo: torch 2.13's finfo(float8_e5m2fnuz).eps says 3 mantissa bits (it has 2).
+# The largest finite values come from rocmflash.fp8 (fp8_max).
+LAYOUTS = {
+    torch.float8_e4m3fn: Fp8Layout(3, 7, False),
+    torch.float8_e5m2: Fp8Layout(2, 15, False),
+    torch.float8_e4m3fnuz: Fp8Layout(3, 8, True),
+    torch.float8_e5m2fnuz: Fp8Layout(2, 16, True),
+}
+#: the OCP format with the same bit layout as each FNUZ one (its exponent bias is one lower: a FNUZ
+#: value is half the OCP value of the same byte, except the codes of NaN/inf, which the cache never holds)
+OCP_TWIN = {torch.float8_e4m3fnuz: torch.float8_e4m3fn, torch.float8_e5m2fnuz: torch.float8_e5m2}
+
+
+@kernel_jit
+def _fp8_bits(x, MANT: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr, FMAX: tl.constexpr):
+    """fp32 ``x`` -> the fp8 byte (int32 0..255): saturated to ``±FMAX``, rounded to nearest, ties to even.
+
+    ``|x|`` = ``m24 * 2^(e - 23)`` with the 24-bit significand ``m24``; the fp8 quantum at exponent
+    ``e`` is ``2^(max(e, 1 - BIAS) - MANT)`` (below ``2^(1 - BIAS)`` the format is subnormal), so the
+    code's significand is ``m24`` shifted right by ``s = 23 - MANT + (max(e, 1 - BIAS) - e)``, rounded
+    to even on the bits shifted out. The code is ``((e_eff + BIAS - 1) << MANT) + q``: a normal
+    ``q >= 2^MANT`` supplies the exponent's implicit one, and a rounding carry into ``2^(MANT+1)``
+    moves to the next exponent by itself. Saturating first keeps every code finite.
+    """
+    ibits = x.to(tl.int32, bitcast=True)
+    negative = ibits < 0
+    a = tl.minimum(tl.abs(x), FMAX)
+    bits = a.to(tl.int32, bitcast=True)
+    e_field = bits >> 23
+    mant = bits & 0x7FFFFF
+    m24 = tl.where(e_field == 0, mant, mant | 0x800000)
+    e = tl.maximum(e_field, 1) - 127
+    e_eff = tl.maximum(e, 1 - BIAS)
+    s = tl.minimum(23 - MANT + (e_eff - e), 30)  # past 25 every m24 < 2^24 rounds to 0 anyway
+    q = m24 >> s
+    rem = m24 & ((1 << s) - 1)
+    half = 1 << (s - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    code = ((e_eff + BIAS - 1) << MANT) + q
+    if FNUZ:  # no negative zero (0x80 is NaN)
+        code = tl.where(negative & (code != 0), code | 0x80, code)
+        code = tl.where(x != x, 0x80, code)  # noqa: PLR0124 (NaN test)
+    else:
+        code = tl.where(negative, code | 0x80, code)
+        code = tl.where(x != x, tl.where(negative, 0xFF, 0x7F), code)  # noqa: PLR0124 (NaN test)
+    return code
+
+
+@kernel_jit
+def fp8_setup(q, KS_PTR, VS_PTR, FNUZ_VIEW: tl.constexpr):
+    """A decode program's fp8 set-up: ``(q16, k_mult, v_mult, bad)``.
+
+    The dots run in fp16 whatever q's dtype: the hardware widens fp8 to fp16 directly (H100:
+    ``cvt.rn.f16x2.e4m3x2``; bf16 would take a second, scalar conversion per element, which
+    made the first H100 build slower than the bf16 cache), P in fp16 keeps 3 more bits than in
+    bf16, and every fp8 value is an fp16 value. q (bf16's range) is scaled by ``2^-s`` into
+    ``[2^14, 2^15)`` at its largest element, so it neither overflows fp16 nor loses bits above
+    ``max|q| 2^-28``; ``k_mult = k_descale * 2^s`` undoes it with the key scale (exact powers of two).
+    ``bad``: a scale that is not finite and > 0 (NaN fails every compare).
+    """
+    ks = tl.load(KS_PTR)
+    vs = tl.load(VS_PTR)
+    bad = ~((ks > 0.0) & (ks < float("inf")) & (vs > 0.0) & (vs < float("inf")))
+    if FNUZ_VIEW:  # interpreter only: a FNUZ cache read as its OCP twin is twice the value (launch_views)
+        ks = ks * 0.5
+        vs = vs * 0.5
+    qf = q.to(tl.float32)
+    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+    e = ((qmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(qmax)) (normal qmax)
+    s = tl.minimum(tl.maximum(e - 14, -100), 100)
+    down = ((127 - s) << 23).to(tl.float32, bitcast=True)  # 2^-s, exactly
+    up = ((127 + s) << 23).to(tl.float32, bitcast=True)
+    if FNUZ_VIEW:  # the twin's doubled values pass fp16's range (e5m2fnuz's top binade): interpreter dots in fp32
+        return qf * down, ks * up, vs, bad
+    return (qf * down).to(tl.float16), ks * up, vs, bad
+
+
+@kernel_jit
+def _scales_bad(KS, VS, stride_ksb, stride_ksh, stride_vsb, stride_vsh, NUM, H_KV, SCALE_BLOCK: tl.constexpr):
+    """1 when any of the ``(B, Hkv)`` descales is not finite and > 0 (NaN fails both compares), else 0."""
+    bad = 0
+    for i0 in range(0, NUM, SCALE_BLOCK):
+        idx = i0 + tl.arange(0, SCALE_BLOCK)
+        live = idx < NUM
+        b, h = idx // H_KV, idx % H_KV
+        ks = tl.load(KS + b * stride_ksb + h * stride_ksh, mask=live, other=1.0)
+        vs = tl.load(VS + b * stride_vsb + h * stride_vsh, mask=live, other=1.0)
+        wrong = ~((ks > 0.0) & (ks < float("inf")) & (vs > 0.0) & (vs < float("inf")))
+        bad = bad | tl.max(wrong.to(tl.int32), 0)
+    return bad
+
+
+@kernel_jit
+def _quant_append(KN, VN, KC, VC, BT, SEQLENS, KS, VS, ERR,
+                  stride_knb, stride_knt, stride_knh, stride_knd, stride_vnb, stride_vnt, stride_vnh, stride_vnd,
+                  stride_kcb, stride_kcn, stride_kch, stride_kcd, stride_vcb, stride_vcn, stride_vch, stride_vcd,
+                  stride_btb, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
+                  NEW, H_KV, NUM_SCALES, CAPACITY, PAGE_SIZE, NUM_BLOCKS,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                  MANT: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr, FMAX: tl.constexpr,
+                  BAD_DESCALE: tl.constexpr):
+    bt_idx = tl.program_id(0)  # sequence * NEW + new token
+    h = tl.program_id(1)
+    b = bt_idx // NEW
+    t = bt_idx % NEW
+    bad = _scales_bad(KS, VS, stride_ksb, stride_ksh, stride_vsb, stride_vsh, NUM_SCALES, H_KV, SCALE_BLOCK)
+    if bad != 0:  # write nothing anywhere; one program reports
+        if (bt_idx == 0) & (h == 0):
+            tl.atomic_or(ERR, BAD_DESCALE, sem="relaxed")
+        return
+    # as flash_attn_with_kvcache's 16-bit append: a length outside 0..CAPACITY-NEW is clamped into the
+    # sequence's own rows and a page outside the pool into it (the decode kernel reports both)
+    pos = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), CAPACITY - NEW) + t
+    if PAGED:
+        page = tl.load(BT + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
+        k_row = page.to(tl.int64) * stride_kcb + (pos % PAGE_SIZE).to(tl.int64) * stride_kcn
+        v_row = page.to(tl.int64) * stride_vcb + (pos % PAGE_SIZE).to(tl.int64) * stride_vcn
+    else:
+        k_row = b.to(tl.int64) * stride_kcb + pos.to(tl.int64) * stride_kcn
+        v_row = b.to(tl.int64) * stride_vcb + pos.to(tl.int64) * stride_vcn
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    ks = tl.load(KS + b * stride_ksb + h * stride_ksh)
+    vs = tl.load(VS + b * stride_vsb + h * stride_vsh)
+    k = tl.load(KN + b.to(tl.int64) * stride_knb + t * stride_knt + h * stride_knh + offs_d * stride_knd,
+                mask=dmask, other=0.0).to(tl.float32)
+    v = tl.load(VN + b.to(tl.int64) * stride_vnb + t * stride_vnt + h * stride_vnh + offs_d * stride_vnd,
+                mask=dmask, other=0.0).to(tl.float32)
+    kq = _fp8_bits(tl.math.div_rn(k, ks), MANT, BIAS, FNUZ, FMAX)
+    vq = _fp8_bits(tl.math.div_rn(v, vs), MANT, BIAS, FNUZ, FMAX)
+    tl.store(KC + k_row + h * stride_kch + offs_d * stride_kcd, kq.to(tl.uint8), mask=dmask)
+    tl.store(VC + v_row + h * stride_vch + offs_d * stride_vcd, vq.to(tl.uint8), mask=dmask)
+
+
+@functools.lru_cache(maxsize=256)
+def _constexprs(dtype, head_dim: int, paged: bool, num_scales: int, bad_bit: int) -> dict:
+    lay = LAYOUTS[dtype]
+    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, C.next_pow2(head_dim)), PAGED=paged,
+                SCALE_BLOCK=min(1024, max(16, C.next_pow2(num_scales))), MANT=lay.mant, BIAS=lay.bias,
+                FNUZ=lay.fnuz, FMAX=F8.fp8_max(dtype), BAD_DESCALE=bad_bit)
+
+
+def append_args(k, v, k_cache, v_cache, block_table, seqlens, k_descale, v_descale, err, page_size: int,
+                bt=None) -> dict:
+    """The append kernel's arguments; ``k_cache``/``v_cache`` as uint8 views (the kernel stores bytes);
+    ``bt``: the tensor standing in for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch."""
+    sk, sv, skc, svc = k.stride(), v.stride(), k_cache.stride(), v_cache.stride()
+    sks, svs = k_descale.stride(), v_descale.stride()
+    paged = block_table is not None
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    stand_in = bt if bt is not None else seqlens
+    return dict(KN=k, VN=v, KC=k_cache, VC=v_cache, BT=block_table if paged else stand_in, SEQLENS=seqlens,
+                KS=k_descale, VS=v_descale, ERR=err,
+                stride_knb=sk[0], stride_knt=sk[1], stride_knh=sk[2], stride_knd=sk[3],
+                stride_vnb=sv[0], stride_vnt=sv[1], stride_vnh=sv[2], stride_vnd=sv[3],
+                stride_kcb=skc[0], stride_kcn=skc[1], stride_kch=skc[2], stride_kcd=skc[3],
+                stride_vcb=svc[0], stride_vcn=svc[1], stride_vch=svc[2], stride_vcd=svc[3],
+                stride_btb=block_table.stride(0) if paged else 0, stride_ksb=sks[0], stride_ksh=sks[1],
+                stride_vsb=svs[0], stride_vsh=svs[1], NEW=k.shape[1], H_KV=k.shape[2],
+                NUM_SCALES=k_descale.shape[0] * k_descale.shape[1], CAPACITY=capacity,
+                PAGE_SIZE=page_size if paged else 1, NUM_BLOCKS=k_cache.shape[0])
+
+
+_APPEND_CFG = None
+
+
+def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, k_descale, v_descale, err,
+                     bad_bit: int, backend: str) -> None:
+    """Quantise ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the fp8 caches at ``lens[b] + t`` (one launch, no host
+    read); ``err``: the device's decode error word, into which ``bad_bit`` is ORed when a scale is bad
+    (nothing is written then)."""
+    global _APPEND_CFG
+    if _APPEND_CFG is None:
+        from rocmflash.config import KernelConfig
+
+        _APPEND_CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    B, new, hkv, d = k.shape
+    kc, vc = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    bt = block_table if block_table is not None else lens  # unread without pages
+    tensors = (k, v, kc, vc, bt, lens, k_descale, v_descale, err)
+    C.launch_cached(_quant_append, (k_cache.dtype, page_size, block_table is not None, bad_bit), tensors,
+                    lambda: ((B * new, hkv),
+                             append_args(k, v, kc, vc, block_table, lens, k_descale, v_descale, err, page_size,
+                                         bt),
+                             _constexprs(k_cache.dtype, d, block_table is not None, B * hkv, bad_bit)),
+                    _APPEND_CFG, backend)
+
+
+def launch_views(kv_fp8: bool, k_cache, v_cache, k_descale, v_descale, seqlens) -> tuple:
+    """``(k_cache, v_cache, k_scales, v_scales, fnuz_view)`` as ``kv_decode.launch`` passes them: a 16-bit
+    cache gets ``seqlens`` as unread scale stand-ins. Under Triton 3.6's interpreter, which has no FNUZ
+    types, a FNUZ cache is read as its OCP twin (same layout, bias one lower: twice the value) and the
+    kernel halves the scales and dots in fp32 (``fnuz_view``: the doubled e5m2 values pass fp16's range);
+    compiled builds read the FNUZ types themselves and dot in fp16."""
+    if kv_fp8 != (k_descale is not None and v_descale is not None):
+        raise ValueError("k_descale and v_descale must be given exactly when the DecodeCall has kv_fp8=True")
+    if not kv_fp8:
+        return k_cache, v_cache, seqlens, seqlens, False
+    fnuz_view = k_cache.dtype in OCP_TWIN and C.interpreting()
+    if fnuz_view:
+        k_cache, v_cache = k_cache.view(OCP_TWIN[k_cache.dtype]), v_cache.view(OCP_TWIN[v_cache.dtype])
+    return k_cache, v_cache, k_descale, v_descale, fnuz_view
+
+
+def check_kv_type(kv_dtype: str, target) -> str:
+    """``kv_dtype`` (a Triton fp8 type name) when ``target`` computes in its format, else a one-line ``TypeError``
+    naming the arch and the types expected (a build of the other family fails deep in LLVM, or aborts it)."""
+    by_name = {F8.triton_type(d): d for d in F8.FP8_DTYPES}
+    if kv_dtype not in by_name:
+        raise TypeError(f"kv_dtype must be one of {', '.join(by_name)} (an fp8 cache), got {kv_dtype!r}")
+    t = C.as_target(target)
+    arch = t.arch if t.backend == "hip" else f"sm_{t.arch}"
+    F8.check_format(by_name[kv_dtype], arch, "k_cache")
+    return kv_dtype
+
+
+__all__ = ["LAYOUTS", "OCP_TWIN", "append_args", "append_quantised", "check_kv_type", "fp8_setup", "launch_views"]
