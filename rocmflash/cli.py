@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "victims and duplicate binaries. Writes report.md, configs.csv and vgprs.png.")
     report.add_argument("--gpu", required=True, help="catalog name, e.g. mi250, mi300x, mi355x (see `rocmflash gpus`)")
     report.add_argument("--head-dim", type=int, default=128, metavar="D", help="head dimension (16..256, default 128)")
-    report.add_argument("--dtype", default="fp16", help="fp16 or bf16 (default fp16)")
+    report.add_argument("--dtype", default="fp16",
+                        help="fp16, bf16 or fp8 (default fp16). fp8: Q/K/V in the arch's e4m3 format (gfx942: "
+                             "float8_e4m3fnuz, gfx950 and sm_89+: float8_e4m3fn), bf16 output, the online kernel "
+                             "only; prefill forward only; not on gfx90a or sm_80 (no fp8 matrix instructions)")
     report.add_argument("--causal", action="store_true", help="causal attention")
     report.add_argument("--variant", nargs="+", metavar="NAME", default=None,
                         help="limit to these variants: online split_kv two_phase split_d (default: all)")
@@ -202,6 +205,7 @@ def _check_report_args(args: argparse.Namespace) -> None:
         if getattr(args, attr) not in (None, False) and (args.mode, args.pass_) not in scope:
             where = f"--mode {args.mode}" + (" --pass bwd" if args.pass_ == "bwd" else "")
             raise ValueError(f"{flag} does not go with {where} (it would be ignored there)")
+    _check_report_dtype(args)
     if args.occupancy_floor is not None:
         most = _max_occupancy(get_gpu(args.gpu))
         if args.occupancy_floor > most:
@@ -213,6 +217,28 @@ def _check_report_args(args: argparse.Namespace) -> None:
         args.cliff_margin = PruneSettings().cliff_margin
     check_writable_dir("--out", args.out or "reports")  # the default goes under ./reports
     check_cache_dir(args.cache_dir)
+
+
+def _check_report_dtype(args: argparse.Namespace) -> None:
+    """``--dtype fp8``: the prefill forward of a GPU with fp8 matrix instructions, without --reference
+    (ValueError otherwise). Other dtypes are checked where each mode reads them."""
+    from rocmflash.config import FP8, normalize_problem_dtype
+
+    try:
+        fp8 = normalize_problem_dtype(args.dtype) == FP8
+    except ValueError:
+        return  # each mode names the dtypes it takes
+    if not fp8:
+        return
+    if (args.mode, args.pass_) != ("prefill", "fwd"):
+        where = f"--mode {args.mode}" + (" --pass bwd" if args.pass_ == "bwd" else "")
+        raise ValueError(f"--dtype fp8 does not go with {where}: the static phase has an fp8 build of the prefill "
+                         "forward only")
+    if args.reference or args.reference_file:
+        raise ValueError("--reference does not go with --dtype fp8: the AMD-published configs are fp16/bf16 ones")
+    from rocmflash.space import fp8_format
+
+    fp8_format(get_gpu(args.gpu))  # gfx90a/sm_80: no fp8 matrix instructions
 
 
 def _max_occupancy(gpu) -> int:
@@ -292,7 +318,8 @@ def _gpus(args: argparse.Namespace) -> int:
 
     rows = [
         {"name": g.name, "marketing_name": g.marketing_name, "arch": g.arch, "compute_units": g.compute_units,
-         "peak_fp16_tflops": g.peak_fp16_tflops, "hbm_tbs": g.hbm_tbs, "lds_per_cu_kib": g.lds_per_cu_bytes // 1024,
+         "peak_fp16_tflops": g.peak_fp16_tflops, "peak_fp8_tflops": g.peak_fp8_tflops, "hbm_tbs": g.hbm_tbs,
+         "lds_per_cu_kib": g.lds_per_cu_bytes // 1024,
          "l2_mib": g.l2_bytes // (1024 * 1024), "memory_gib": g.memory_gib,
          "partitions": ", ".join(f"{p.name} ({p.compute_units} CUs)" for p in g.partitions()[1:])}
         for g in GPUS.values()
@@ -307,13 +334,14 @@ def _gpus(args: argparse.Namespace) -> int:
 
     table = Table(title="GPU catalog (per device one process sees; partitions: <name>-<mode>)")
     columns = {"name": "name", "arch": "arch", "compute_units": "CUs", "peak_fp16_tflops": "fp16 TFLOP/s",
-               "hbm_tbs": "HBM TB/s", "lds_per_cu_kib": "LDS KiB", "l2_mib": "L2 MiB", "memory_gib": "GiB",
+               "peak_fp8_tflops": "fp8 TFLOP/s", "hbm_tbs": "HBM TB/s", "lds_per_cu_kib": "LDS KiB", "l2_mib": "L2 MiB",
+               "memory_gib": "GiB",
                "partitions": "partitions (CUs)"}
     for title in columns.values():
         table.add_column(title)
     for row, gpu in zip(rows, GPUS.values()):
         row = dict(row, partitions=" ".join(f"{p.partition}:{p.compute_units}" for p in gpu.partitions()[1:]))
-        table.add_row(*(str(row[key]) for key in columns))
+        table.add_row(*("-" if row[key] is None else str(row[key]) for key in columns))
     Console().print(table)
     return 0
 

@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
 from rocmflash.compat import require_supported_versions
-from rocmflash.config import KernelConfig, Problem
+from rocmflash.config import FP8, KernelConfig, Problem
 from rocmflash.gpus import GPU
 
 require_supported_versions()  # the sweep cross-compiles: fail in one line before any worker starts
@@ -52,7 +52,7 @@ def default_cache_dir() -> str:
 #: so editing them must not invalidate every cached observation)
 FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py",
                    "kernels/launch.py", "kernels/online.py", "kernels/split_kv.py", "kernels/two_phase.py",
-                   "kernels/split_d.py")
+                   "kernels/split_d.py", "kernels/fp8_forward.py", "fp8.py")  # fp8.py: formats, P's scale
 
 
 def kernel_source_hash() -> str:
@@ -124,7 +124,33 @@ def fingerprint(cfg: KernelConfig, problem: Problem, gpu: GPU) -> str:
         "config": cfg.to_dict(),
         "problem": problem.to_dict(),
     }
+    if problem.dtype == FP8:  # the bytes "fp8" means on this target (FNUZ or OCP e4m3)
+        from rocmflash.space import fp8_format
+
+        key["fp8_format"] = fp8_format(gpu)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def compile_forward(target, cfg: KernelConfig, problem: Problem, gpu: GPU) -> tuple:
+    """Cross-compile one forward config: the variant's kernels, or for an fp8 problem the fp8 forward.
+
+    fp8: Q, K, V in ``gpu``'s e4m3 format (:func:`rocmflash.space.fp8_format`), bf16 output;
+    the online variant only (``ValueError`` otherwise). Triton 3.6 keeps one AMD generation's fp8
+    conversions per process (:func:`rocmflash.kernels.fp8_forward.compile_for` refuses a second), which
+    holds in the sweep: each sweep targets one GPU and starts its own worker processes."""
+    if problem.dtype != FP8:
+        from rocmflash.kernels import get_variant
+
+        return get_variant(cfg.variant).compile_for(target, cfg, problem)
+    import torch
+
+    from rocmflash.kernels import fp8_forward
+    from rocmflash.space import fp8_format
+
+    if cfg.variant != "online":
+        raise ValueError(f"fp8 attention runs the online kernel only; got variant={cfg.variant!r}")
+    out = dataclasses.replace(problem, dtype="bf16")  # fp8_forward's Problem.dtype is the output's
+    return fp8_forward.compile_for(target, cfg, out, getattr(torch, fp8_format(gpu)))
 
 
 class ObservationCache:
@@ -206,7 +232,6 @@ def observe(task: dict) -> dict:
     with the error's first line.
     """
     from rocmflash.gpus import get_gpu
-    from rocmflash.kernels import get_variant
 
     gpu = get_gpu(task["gpu"])
     record = {"fingerprint": task["fingerprint"], "config": task["config"], "problem": task["problem"],
@@ -221,7 +246,7 @@ def observe(task: dict) -> dict:
             compiled = get_family(task["family"]).compile_task(gpu.triton_target(), task["config"], task["problem"])
         else:
             cfg = KernelConfig.from_dict(task["config"])
-            compiled = get_variant(cfg.variant).compile_for(gpu.triton_target(), cfg, Problem.from_dict(task["problem"]))
+            compiled = compile_forward(gpu.triton_target(), cfg, Problem.from_dict(task["problem"]), gpu)
     except Exception as err:  # a failed compile is data: record it and move on
         text = str(err).strip().splitlines()
         record.update(status="failed", error=f"{type(err).__name__}: {text[0][:300] if text else ''}",

@@ -305,6 +305,26 @@ def normalize_dtype(dtype: Any) -> str:
     return _DTYPES[key]
 
 
+#: a :class:`Problem` dtype for fp8 inputs: the target arch's e4m3 format (FNUZ ``float8_e4m3fnuz`` on
+#: gfx942, OCP ``float8_e4m3fn`` on gfx950 and sm_89+), bf16 output. A name, not a torch dtype: which
+#: bytes it means depends on the arch (:func:`rocmflash.space.fp8_format`)
+FP8 = "fp8"
+_FP8_NAMES = ("fp8", "float8")
+
+
+def normalize_problem_dtype(dtype: Any) -> str:
+    """'fp16', 'bf16' or :data:`FP8` (the static phase's dtypes); ValueError otherwise.
+
+    Only :class:`Problem` takes fp8: run-time selection, the tuner and the databases keep
+    :func:`normalize_dtype` (fp16/bf16), so an fp8 problem cannot reach a path that has no fp8 build.
+    """
+    if str(dtype).lower() in _FP8_NAMES:
+        return FP8
+    if str(dtype).lower() not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unsupported; expected float16, bfloat16 or fp8")
+    return _DTYPES[str(dtype).lower()]
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """What a compile-only build needs to know about the attention call (no tensors).
@@ -312,6 +332,10 @@ class Problem:
     Strides are taken as those of contiguous ``(B, H, S, D)`` tensors. Sequence lengths
     only matter through Triton's specialisation (divisible by 16 or not), so the
     defaults are fine for register/occupancy studies.
+
+    ``dtype``: ``fp16``, ``bf16`` or ``fp8`` (:data:`FP8`: Q, K and V in the target's e4m3 format,
+    bf16 output). Only the forward's ``online`` variant has an fp8 build
+    (:mod:`rocmflash.kernels.fp8_forward`, routed by :func:`rocmflash.compile.compile_forward`).
     """
 
     head_dim: int = 128
@@ -325,7 +349,7 @@ class Problem:
     store_lse: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        object.__setattr__(self, "dtype", normalize_problem_dtype(self.dtype))
         if type(self.head_dim) is not int or not 16 <= self.head_dim <= 256:
             raise ValueError(f"Problem.head_dim={self.head_dim!r} is invalid; expected an int in 16..256")
         for f in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k"):

@@ -5,9 +5,10 @@ one GCD (graphics compute die): a module holds two, and ROCm shows each as its o
 device, so the catalog stores per-GCD numbers and the module size in
 ``devices_per_module``.
 
-Peak rates are dense fp16/bf16 matrix rates from the vendors' datasheets (no
+Peak rates are dense fp16/bf16 and fp8 matrix rates from the vendors' datasheets (no
 sparsity); bandwidth is HBM peak. They are used for roofline floors, never as
-measured results.
+measured results. ``peak_fp8_tflops`` is None where the arch has no fp8 matrix
+instructions (gfx90a, sm_80); each figure's source is named at :data:`_FP8_PEAKS`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class GPU:
     partition: str = ""  #: ``""`` for the whole GPU (SPX), else the mode (``"cpx"``)
     base_name: str = ""  #: the whole GPU's catalog name for a partition (``"mi300x"``), else ``name``
     memory_gib: int = 0  #: device memory of the whole GPU (per GCD on MI250/MI250X), GiB
+    #: dense fp8 (e4m3/e5m2) matrix peak of that device; None: no fp8 matrix instructions
+    peak_fp8_tflops: Optional[float] = None
 
     def __post_init__(self):
         if not self.base_name:
@@ -65,6 +68,7 @@ class GPU:
         return dataclasses.replace(
             self, name=f"{self.name}-{mode}", marketing_name=f"{self.marketing_name}, {mode.upper()} partition",
             compute_units=self.compute_units // parts, peak_fp16_tflops=round(self.peak_fp16_tflops / parts, 2),
+            peak_fp8_tflops=None if self.peak_fp8_tflops is None else round(self.peak_fp8_tflops / parts, 2),
             hbm_tbs=round(self.hbm_tbs / parts, 4), l2_bytes=self.l2_bytes // parts,
             last_level_cache_bytes=self.last_level_cache_bytes // parts, partition_modes=(), partition=mode,
             base_name=self.name)
@@ -102,6 +106,26 @@ _MI300X_MODES = (("dpx", 2), ("qpx", 4), ("cpx", 8))  # 8 XCDs x 38 CUs
 _MI300A_MODES = (("tpx", 3), ("cpx", 6))  # 6 XCDs x 38 CUs
 _MI350_MODES = (("dpx", 2), ("qpx", 4), ("cpx", 8))  # 8 XCDs x 32 CUs
 
+#: dense fp8 matrix peaks, TFLOP/s (the datasheets print twice these "with sparsity"); gfx90a and sm_80 have none.
+#: AMD's figures are CUs x peak engine clock x fp8 FLOPs per CU per clock (CDNA3: 4096, CDNA4: 8192), as the
+#: datasheets' footnotes compute them.
+_FP8_PEAKS = {
+    # AMD Instinct MI300A data sheet / AMD CDNA 3 white paper: 1961.2 TFLOPS FP8 (3922.3 with sparsity)
+    "mi300a": 1961.2,
+    # AMD Instinct MI300X data sheet / AMD CDNA 3 white paper: 2614.9 TFLOPS FP8 (5229.8 with sparsity)
+    "mi300x": 2614.9,
+    # AMD Instinct MI325X data sheet: 2614.9 TFLOPS FP8 (5229.8 with sparsity): MI300X's compute, HBM3E
+    "mi325x": 2614.9,
+    # AMD Instinct MI350X data sheet / AMD CDNA 4 white paper: 4.6 PFLOPS FP8 (4613.7 TFLOPS; 9.2 with sparsity)
+    "mi350x": 4613.7,
+    # AMD Instinct MI355X data sheet / AMD CDNA 4 white paper: 5.0 PFLOPS FP8 (5033.2 TFLOPS; 10.1 with sparsity)
+    "mi355x": 5033.2,
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM): FP8 Tensor Core 3,958 TFLOPS "with sparsity", halved
+    "h100": 1979.0,
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): FP8 Tensor Core 3,958 TFLOPS "with sparsity", halved
+    "h200": 1979.0,
+}
+
 _CATALOG = [
     GPU("mi210", "AMD Instinct MI210", "amd", "gfx90a", 104, 181.0, 1.6, 64 * KIB, 8 * MIB, memory_gib=64),
     GPU("mi250", "AMD Instinct MI250 (one GCD)", "amd", "gfx90a", 104, 181.0, 1.6, 64 * KIB, 8 * MIB, 2, memory_gib=64),
@@ -121,6 +145,7 @@ _CATALOG = [
     GPU("h200", "NVIDIA H200", "nvidia", "sm_90", 132, 989.0, 4.8, 228 * KIB, 50 * MIB, memory_gib=141),
 ]
 
+_CATALOG = [dataclasses.replace(g, peak_fp8_tflops=_FP8_PEAKS.get(g.name)) for g in _CATALOG]
 GPUS: dict[str, GPU] = {g.name: g for g in _CATALOG}
 #: every tuning target: the catalog's GPUs and each of their compute partitions (``mi300x-cpx``)
 TARGETS: dict[str, GPU] = {p.name: p for g in _CATALOG for p in g.partitions()}

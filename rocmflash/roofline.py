@@ -11,6 +11,11 @@ Two times from the catalog (:mod:`rocmflash.gpus`), never from a measurement:
 The floor is the larger of the two; ``efficiency = floor / measured`` says how close a
 measured time came to it (1.0 = at the roofline). Forward attention at S >= 1k is
 compute-bound on every GPU in the catalog, so the floor is the compute term there.
+
+**fp8** (``Shape.dtype == "fp8"``: both GEMMs in fp8, :mod:`rocmflash.kernels.fp8_forward`): the
+compute term uses the GPU's dense fp8 peak (``peak_fp8_tflops``), the memory term reads 1-byte Q,
+K and V and writes a 2-byte (bf16/fp16) output. A GPU without fp8 matrix instructions has no fp8
+floor: a one-line ``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import dataclasses
 from rocmflash.gpus import GPU
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2}
+FP8 = "fp8"
+FP8_INPUT_BYTES, FP8_OUTPUT_BYTES = 1, 2  #: fp8 Q/K/V; the output is bf16 (or fp16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +57,11 @@ def flops(shape: Shape) -> float:
 
 
 def min_bytes(shape: Shape) -> float:
-    """Bytes every kernel must move: Q and O once each, K and V once each."""
+    """Bytes every kernel must move: Q and O once each, K and V once each (fp8: 1-byte Q/K/V, 2-byte O)."""
+    if shape.dtype == FP8:
+        q = shape.batch * shape.heads_q * shape.seqlen_q * shape.head_dim
+        k_v = 2 * shape.batch * shape.heads_kv * shape.seqlen_k * shape.head_dim
+        return float(FP8_INPUT_BYTES * (q + k_v) + FP8_OUTPUT_BYTES * q)
     e = ELEMENT_BYTES.get(shape.dtype, 2)
     q_o = 2 * shape.batch * shape.heads_q * shape.seqlen_q * shape.head_dim
     k_v = 2 * shape.batch * shape.heads_kv * shape.seqlen_k * shape.head_dim
@@ -86,8 +97,20 @@ class Roofline:
                 "floor_ms": round(self.floor_ms, 5), "bound": self.bound}
 
 
+def peak_tflops(gpu: GPU, dtype: str) -> float:
+    """The dense matrix peak a ``dtype`` shape runs at: ``peak_fp8_tflops`` for fp8, else ``peak_fp16_tflops``.
+
+    ``ValueError`` (one line) for fp8 on a GPU without fp8 matrix instructions (gfx90a, sm_80)."""
+    if dtype != FP8:
+        return gpu.peak_fp16_tflops
+    if gpu.peak_fp8_tflops is None:
+        raise ValueError(f"{gpu.name} ({gpu.arch}) has no fp8 matrix peak: it has no fp8 matrix instructions "
+                         "(fp8 needs gfx942, gfx950 or sm_89+)")
+    return gpu.peak_fp8_tflops
+
+
 def roofline(gpu: GPU, shape: Shape) -> Roofline:
-    """Compute time at ``gpu.peak_fp16_tflops`` and memory time at ``gpu.hbm_tbs``."""
-    compute_ms = flops(shape) / (gpu.peak_fp16_tflops * 1e12) * 1e3
+    """Compute time at :func:`peak_tflops` (fp16/bf16 or fp8) and memory time at ``gpu.hbm_tbs``."""
+    compute_ms = flops(shape) / (peak_tflops(gpu, shape.dtype) * 1e12) * 1e3
     memory_ms = min_bytes(shape) / (gpu.hbm_tbs * 1e12) * 1e3
     return Roofline(compute_ms, memory_ms)

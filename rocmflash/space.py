@@ -13,6 +13,12 @@ Triton's default there from 3.8, ``TRITON_HIP_USE_ASYNC_COPY=1`` before) and blo
 (on with async copy) come in. gfx950's 160 KiB of LDS holds the second stage; the static checks
 (LDS budget, spills, occupancy) judge each such config like any other. gfx90a and gfx942 keep
 one stage (64 KiB of LDS, no async copy).
+
+**fp8** (``Problem.dtype == "fp8"``): the fp8 forward (:mod:`rocmflash.kernels.fp8_forward`) is one
+kernel, the online one, with key blocks of at least 32 (the K of its fp8 P·V dot), so its space is
+the ``online`` space with that bound (:func:`default_space` with ``dtype="fp8"``). The format is the
+arch's e4m3 (:func:`fp8_format`); an arch without fp8 matrix instructions (gfx90a, sm_80) has no
+fp8 space: a one-line ``ValueError`` before anything compiles.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import dataclasses
 import itertools
 from typing import Callable, Iterable, Optional
 
-from rocmflash.config import KPACK_ONE_ONLY_ARCHS, VARIANTS, KernelConfig, Problem
+from rocmflash.config import FP8, KPACK_ONE_ONLY_ARCHS, VARIANTS, KernelConfig, Problem, normalize_problem_dtype
 from rocmflash.gpus import GPU
 
 #: knob names a space can list values for (KernelConfig fields)
@@ -89,8 +95,23 @@ def split_d_chunk_is_real(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool
     return cfg.variant != "split_d" or problem.head_dim // cfg.d_chunks >= 16
 
 
+#: the narrowest fp8 key block (:data:`rocmflash.kernels.fp8_forward.MIN_PIECE`; a test keeps them equal,
+#: so that building a space needs no kernel import)
+FP8_MIN_BLOCK_N = 32
+
+
+def fp8_online_only(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """fp8 has one kernel, the online one (:mod:`rocmflash.kernels.fp8_forward`)."""
+    return problem.dtype != FP8 or cfg.variant == "online"
+
+
+def fp8_key_block_wide_enough(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
+    """fp8 key blocks are at least 32 wide: the K of the fp8 P·V dot (NVIDIA's 8-bit MMA needs K >= 32)."""
+    return problem.dtype != FP8 or cfg.BLOCK_N >= FP8_MIN_BLOCK_N
+
+
 DEFAULT_RESTRICTIONS = (tile_fits_warps, big_tiles_need_eight_warps, waves_hint_reachable,
-                        kpack_supported, split_d_chunk_is_real)
+                        kpack_supported, split_d_chunk_is_real, fp8_online_only, fp8_key_block_wide_enough)
 
 
 # ------------------------------------------------------------------ default spaces
@@ -129,8 +150,38 @@ def _nvidia_knobs() -> dict:
     }
 
 
-def default_space(gpu: GPU, variants: Optional[Iterable[str]] = None) -> ConfigSpace:
-    """The default space for a GPU (AMD and NVIDIA differ), optionally limited to some variants."""
+def default_space(gpu: GPU, variants: Optional[Iterable[str]] = None, dtype: Optional[str] = None) -> ConfigSpace:
+    """The default space for a GPU (AMD and NVIDIA differ), optionally limited to some variants.
+
+    ``dtype="fp8"``: the fp8 forward's space, the ``online`` one (``variants`` may name only it);
+    ``ValueError`` (one line) for a GPU without fp8 matrix instructions. Other dtypes share one space.
+    """
     knobs = _amd_knobs(gpu.arch) if gpu.vendor == "amd" else _nvidia_knobs()
     assert set(knobs) == set(VARIANTS)
+    if dtype is not None and normalize_problem_dtype(dtype) == FP8:
+        fp8_format(gpu)  # no fp8 on this arch: say so before anything compiles
+        others = [v for v in (variants or ()) if v != "online"]
+        if others:
+            raise ValueError(f"variant(s) {others} have no fp8 build; fp8 attention runs the online kernel only "
+                             "(--variant online)")
+        variants = ["online"]
     return ConfigSpace(knobs, DEFAULT_RESTRICTIONS).restrict(variants)
+
+
+#: the e4m3 format of each fp8 family (:func:`rocmflash.fp8.fp8_family`), by its torch name
+FP8_E4M3 = {"fnuz": "float8_e4m3fnuz", "ocp": "float8_e4m3fn"}
+
+
+def fp8_format(gpu: GPU) -> str:
+    """The torch name of the fp8 format a ``dtype="fp8"`` build of ``gpu`` reads: ``float8_e4m3fnuz`` on gfx942
+    (MI300A/MI300X/MI325X), ``float8_e4m3fn`` on gfx950 (MI350X/MI355X) and sm_89+ (H100/H200).
+
+    ``ValueError`` (one line, naming the GPU, its arch and what it lacks) where there is none."""
+    from rocmflash.fp8 import fp8_family
+
+    family = fp8_family(gpu.arch)
+    if family is None:
+        raise ValueError(f"dtype fp8: {gpu.name} ({gpu.arch}) has no fp8 matrix instructions; fp8 attention needs "
+                         "gfx942 (FNUZ e4m3), gfx950 or sm_89+ (OCP e4m3); use fp16 or bf16 on "
+                         f"{gpu.arch}")
+    return FP8_E4M3[family]

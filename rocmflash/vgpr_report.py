@@ -11,7 +11,7 @@ from typing import Optional
 
 from isa_tools import amd_arch, waves_from_vgprs
 from rocmflash.compile import SweepStats, sweep
-from rocmflash.config import KernelConfig, Problem
+from rocmflash.config import FP8, KernelConfig, Problem
 from rocmflash.gpus import GPU, get_gpu
 from rocmflash.prune import HARMLESS_SPILL, PruneSettings, prune
 from rocmflash.report import (ROW_KEYS, config_label, duplicate_count, plot_vgprs, print_table, reason_counts,
@@ -41,7 +41,7 @@ def run(gpu: GPU, problem: Problem, variants=None, out_dir: Optional[str] = None
     default the packaged one) in the same pipeline (:mod:`rocmflash.reference_report`).
     """
     refs = _reference_entries(gpu, problem, reference_file) if reference else None  # a bad file fails first
-    configs = default_space(gpu, variants).configs(problem, gpu)
+    configs = default_space(gpu, variants, problem.dtype).configs(problem, gpu)
     observations, stats = _sweep_with_progress(configs, problem, gpu, cache_dir, workers, console, progress)
     rows = rows_from_sweep(configs, observations, prune(observations, settings))
     seed = seed_case_study(cache_dir, workers)
@@ -157,7 +157,7 @@ def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=
         f"# VGPR report: {gpu.marketing_name} ({gpu.arch})\n",
         f"- date: {datetime.date.today().isoformat()}; Triton {triton.__version__}; compiled on a CPU, "
         "no GPU involved (the counts are the compiler's, occupancy is computed)",
-        f"- problem: head_dim={problem.head_dim}, dtype={problem.dtype}, causal={problem.causal}, "
+        f"- problem: head_dim={problem.head_dim}, dtype={_dtype_words(problem, gpu)}, causal={problem.causal}, "
         f"GQA ratio {problem.gqa_ratio}",
         f"- command: `{command}`",
         f"- pruning: occupancy floor {settings.floor_for(gpu.arch)} waves/SIMD, cliff margin "
@@ -186,6 +186,15 @@ def markdown(rows, stats, seed, gpu, problem, settings, command, extra_sections=
         "\nEvery config is in `configs.csv` (keys: " + ", ".join(ROW_KEYS) + ", ...).\n",
     ]
     return "\n".join(parts)
+
+
+def _dtype_words(problem: Problem, gpu: GPU) -> str:
+    """``bf16``, or for fp8 the format it means on this GPU: ``fp8 (float8_e4m3fnuz Q/K/V, bf16 output)``."""
+    if problem.dtype != FP8:
+        return problem.dtype
+    from rocmflash.space import fp8_format
+
+    return f"fp8 ({fp8_format(gpu)} Q/K/V, bf16 output)"
 
 
 def _harmless_markdown(harmless: list[dict]) -> str:
