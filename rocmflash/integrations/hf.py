@@ -35,7 +35,10 @@ kernel that computes it identically:
 * a ``generate()`` step (one new token): the split-KV decode kernel of
   :func:`rocmflash.flash_attn_with_kvcache`, reading transformers' cache tensors in place; a
   mask of one run of keys per sequence (left padding, a static cache's free slots) passes
-  each run's first key as ``cache_leftpad`` and its end as ``cache_seqlens`` (no unpadding).
+  each run's first key as ``cache_leftpad`` and its end as ``cache_seqlens`` (no unpadding);
+* a ``generate()`` step over an fp8 KV cache (:class:`rocmflash.integrations.hf_fp8.Fp8Cache`, whose
+  key/value views carry their descales, :func:`tag_fp8`): the same decode kernel's fp8 path; every other
+  call over that cache runs on its values dequantised to q's dtype, through the routes above.
 
 Host reads (each waits for the GPU), per mask: a causal mask built over a 2-D padding mask
 (training, prefill) is known from the 2-D mask by :func:`rocmflash_mask` and never read; any
@@ -61,8 +64,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from rocmflash.fp8 import is_fp8
+
 NAME = "rocmflash"
-_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0}
+_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0}
 
 
 def _interpreting() -> bool:
@@ -75,8 +80,9 @@ def _sdpa_forward():
     return sdpa_attention_forward
 
 
-def _unroutable_reason(query, key, value, dropout, kwargs):
-    """Why rocmflash cannot compute this call exactly (None: it can), apart from the mask."""
+def _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8: bool = False):
+    """Why rocmflash cannot compute this call exactly (None: it can), apart from the mask. ``kv_fp8``: key/value
+    are an fp8 cache's (their dtype is not q's)."""
     if dropout not in (0, 0.0):
         return "attention dropout"
     for name in ("position_bias", "cache", "sinks", "s_aux"):
@@ -85,7 +91,7 @@ def _unroutable_reason(query, key, value, dropout, kwargs):
     if kwargs.get("output_attentions", False):
         return "output_attentions=True"
     dtype = query.dtype
-    if dtype not in (torch.float16, torch.bfloat16) or key.dtype != dtype or value.dtype != dtype:
+    if dtype not in (torch.float16, torch.bfloat16) or (not kv_fp8 and (key.dtype != dtype or value.dtype != dtype)):
         return f"dtype {dtype} (rocmflash runs fp16/bf16)"
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return "non-4-D query/key/value"
@@ -108,6 +114,37 @@ def _unroutable_reason(query, key, value, dropout, kwargs):
 
 
 _WARNED: set = set()
+
+# ----------------------------------------------------------------------------- fp8 KV cache (hf_fp8.Fp8Cache)
+#: the attribute by which an fp8 cache's key/value views carry their fp32 (B, Hkv) descales from the cache's
+#: ``update`` to the attention function (transformers passes the tensors, and nothing else, between the two)
+_FP8_DESCALE = "_rocmflash_descale"
+
+
+def tag_fp8(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """Attach ``descale`` (fp32 ``(B, Hkv)``) to an fp8 cache view ``t`` for :func:`rocmflash_attention_forward`."""
+    setattr(t, _FP8_DESCALE, descale)
+    return t
+
+
+def _fp8_descales(key, value) -> Optional[tuple]:
+    """``(k_descale, v_descale)`` of an fp8 cache's key/value views, None for 16-bit ones; fp8 without descales
+    (not an :class:`~rocmflash.integrations.hf_fp8.Fp8Cache`'s) is a one-line ``TypeError``."""
+    if not (is_fp8(key.dtype) or is_fp8(value.dtype)):
+        return None
+    ks, vs = getattr(key, _FP8_DESCALE, None), getattr(value, _FP8_DESCALE, None)
+    if ks is None or vs is None:
+        raise TypeError(f"rocmflash: key/value of dtype {key.dtype}/{value.dtype} without descales; an fp8 KV cache "
+                        "runs through rocmflash.integrations.hf_fp8.Fp8Cache")
+    return ks, vs
+
+
+def _dequantised(key, value, descales, dtype) -> tuple:
+    """An fp8 cache's values in q's dtype (``x * descale``, one rounding): for every call the decode kernel does not
+    serve (several new tokens, a mask with holes, a fallback to SDPA)."""
+    ks, vs = descales
+    return tuple((t.float() * s[:, :, None, None]).to(dtype) for t, s in ((key, ks), (value, vs)))
+
 
 
 def _fall_back(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
@@ -353,34 +390,23 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     kernel, re-pad; soft-capping -> the varlen kernel. Anything rocmflash would not compute
     identically goes to transformers' SDPA with a one-time warning that names the reason.
     """
+    descales = _fp8_descales(key, value)
+    if descales is not None:  # an Fp8Cache's step: the decode kernel reads the fp8 cache, else its values in q's dtype
+        if _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8=True) is None:
+            out = _decode_step(query, key, value, attention_mask, *_options(query, scaling, kwargs), descales)
+            if out is not None:
+                return out, None
+        key, value = _dequantised(key, value, descales, query.dtype)
     args = (module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     reason = _unroutable_reason(query, key, value, dropout, kwargs)
     if reason is not None:
         return _fall_back(reason, *args)
     q_len, kv_len = query.shape[2], key.shape[2]
-    scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    softcap = kwargs.get("softcap")
-    window_left = _window_left(kwargs.get("sliding_window"))
+    scale, softcap, window_left = _options(query, scaling, kwargs)
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if q_len == 1 and kv_len > 1 and not torch.compiler.is_compiling():
-        # a generate() step over the KV cache: the split-KV decode kernel reads the cache in place
-        # ((B, Hkv, S, D) as a strided (B, S, Hkv, D) view: no copy); a mask of one run of keys per
-        # sequence (left padding, a static cache's free slots) becomes its first key and its length.
-        # Other masks take the varlen route below.
-        key_range = None
-        if isinstance(attention_mask, torch.Tensor):
-            key_range = _mask_plan(attention_mask, ("decode", kv_len, window_left),
-                                   lambda: decode_key_range(attention_mask, query.shape[0], kv_len, window_left))
-        if attention_mask is None or key_range is not None:
-            from rocmflash.decode import flash_attn_with_kvcache
-
-            starts, ends = key_range if key_range is not None else (None, None)
-            _STATS["rocmflash"] += 1
-            _STATS["decode"] += 1
-            out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                          cache_seqlens=ends, softmax_scale=scale, window_size=(window_left, -1),
-                                          softcap=softcap or 0.0, check_values=False, cache_leftpad=starts)
-            return out.contiguous(), None
+    out = _decode_step(query, key, value, attention_mask, scale, softcap, window_left)
+    if out is not None:
+        return out, None
     needs_varlen = attention_mask is not None or bool(softcap) or window_left >= 0
     if needs_varlen and torch.compiler.is_compiling():
         return _fall_back("torch.compile tracing a padded, windowed or soft-capped call (the varlen path is "
@@ -416,6 +442,42 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     out, _ = attention_op(query, key, value, causal=causal, scale=scale, need_lse=False)
     # (B, H, S, D) -> (B, S, H, D); free when q was a transposed (B, S, H, D) projection
     return out.transpose(1, 2).contiguous(), None
+
+
+def _options(query, scaling, kwargs) -> tuple:
+    """``(scale, softcap, window_left)`` of a call rocmflash computes."""
+    scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    return scale, kwargs.get("softcap"), _window_left(kwargs.get("sliding_window"))
+
+
+def _decode_step(query, key, value, attention_mask, scale, softcap, window_left, descales=None):
+    """A generate() step over the KV cache through the split-KV decode kernel, or None when it is not one.
+
+    The kernel reads the cache in place ((B, Hkv, S, D) as a strided (B, S, Hkv, D) view: no copy); a
+    mask of one run of keys per sequence (left padding, a static cache's free slots) becomes its first key
+    and its length. Other masks return None (the varlen route). ``descales``: an fp8 cache's
+    ``(k_descale, v_descale)``, passed to the kernel's fp8 path."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if q_len != 1 or kv_len <= 1 or torch.compiler.is_compiling():
+        return None
+    key_range = None
+    if isinstance(attention_mask, torch.Tensor):
+        key_range = _mask_plan(attention_mask, ("decode", kv_len, window_left),
+                               lambda: decode_key_range(attention_mask, query.shape[0], kv_len, window_left))
+    if attention_mask is not None and key_range is None:
+        return None
+    from rocmflash.decode import flash_attn_with_kvcache
+
+    starts, ends = key_range if key_range is not None else (None, None)
+    ks, vs = descales if descales is not None else (None, None)
+    _STATS["rocmflash"] += 1
+    _STATS["decode"] += 1
+    _STATS["fp8"] += descales is not None
+    out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                  cache_seqlens=ends, softmax_scale=scale, window_size=(window_left, -1),
+                                  softcap=softcap or 0.0, check_values=False, cache_leftpad=starts,
+                                  k_descale=ks, v_descale=vs)
+    return out.contiguous()
 
 
 def register(name: str = NAME) -> str:
@@ -465,10 +527,10 @@ def _skip_flash_preload() -> None:
 
 
 def stats() -> dict:
-    """Calls that ran rocmflash (``decode``: of those, the ones through the KV-cache decode kernel) and calls
-    passed to transformers' SDPA path (since import)."""
+    """Calls that ran rocmflash (``decode``: of those, the ones through the KV-cache decode kernel; ``fp8``: of
+    those, the ones reading an fp8 cache) and calls passed to transformers' SDPA path (since import)."""
     return dict(_STATS)
 
 
 __all__ = ["register", "rocmflash_attention_forward", "rocmflash_mask", "stats", "decode_key_range", "padded_layout",
-           "NAME"]
+           "tag_fp8", "NAME"]
