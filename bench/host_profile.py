@@ -2,7 +2,11 @@
 
 ``--case forward`` (default): tiny shapes (B1, 2 heads, S=16, D=64, bf16) so the GPU work
 is negligible; the profile shows the Python cost per call of ``rocmflash.attention``
-forward and forward+backward, split by function (``tottime``: time in the function itself).
+forward and forward+backward, split by function (``tottime``: time in the function itself);
+``flash_attn_func`` and ``patch_sdpa`` forwards are timed beside it. ``--modules
+rocmflash_before,rocmflash`` times two versions in the same interleaved rounds (the first a copy
+of an older rocmflash with its package name and op namespace renamed, importable from
+``PYTHONPATH``): a before/after under the same load.
 
 ``--case decode``: eager ``rocmflash.flash_attn_with_kvcache`` at batch 1 (Hq 32, Hkv 8,
 D 128, bf16, 8192 cache slots, ``cache_seqlens`` given as an int32 tensor, one new token
@@ -17,22 +21,30 @@ timed next to it.
 by a no-op, so what is timed is rocmflash's own Python (checks, selection, autograd
 Function, argument building, launch-cache key) plus torch's allocations and autograd
 engine, next to SDPA's whole CPU call on the same tensors (which includes its tiny
-compute). It measures the layers above Triton, not a launch.
+compute). It measures the layers above Triton, not a launch. The forward case then also
+times the incumbent dispatch: a temporary database whose entry for the non-causal tiny
+problem says SDPA won (forward and forward+backward), so ``rocmflash.attention``,
+``flash_attn_func`` and ``patch_sdpa`` run SDPA there; their rows minus the plain SDPA rows
+are what the dispatch adds. With ``--cpu-stub`` every row is timed in thread CPU time
+(``time.thread_time``: robust against other processes on a shared machine) and wall time,
+with torch on one thread.
 
 Usage::
 
     python bench/host_profile.py --calls 300 --out $OUT          # on a GPU
     python bench/host_profile.py --cpu-stub --calls 2000         # on a CPU
     python bench/host_profile.py --cpu-stub --case decode --calls 2000
+    PYTHONPATH=/tmp/old python bench/host_profile.py --cpu-stub --modules rocmflash_before,rocmflash
 
-Each timed row is the median over ``--rounds`` loops of ``--calls`` calls (other load on
-the machine shows up as spread between rounds, not as a shifted mean).
+Each timed row is the median over ``--rounds`` loops of ``--calls`` calls, the rows interleaved
+round by round (other load on the machine shows up as spread between rounds, not as a shifted mean).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import io
 import itertools
 import os
@@ -42,19 +54,25 @@ import sys
 import time
 
 
-def _stub_launches():
-    """CPU tensors through the compiled-launch path, with Triton's launcher replaced by a no-op."""
-    import rocmflash.api as api
-    import rocmflash.decode as decode
-    from rocmflash.kernels import launch as L
+def _stub_launches(package: str = "rocmflash"):
+    """CPU tensors through the compiled-launch path of ``package``, with Triton's launcher replaced by a no-op."""
+    api, decode, sdpa, L = (importlib.import_module(f"{package}.{m}") for m in ("api", "decode", "sdpa",
+                                                                                   "kernels.launch"))
 
     class _NoLaunch:  # stands in for Triton's CompiledKernel: compiled[grid](*args) does nothing
         def __getitem__(self, grid):
             return lambda *args: None
 
+    real_check = L.check_device
+
+    def check_device(name, t):  # the real check's cost for a GPU tensor (and a bit more), CPU tensors accepted
+        if not t.is_cuda and t.device.type != "cpu":
+            real_check(name, t)
+
     L.interpreting = lambda: False
-    api._interpreting = lambda: True  # accept CPU tensors at the API's device check
+    api.check_device = L.check_device = check_device  # accept CPU tensors at the API's device check
     decode._interpreting = lambda: True  # and at flash_attn_with_kvcache's
+    sdpa._interpreting = lambda: True  # and at patch_sdpa's
     L._jit_launch = lambda fn, grid, kwargs: _NoLaunch()
     L._is_compiled_kernel = lambda obj: isinstance(obj, _NoLaunch)
     L.FAST_LAUNCH = True
@@ -68,27 +86,39 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=256, help="decode: page size of the paged cache")
     ap.add_argument("--top", type=int, default=35)
     ap.add_argument("--cpu-stub", action="store_true", help="no GPU: CPU tensors, launches stubbed out")
+    ap.add_argument("--modules", default="rocmflash",
+                    help="forward: packages timed side by side in the same interleaved rounds (e.g. a renamed copy "
+                         "of an older version: rocmflash_before,rocmflash)")
+    ap.add_argument("--no-profile", action="store_true", help="timings only (no cProfile tables)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     import torch
 
     device = "cpu" if args.cpu_stub else "cuda"
+    packages = [m.strip() for m in args.modules.split(",") if m.strip()]
     if args.cpu_stub:
-        _stub_launches()
+        torch.set_num_threads(1)  # SDPA's CPU anchor on one thread: no pool hand-offs on a shared machine
+        for package in packages:
+            _stub_launches(package)
 
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
 
-    rows, profiled = (_forward_case if args.case == "forward" else _decode_case)(torch, device, args)
+    if args.case == "forward":
+        rows, profiled = _forward_case(torch, device, packages)
+    else:
+        rows, profiled = _decode_case(torch, device, args)
     report = io.StringIO()
+    clock = "thread CPU µs per call" if args.cpu_stub else "µs per call"
     report.write(f"torch {torch.__version__}; device {device}{' (launches stubbed)' if args.cpu_stub else ''}; "
-                 f"case {args.case}; {args.calls} calls per loop, median of {args.rounds} loops\n\n"
-                 "| call | µs per call (no profiler) | min..max over loops |\n|---|---|---|\n")
-    for name, fn in rows:
-        per_call = time_calls(fn, args.calls, args.rounds, sync)
-        report.write(f"| {name} | {statistics.median(per_call):.1f} | {min(per_call):.1f}..{max(per_call):.1f} |\n")
-    for name, fn in profiled:
+                 f"case {args.case}; {args.calls} calls per loop, {args.rounds} interleaved loops\n\n"
+                 f"| call | {clock}, median (no profiler) | min..max over loops | wall µs, median |\n"
+                 "|---|---|---|---|\n")
+    for name, (cpu, wall) in time_rows(rows, args.calls, args.rounds, sync, thread_clock=args.cpu_stub).items():
+        report.write(f"| {name} | {statistics.median(cpu):.1f} | {min(cpu):.1f}..{max(cpu):.1f} | "
+                     f"{statistics.median(wall):.1f} |\n")
+    for name, fn in ([] if args.no_profile else profiled):
         stats = profile_calls(fn, args.calls, sync, report)
         report.write(f"\n===== {name}: {stats.total_tt / args.calls * 1e6:.1f} us of profiled host time per call\n")
         stats.sort_stats("tottime").print_stats(args.top)
@@ -96,33 +126,97 @@ def main(argv=None) -> int:
     return 0
 
 
-def _forward_case(torch, device, args):
-    """``(timed rows, profiled rows)``, each ``[(name, fn)]``: the dense forward and forward+backward, and SDPA."""
+def _forward_case(torch, device, packages):
+    """``(timed rows, profiled rows)``, each ``[(name, fn)]``: per package, the dense forward and forward+backward
+    through rocmflash's kernel (causal), ``flash_attn_func`` and ``patch_sdpa``, and on the CPU the same through
+    the incumbent dispatch (non-causal); SDPA itself beside them."""
     import torch.nn.functional as F
-
-    import rocmflash
 
     q, k, v = (torch.randn(1, 2, 16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     do = torch.randn_like(q)
+    sdpa = F.scaled_dot_product_attention  # bound before any patch: torch's own function
 
-    def fwd():
+    def sdpa_fwd(causal=True, fn=sdpa):
         with torch.no_grad():
-            rocmflash.attention(q, k, v, causal=True)
+            fn(q, k, v, is_causal=causal)
 
-    def fwd_bwd():
-        torch.autograd.grad(rocmflash.attention(q, k, v, causal=True), (q, k, v), do)
+    def sdpa_fwd_bwd(causal=True):
+        torch.autograd.grad(sdpa(q, k, v, is_causal=causal), (q, k, v), do)
 
-    def sdpa_fwd():
+    rows, profiled, incumbent_rows = [], [], []
+    if device == "cpu":  # the incumbent rows need a database whose entry says SDPA won: a temporary one
+        _incumbent_db(q, packages)
+    for package in packages:
+        rows_p, profiled_p, incumbent_p = _package_rows(torch, importlib.import_module(package), q, k, v, do,
+                                                        sdpa_fwd, f" [{package}]" if len(packages) > 1 else "")
+        rows += rows_p
+        profiled += profiled_p
+        incumbent_rows += incumbent_p if device == "cpu" else []
+    rows += [("SDPA forward", sdpa_fwd), ("SDPA forward+backward", sdpa_fwd_bwd)]
+    if incumbent_rows:
+        rows += incumbent_rows + [("incumbent: SDPA forward (direct)", lambda: sdpa_fwd(False)),
+                                  ("incumbent: SDPA forward+backward (direct)", lambda: sdpa_fwd_bwd(False))]
+    return rows, profiled
+
+
+def _package_rows(torch, rf, q, k, v, do, sdpa_fwd, tag):
+    """``(rows, profiled, incumbent rows)`` of one rocmflash package ``rf``."""
+    qb, kb, vb = (t.detach().transpose(1, 2).requires_grad_(True) for t in (q, k, v))  # (B, S, H, D) views
+    sdpa_mod = importlib.import_module(rf.__name__ + ".sdpa")
+    sdpa_mod.patch_sdpa()  # kept open; its wrapper is called directly (another package may patch on top)
+    patched = sdpa_mod._WRAPPER
+
+    def fwd(causal=True):
         with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            rf.attention(q, k, v, causal=causal)
 
-    def sdpa_fwd_bwd():
-        torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do)
+    def fwd_bwd(causal=True):
+        torch.autograd.grad(rf.attention(q, k, v, causal=causal), (q, k, v), do)
 
-    rows = [("rocmflash forward", fwd), ("rocmflash forward+backward", fwd_bwd),
-            ("SDPA forward", sdpa_fwd), ("SDPA forward+backward", sdpa_fwd_bwd)]
-    return rows, [("forward", fwd), ("forward+backward", fwd_bwd)]
+    def fa_fwd(causal=True):
+        with torch.no_grad():
+            rf.flash_attn_func(qb, kb, vb, causal=causal)
+
+    rows = [(f"rocmflash.attention forward{tag}", fwd), (f"rocmflash.attention forward+backward{tag}", fwd_bwd),
+            (f"flash_attn_func forward{tag}", fa_fwd), (f"patch_sdpa forward{tag}", lambda: sdpa_fwd(True, patched))]
+    incumbent = [(f"incumbent: rocmflash.attention forward{tag}", lambda: fwd(False)),
+                 (f"incumbent: flash_attn_func forward{tag}", lambda: fa_fwd(False)),
+                 (f"incumbent: patch_sdpa forward{tag}", lambda: sdpa_fwd(False, patched)),
+                 (f"incumbent: rocmflash.attention forward+backward{tag}", lambda: fwd_bwd(False))]
+    profiled = [(f"forward{tag}", fwd), (f"forward+backward{tag}", fwd_bwd), (f"incumbent forward{tag}",
+                                                                          lambda: fwd(False))]
+    return rows, profiled, incumbent
+
+
+_DB_DIR: list = []
+
+
+def _incumbent_db(q, packages) -> None:
+    """A temporary user database for a stand-in "h100" whose tiny non-causal entry (q's head dim and dtype,
+    GQA 1, q's length bucket) carries an incumbent that won forward and forward+backward; the shipped
+    databases are hidden from every package. The causal problem has no entry: rocmflash's kernel."""
+    import atexit
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="rocmflash-host-profile-")
+    atexit.register(shutil.rmtree, tmp, True)
+    for package in packages:
+        db, selection = importlib.import_module(f"{package}.db"), importlib.import_module(f"{package}.selection")
+        KernelConfig = importlib.import_module(f"{package}.config").KernelConfig
+        os.environ[db.CONFIG_DIR_ENV] = tmp
+        os.environ.pop(selection.NO_DB_ENV, None)
+        db.shipped_config_dir = lambda: os.path.join(tmp, "no-shipped")
+        selection.device_identity = lambda device: ("h100", "sm_90")
+        d = db.ConfigDB.open(os.path.join(tmp, "h100.json"), "h100", "sm_90", {"host_profile": True})
+        field = {"backend": "default", "time_ms": 0.01, "triton_ms": 0.02,
+                 "train": {"backend": "default", "time_ms": 0.03, "triton_ms": 0.06}}
+        entry = {"best": KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1).to_dict(),
+                 "measured": True, "incumbent": field}
+        d.put(db.problem_key(q.shape[3], "bf16", False, 1, db.seqlen_bucket(q.shape[2])), entry)
+        d.save()
+        selection.clear_cache()
 
 
 def _decode_case(torch, device, args):
@@ -179,18 +273,24 @@ def _decode_case(torch, device, args):
     return rows, [("decode contiguous", contiguous), (f"decode paged (page {page})", paged)]
 
 
-def time_calls(fn, calls: int, rounds: int, sync) -> list:
-    """µs per call of ``fn`` in each of ``rounds`` loops of ``calls`` calls (after 50 warm-up calls)."""
-    for _ in range(50):
-        fn()
-    sync()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def time_rows(rows, calls: int, rounds: int, sync, thread_clock: bool = False) -> dict:
+    """``{name: (µs per call by the row's clock per round, wall µs per call per round)}``, rows interleaved
+    round by round after 50 warm-up calls each. ``thread_clock``: the first list is this thread's CPU time
+    (``time.thread_time``), which other processes on the machine do not inflate; else it is the wall time."""
+    for _, fn in rows:
+        for _ in range(50):
             fn()
-        sync()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
+    sync()
+    out = {name: ([], []) for name, _ in rows}
+    for _ in range(rounds):
+        for name, fn in rows:
+            c0, t0 = time.thread_time(), time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            c1, t1 = time.thread_time(), time.perf_counter()
+            out[name][0].append(((c1 - c0) if thread_clock else (t1 - t0)) / calls * 1e6)
+            out[name][1].append((t1 - t0) / calls * 1e6)
     return out
 
 

@@ -56,14 +56,21 @@ def shape_excludes(causal: bool, seqlen_q: int, seqlen_k: int, group: int) -> Op
     return None
 
 
-def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float):
-    """``softmax(scale * q kᵀ) v`` of ``(B, H, S, D)`` tensors by SDPA's ``backend`` (differentiable)."""
-    import torch
+_SDPA: list = []  #: torch's own scaled_dot_product_attention, bound on first use
 
-    # torch's own function, not the attribute F.scaled_dot_product_attention: under patch_sdpa that
-    # attribute is rocmflash's wrapper, which would route the call back here
-    sdpa = torch._C._nn.scaled_dot_product_attention
-    gqa = q.shape[1] != k.shape[1]
+
+def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float, gqa: Optional[bool] = None):
+    """``softmax(scale * q kᵀ) v`` of ``(B, H, S, D)`` tensors by SDPA's ``backend`` (differentiable).
+    ``gqa``: whether ``q`` has more heads than ``k`` (None: compared here)."""
+    if not _SDPA:
+        import torch
+
+        # torch's own function, not the attribute F.scaled_dot_product_attention: under patch_sdpa that
+        # attribute is rocmflash's wrapper, which would route the call back here
+        _SDPA.append(torch._C._nn.scaled_dot_product_attention)
+    sdpa = _SDPA[0]
+    if gqa is None:
+        gqa = q.shape[1] != k.shape[1]
     if backend == DEFAULT:
         return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
     from torch.nn.attention import sdpa_kernel

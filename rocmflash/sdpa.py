@@ -64,23 +64,19 @@ def supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(float(scale)):
             return False
-    ts = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) for t in ts):
-        return False
-    if any(t.is_nested or t.layout != torch.strided for t in ts):
-        return False
-    if any(t.dim() != 4 for t in ts):
-        return False
+    for t in (query, key, value):  # a loop, not three generator passes: this runs on every patched call
+        if not isinstance(t, torch.Tensor) or t.is_nested or t.layout != torch.strided or t.dim() != 4:
+            return False
     dtype = query.dtype
     if dtype not in (torch.float16, torch.bfloat16) or key.dtype != dtype or value.dtype != dtype:
         return False
     dev = query.device
     if key.device != dev or value.device != dev:
         return False
-    if not (dev.type == "cuda" or (dev.type == "cpu" and _interpreting())):
+    if not (query.is_cuda or (dev.type == "cpu" and _interpreting())):
         return False
     B, Hq, Sq, D = query.shape
-    if tuple(key.shape) != tuple(value.shape):
+    if key.shape != value.shape:
         return False
     Bk, Hkv, Sk, Dk = key.shape
     if Bk != B or Dk != D or not 16 <= D <= 256:
@@ -95,6 +91,18 @@ def supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     return True
 
 
+_OPS: list = []
+
+
+def _attention_op():
+    """:func:`rocmflash.ops.attention_op`, imported on first use and kept (an import per call costs ~1 µs)."""
+    if not _OPS:
+        from rocmflash.ops import attention_op
+
+        _OPS.append(attention_op)
+    return _OPS[0]
+
+
 _ACTIVE: list = []  # open handles; the wrapper routes while any is open
 _WRAPPER = None  # the one wrapper installed over the original
 
@@ -105,11 +113,9 @@ def _make_wrapper(original):
                                      scale=None, enable_gqa=False, **kwargs):
         if _ACTIVE and not kwargs and supported(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa):
-            from rocmflash.ops import attention_op
-
             _STATS["routed"] += 1
-            out, _ = attention_op(query, key, value, causal=is_causal,
-                                  scale=None if scale is None else float(scale), need_lse=False)
+            out, _ = _attention_op()(query, key, value, causal=is_causal,
+                                     scale=None if scale is None else float(scale), need_lse=False)
             return out
         _STATS["fallback"] += 1
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

@@ -44,10 +44,19 @@ _BWD: dict = {}
 _VARLEN: dict = {}  # packed-forward problem key -> KernelConfig
 _VARLEN_BWD: dict = {}  # packed-backward problem key -> BwdConfig
 _LAST_SOURCE: dict = {}  # problem key -> "db" | "default" (introspection / tests)
+_CLEAR_HOOKS: list = []  # callables that forget what callers keep from a selection (rocmflash.ops's call plans)
+
+
+def register_clear(hook) -> None:
+    """Have :func:`clear_cache` call ``hook()`` too: for a cache kept elsewhere of answers given here."""
+    _CLEAR_HOOKS.append(hook)
 
 
 def clear_cache() -> None:
-    """Forget the detected devices and every selected config (also the database's caches)."""
+    """Forget the detected devices and every selected config (also the database's caches and what callers
+    keep from a selection: :mod:`rocmflash.ops`'s per-signature call plans, :func:`register_clear`)."""
+    for hook in _CLEAR_HOOKS:
+        hook()
     _DEVICE.clear()
     _FWD.clear()
     _BWD.clear()
@@ -160,7 +169,12 @@ def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, se
     return cfg
 
 
-_INCUMBENT: dict = {}  #: (device, problem, bucket, train) -> SDPA backend name or None
+_INCUMBENT: dict = {}  #: (device, problem, bucket, train) -> the entry's SDPA backend (before the switch) or None
+
+
+def incumbent_disabled() -> bool:
+    """Whether ``ROCMFLASH_NO_INCUMBENT`` forbids running the platform's SDPA in place of rocmflash's kernels."""
+    return os.environ.get(NO_INCUMBENT_ENV, "") not in ("", "0")
 
 
 def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_k: int,
@@ -169,10 +183,19 @@ def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
 
     A backend is named only when the database entry that :func:`select_config` serves carries an
     ``incumbent`` (timed beside the Triton configs by ``rocmflash tune``, :mod:`rocmflash.incumbent`)
-    that was faster -- forward alone, or forward+backward when ``train``. Cached per bucket."""
+    that was faster -- forward alone, or forward+backward when ``train`` -- and ``ROCMFLASH_NO_INCUMBENT``
+    is not set. Cached per bucket (:func:`entry_incumbent`); the switch is read on every call."""
+    if incumbent_disabled():
+        return None
+    return entry_incumbent(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, train)
+
+
+def entry_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_k: int,
+                    train: bool = False) -> Optional[str]:
+    """:func:`select_incumbent` before the ``ROCMFLASH_NO_INCUMBENT`` switch: what the served entry says
+    (a caller that keeps the answer reads the switch itself, :func:`incumbent_disabled`). Cached per bucket."""
     key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(), int(head_dim),
-           str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), bool(train),
-           os.environ.get(NO_INCUMBENT_ENV, ""))
+           str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), bool(train))
     try:
         return _INCUMBENT[key]
     except KeyError:
@@ -181,7 +204,7 @@ def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
 
     gpu_name, _ = device_identity(device)
     match = _db_lookup(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1), "online")
-    field, why_not = incumbent_timing(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), match)
+    field, why_not = _entry_timing(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), match)
     _INCUMBENT[key] = backend = None if why_not else winner(field, bool(train))
     return backend
 
@@ -198,6 +221,14 @@ def incumbent_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: in
     entry or no timing in it, or when the entry is more than :data:`INCUMBENT_MAX_BUCKET_DISTANCE` buckets away
     (an incumbent timed at S=8192 says little about S=256). Run-time dispatch and ``rocmflash explain`` both
     ask this."""
+    field, why_not = _entry_timing(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
+    if incumbent_disabled():
+        return field, f"{NO_INCUMBENT_ENV} is set"
+    return field, why_not
+
+
+def _entry_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match) -> tuple:
+    """:func:`incumbent_timing` before the switch."""
     field = None
     if match is not None:
         from rocmflash import db
@@ -205,8 +236,6 @@ def incumbent_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: in
         entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
                       if b == match.bucket), None)
         field = (entry or {}).get("incumbent") or None
-    if os.environ.get(NO_INCUMBENT_ENV, "") not in ("", "0"):
-        return field, f"{NO_INCUMBENT_ENV} is set"
     if match is None:
         return None, "no measured entry: rocmflash's per-arch default (no incumbent timed)"
     if match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
@@ -435,4 +464,5 @@ def _bucket(seqlen: int) -> int:
 
 __all__ = ["select_config", "select_bwd_config", "select_varlen_config", "select_varlen_bwd_config",
            "varlen_selection_details", "varlen_bwd_selection_details", "bwd_selection_details", "clear_cache",
-           "device_identity", "selection_source", "selection_details"]
+           "device_identity", "selection_source", "selection_details", "select_incumbent", "entry_incumbent",
+           "incumbent_disabled", "incumbent_timing", "register_clear"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import os
 from typing import Any, NamedTuple, Optional
 
@@ -100,7 +101,7 @@ def _interpreter_probe():
     """Never called: its ``__globals__`` (this module: ``tl`` and ``_tl_core``) drive the patch scope."""
 
 
-_NO_SWITCH = contextlib.nullcontext()
+NO_SWITCH = contextlib.nullcontext()  #: what :func:`on_device` returns when no switch is needed
 
 
 def on_device(t):
@@ -111,16 +112,18 @@ def on_device(t):
     ("cannot be accessed from Triton") and ROCm may fault on. Launch keys hold the tensor's
     device, so a replayed launch is always one made under this context on that device.
     """
-    if t.device.type == "cuda":
+    if t.is_cuda:
         import torch
 
-        if t.device.index != torch.cuda.current_device():
+        if t.get_device() != torch.cuda.current_device():
             return torch.cuda.device(t.device)
-    return _NO_SWITCH
+    return NO_SWITCH
 
 
 def check_device(name: str, t) -> None:
     """Raise ``ValueError`` unless ``t`` can be run here: a CUDA/ROCm tensor, or a CPU one under the interpreter."""
+    if t.is_cuda:  # the common case, without making a torch.device
+        return
     kind = t.device.type
     if kind == "cuda" or (kind == "cpu" and interpreting()):
         return
@@ -160,11 +163,15 @@ MAX_INT32 = 2**31 - 1  #: largest storage (bytes) Triton gives 32-bit buffer add
 
 class _LaunchPlan(NamedTuple):
     """A compiled launch ready to replay: Triton's runner for one grid, the argument list in
-    kernel order with the tensors left out, and where each tensor of the call goes."""
+    kernel order with the tensors left out, and where each tensor of the call goes. ``pick``: when
+    the tensor arguments lead the argument list (every rocmflash kernel), one C call that picks them
+    from the call's tensors in order (``tail``: the rest of the list); else None (``slots`` fill it)."""
 
     runner: Any
     template: tuple
     slots: tuple  # ((position in the argument list, index in the call's tensors), ...)
+    pick: Any = None
+    tail: tuple = ()
 
 
 def _jit_launch(fn, grid, kwargs: dict):
@@ -230,7 +237,11 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled)
             value = None
         template.append(value)
     grid3 = (tuple(grid) + (1, 1))[:3]  # CompiledKernel launches take all three grid dimensions
-    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots))
+    pick = None
+    if slots and all(position == i for i, (position, _) in enumerate(slots)):
+        indices = [index for _, index in slots]
+        pick = operator.itemgetter(*indices) if len(indices) > 1 else (lambda ts, i=indices[0]: (ts[i],))
+    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots), pick, tuple(template[len(slots):]))
 
 
 def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
@@ -260,6 +271,9 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
         key = launch_key(fn, scalars, tensors, cfg, backend)
     plan = _PLANS.get(key)
     if plan is not None:
+        if plan.pick is not None:
+            plan.runner(*plan.pick(tensors), *plan.tail)
+            return
         call = list(plan.template)
         for position, index in plan.slots:
             call[position] = tensors[index]
