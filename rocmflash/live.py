@@ -47,6 +47,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
@@ -466,11 +467,17 @@ class LiveRunner:
         self.interpret = _interpreting()
         self._pool = None
         self._prewarm_pool = None
+        # a pre-warm (compile-pool thread) and a measurement (timing thread) may both start the timing pool
+        self._pool_lock = threading.Lock()
         self.restarts = 0
         self.device = _device_name(device_index)
 
     # -------------------------------------------------------------- pool management
     def _get_pool(self):
+        with self._pool_lock:
+            return self._timing_pool()
+
+    def _timing_pool(self):
         if self._pool is None:
             import pebble
 
@@ -543,7 +550,7 @@ class LiveRunner:
         except FutureTimeout:
             result = {"config": task.get("config"), "status": "timeout", "error": f"no result after {timeout_s:g} s"}
         except ProcessExpired as err:
-            result = {"config": task.get("config"), "status": "crashed",
+            result = {"config": task.get("config"), "status": "crashed", "worker_died": True,
                       "error": f"worker died (exit code {err.exitcode})"}
         except Exception as err:
             result = {"config": task.get("config"), "status": "crashed",
@@ -583,7 +590,7 @@ class LiveRunner:
             result = {"status": "timeout",
                       "error": f"no result after {self.settings.timeout_s:g} s: worker killed and replaced"}
         except ProcessExpired as err:
-            result = {"status": "crashed",
+            result = {"status": "crashed", "worker_died": True,  # the pipeline retries it once
                       "error": f"worker died (exit code {err.exitcode}): replaced, tune goes on"}
         except Exception as err:  # a broken pool: start a fresh one
             result = {"status": "crashed", "error": f"worker pool failed: {type(err).__name__}: {err}", "fatal": True}

@@ -24,8 +24,22 @@ def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms
 
     if not incumbent.applies(shape.causal, shape.seqlen_q, shape.seqlen_k) or not _runs_tasks(runner):
         return None
-    task = {"shape": shape.to_dict(), "settings": settings, "config": config, "backends": incumbent.candidates()}
-    result = runner.call(incumbent.measure, task, TIMEOUT_S)
+    result = runner.call(incumbent.measure, incumbent_task(shape, config, settings), TIMEOUT_S)
+    return incumbent_result_field(result, triton_ms)
+
+
+def incumbent_task(shape: Shape, config: dict, settings: dict) -> dict:
+    """The worker task that times the platform's backends beside ``config`` on ``shape``
+    (:func:`rocmflash.incumbent.measure`; a tune pipeline's incumbent job runs it on a timing worker)."""
+    from rocmflash import incumbent
+
+    return {"shape": shape.to_dict(), "settings": settings, "config": config, "backends": incumbent.candidates()}
+
+
+def incumbent_result_field(result: dict, triton_ms: Optional[float]) -> Optional[dict]:
+    """The entry's ``incumbent`` field from the worker's result (a failed run says why)."""
+    from rocmflash import incumbent
+
     if result.get("status") != "ok":
         return {"backend": None, "time_ms": None, "triton_ms": triton_ms,
                 "error": f"{result.get('status')}: {result.get('error')}"}
@@ -75,4 +89,4 @@ def _line(key: str, field: dict) -> str:
     return f"{key}: {fwd}"
 
 
-__all__ = ["time_incumbent", "refresh", "TIMEOUT_S"]
+__all__ = ["time_incumbent", "incumbent_task", "incumbent_result_field", "refresh", "TIMEOUT_S"]

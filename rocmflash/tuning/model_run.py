@@ -1,12 +1,11 @@
 """``rocmflash tune --model``: every attention problem of a model, on one GPU, every GPU of a node, or a cluster.
 
-The plan (:mod:`rocmflash.tuning.plan`) is run pass by pass, per dtype: the forward tune
-(:func:`rocmflash.tuning.run.tune`: its problems run in parallel over the pool's GPUs and
-each race round spreads its configs over them), then the backward
-(:func:`~rocmflash.tuning.backward_run.tune_backward`) and decode
-(:func:`~rocmflash.tuning.decode_run.tune_decode`) tunes, whose configs spread over the
-pool. Everything lands in the one database (and the forward's journal), with the
-guarantees a single-GPU tune has.
+The plan (:mod:`rocmflash.tuning.plan`) runs through ONE pipeline (:mod:`rocmflash.tuning.pipeline`):
+its items (:func:`rocmflash.tuning.items.items_for_plan`: per dtype the forward, backward and
+decode problems) are compiled and pruned on the CPU ahead of the timing, and every timing worker
+(one per GPU of the pool, or the current device) takes the next timed config of any item as soon
+as it is free, with no barrier between passes or dtypes. Everything lands in the one database
+and journal, with the guarantees a single-GPU tune has (resume, crash isolation, atomic writes).
 """
 
 from __future__ import annotations
@@ -28,49 +27,98 @@ class ModelTuneResult:
     backward: list  #: BwdTuneResult per dtype
     decode: list  #: FamilyTuneResult per decode problem
     seconds: float
-    workers: list  #: WorkerStats of the pool (empty on one GPU without a pool)
+    workers: list  #: WorkerStats of the pipeline's timing workers (those of the pool; empty on one GPU without one)
 
 
 def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strategy: str = "race",
                cache_dir: Optional[str] = None, workers: Optional[int] = None, timeout_s: float = 120.0,
                seeds: bool = True, resume: bool = False, console=None, progress: bool = True,
                on_stage=None) -> ModelTuneResult:
-    """Run ``plan``; ``pool`` (a :class:`~rocmflash.tuning.pool.WorkerPool`) times on its workers,
-    None times on the current device when it is the plan's GPU (else the static phase only)."""
-    from rocmflash.live import LiveSettings
-    from rocmflash.tuning.backward_run import tune_backward
-    from rocmflash.tuning.decode import DecodeProblem
-    from rocmflash.tuning.decode_run import tune_decode
-    from rocmflash.tuning.run import tune
-    from rocmflash.tuning.spec import TuneSpec
+    """Run ``plan`` through one pipeline; ``pool`` (a :class:`~rocmflash.tuning.pool.WorkerPool`) times on
+    its workers, None times on the current device when it is the plan's GPU (else the static phase only)."""
+    from rocmflash.db import default_db_path, tune_lock
+    from rocmflash.tuning.items import items_for_plan, run_items, timing_workers
 
     start = time.perf_counter()
-    model, gpu = plan.model, plan.gpu
-    forward, backward, decode = [], [], []
+    gpu = plan.gpu
     say = on_stage or (lambda text: console.print(text, highlight=False) if console is not None else None)
+    runner, own_runner, measuring, why, device = _model_runner(gpu, pool, timeout_s, cache_dir, workers)
+    path = db_path or default_db_path(gpu.name)
+    lock = tune_lock(path)
+    items: list = []
+    stats = None
+    try:
+        if own_runner:
+            runner = _live_runner(timeout_s, cache_dir, workers)
+        runners = list(getattr(runner, "runners", None) or ([runner] if runner is not None else []))
+        items = items_for_plan(plan, db_path, strategy, cache_dir, workers, timeout_s, seeds, resume, console,
+                               progress, device, measuring, why, prewarmer=runner, runners=runners)
+        say(f"[bold]{plan.model.name}[/bold]: {len(items)} problem(s) in one pipeline "
+            f"({', '.join(sorted({i.family for i in items}))}; {len(runners) or 'no'} timing worker(s))")
+        stats = run_items(items, timing_workers(runner), items[0].ctx if items else None)
+    finally:
+        if own_runner and runner is not None:
+            runner.close()
+        lock.release()
+        _clear_lookups()
+    forward, backward, decode = _results(plan, items, path, measuring, why)
+    return ModelTuneResult(plan, path, measuring, why, forward, backward, decode, time.perf_counter() - start,
+                           list(stats.workers) if stats is not None and pool is not None else [])
+
+
+def _model_runner(gpu, pool, timeout_s, cache_dir, workers):
+    """``(runner, own_runner, measuring, why, device name)``: the pool, or the current device when it is
+    ``gpu`` (its runner made once the lock is held), or nothing (static only, and why)."""
+    from rocmflash.tuning.run import _no_live_reason, resolve_gpu
+
+    if pool is not None:
+        return pool, False, True, None, pool.device
+    _, live = resolve_gpu(gpu.name)
+    if live is not None and live.name == gpu.name:
+        import torch
+
+        return None, True, True, None, torch.cuda.get_device_properties(torch.cuda.current_device()).name
+    return None, False, False, _no_live_reason(gpu), None
+
+
+def _live_runner(timeout_s, cache_dir, workers):
+    import torch
+
+    from rocmflash.compile import triton_cache_dir
+    from rocmflash.live import LiveRunner, LiveSettings
+
+    return LiveRunner(LiveSettings(timeout_s=timeout_s), triton_cache_dir=triton_cache_dir(cache_dir),
+                      prewarm_workers=workers, device_index=torch.cuda.current_device())
+
+
+def _results(plan, items, path, measuring, why) -> tuple:
+    """Today's result types from the items: a TuneResult and a BwdTuneResult per dtype, a FamilyTuneResult
+    per decode problem."""
+    from rocmflash.tuning.backward_run import BwdTuneResult
+    from rocmflash.tuning.run import TuneResult
+
+    forward, backward, decode = [], [], []
+    journal = items[0].ctx.journal if items else None
     for dtype in plan.dtypes:
-        spec = TuneSpec(gpu=gpu.name, head_dim=model.head_dim, dtype=dtype, seqlens=list(plan.seqlens), causal=True,
-                        heads=model.heads_q, kv_heads=model.heads_kv, strategy=strategy, db_path=db_path,
-                        resume=resume, cache_dir=cache_dir, workers=workers, seeds=seeds,
-                        live_settings=LiveSettings(timeout_s=timeout_s)).validate()
-        if "fwd" in plan.passes:
-            say(f"[bold]forward[/bold] {model.name} {dtype}: {len(plan.seqlens)} problem(s)")
-            forward.append(tune(spec, runner=pool, console=console, progress=progress))
-        if "bwd" in plan.passes:
-            say(f"[bold]backward[/bold] {model.name} {dtype}: {len(plan.seqlens)} problem(s)")
-            backward.append(tune_backward(spec, console=console, pool=pool))
-        if plan.decode:
-            for s in plan.seqlens:
-                problem = DecodeProblem(head_dim=model.head_dim, dtype=dtype, heads_q=model.heads_q,
-                                        heads_kv=model.heads_kv, batch=plan.decode_batch, seqlen_k=s).validate()
-                say(f"[bold]decode[/bold] {problem.key()}")
-                decode.append(tune_decode(gpu.name, problem, db_path, cache_dir, workers, timeout_s, pool=pool))
-    results = forward + backward + decode
-    measured = any(r.measured for r in results)
-    why = next((r.why_unmeasured for r in results if r.why_unmeasured), None)
-    path = next((r.db_path for r in results), db_path)
-    return ModelTuneResult(plan, path, measured, None if measured else why, forward, backward, decode,
-                           time.perf_counter() - start, list(pool.stats) if pool is not None else [])
+        fwd = [i for i in items if i.family == "fwd" and i.spec.dtype == dtype]
+        bwd = [i for i in items if i.family == "bwd" and i.spec.dtype == dtype]
+        if fwd:
+            forward.append(TuneResult(plan.gpu, path, journal.path if journal is not None else None, measuring, why,
+                                      [i.outcome for i in fwd], sum(i.outcome.seconds for i in fwd)))
+        if bwd:
+            backward.append(BwdTuneResult(plan.gpu, path, measuring, why, [i.outcome() for i in bwd],
+                                          sum(i.seconds for i in bwd)))
+        decode += [i.result(path) for i in items if i.family == "decode" and i.problem.dtype == dtype]
+    return forward, backward, decode
+
+
+def _clear_lookups() -> None:
+    """Run-time lookups read the new entries (the backward's and decode's caches, selection's)."""
+    from rocmflash import selection
+    from rocmflash.tuning.backward import clear_cache
+
+    clear_cache()
+    selection.clear_cache()
 
 
 def print_model_summary(result: ModelTuneResult, console, n_gpus: int, cpu_cores: int) -> None:

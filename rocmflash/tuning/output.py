@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from rocmflash.seeds import reference_seeds
 from rocmflash.tuning.static import StaticResult, static_phase
-
-if TYPE_CHECKING:
-    from rocmflash.tuning.run import TuneResult
 
 
 class _Output:
@@ -48,13 +45,18 @@ class _Output:
         n = len(space.configs(problem, gpu)) + len(seeds)
         if not self.progress:
             return static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings, seeds=seeds)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        if self.live is not None:  # a pipeline's one display: a row while the sweep runs beside the timing
+            with _SharedBar(self.live, f"static sweep for {gpu.arch} {problem.dtype}", n, 0, None) as row:
+                st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
+                                  on_result=lambda _: row.tick(), seeds=seeds)
+        else:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn(f"[bold]static sweep for {gpu.arch}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=self.console, transient=True) as bar:
-            task = bar.add_task("static", total=n)
-            st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
-                              on_result=lambda _: bar.advance(task), seeds=seeds)
+            with Progress(TextColumn(f"[bold]static sweep for {gpu.arch}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=self.console, transient=True) as bar:
+                task = bar.add_task("static", total=n)
+                st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
+                                  on_result=lambda _: bar.advance(task), seeds=seeds)
         s = st.stats
         kept = sum(c.kept for c in st.candidates)
         self.note(f"static phase D={problem.head_dim} {problem.dtype}{' causal' if problem.causal else ''}: "
@@ -132,6 +134,10 @@ class _SharedBar:
             progress.console.print(f"  {record['status']} ({record.get('worker')}): {_label(record['config'])}: "
                                    f"{(record.get('error') or '')[:160]}", highlight=False)
 
+    def tick(self) -> None:
+        """One more done, no result record (a static sweep's compile)."""
+        self.shared.progress.update(self.task, advance=1)
+
     def __exit__(self, *exc):
         self.shared.progress.remove_task(self.task)
         return False
@@ -192,8 +198,9 @@ def _label(cfg: dict) -> str:
     return " ".join(parts)
 
 
-def print_summary(result: TuneResult, console) -> None:
-    """The final table: winners beside their roofline floor and the efficiency reached."""
+def print_summary(result, console) -> None:
+    """The final table of a :class:`~rocmflash.tuning.run.TuneResult`: winners beside their roofline floor and
+    the efficiency reached."""
     from rich.table import Table
 
     title = f"rocmflash tune: {result.gpu.name} ({result.gpu.arch}) -> {result.db_path}"

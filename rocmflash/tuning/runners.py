@@ -52,7 +52,8 @@ class ReplayRunner:
                     r = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(r, dict) and "config" in r and "shape" in r:
+                # forward records only: backward and decode records (``family``) hold other problems and configs
+                if isinstance(r, dict) and "config" in r and "shape" in r and r.get("family", "fwd") == "fwd":
                     shape, cfg = Shape.from_dict(r["shape"]), KernelConfig.from_dict(r["config"])
                     results[cls._key(shape, cfg)] = {k: r.get(k) for k in
                                                      ("status", "median_ms", "times_ms", "tflops", "rel_err", "error")}

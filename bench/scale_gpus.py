@@ -1,0 +1,200 @@
+"""`rocmflash tune --model` on one GPU against every GPU of the node (`--gpus all`), cold and warm.
+
+    python bench/scale_gpus.py --model llama-3-8b --dtype bf16 --seqlen 2048 --seqlen 8192 --out DIR \
+        [--runs one-cold,all-cold,one-warm,all-warm,all-kill] [--code DIR --tag old] [--kill-after 30]
+
+Each run is the CLI a user types, in its own process, with its own database and journal:
+
+* ``one-cold`` / ``all-cold``: a fresh compile cache and Triton cache of their own (nothing compiled);
+* ``one-warm`` / ``all-warm``: the cache their cold run filled (the database and journal are fresh, so
+  every config is timed again);
+* ``all-kill``: as ``all-warm``, while a watcher SIGKILLs the GPU process of one timing worker once the
+  journal holds ``--kill-after`` records: what it had in flight is the only work repeated.
+
+``--code DIR`` runs another checkout of rocmflash (``PYTHONPATH=DIR``; e.g. the commit before a change)
+with its runs named ``<tag>-<run>``, so a before/after comparison is one call on one machine.
+
+Writes ``DIR/scale-gpus.json`` and ``DIR/scale-gpus.md``: wall time per run, the speed-up of every ``all``
+run over its ``one`` run, each worker's busy seconds (from the tune's summary), every database entry of
+each run against the one-GPU cold run's entry (same best, time ratio, inside the 3 % near-best band), and
+what the kill cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from model_tune import _descendants, _gpu_processes, _journal_records
+
+NEAR_BEST = 1.03
+RUNS = ("one-cold", "all-cold", "one-warm", "all-warm", "all-kill")
+
+
+def _watch_and_kill(proc, journal: str, after: int, info: dict) -> None:
+    """SIGKILL the GPU process (a timing worker) of this tune holding the least device memory once the journal
+    holds ``after`` records (the least: a timing worker, not a pre-warm process)."""
+    while proc.poll() is None:
+        if _journal_records(journal) >= after:
+            mine = _descendants(proc.pid)
+            gpu = sorted((mem, pid) for pid, mem in _gpu_processes() if pid in mine)
+            if gpu:
+                mem, pid = gpu[0]
+                os.kill(pid, signal.SIGKILL)
+                info.update(killed_pid=pid, killed_mib=mem, at_record=_journal_records(journal),
+                            at_s=round(time.time() - info["start"], 1))
+                return
+        time.sleep(0.2)
+
+
+def _run(name: str, argv: list, out: str, env: dict, kill_after=None) -> dict:
+    db = os.path.join(out, name, "gpu.json")
+    os.makedirs(os.path.dirname(db), exist_ok=True)
+    journal = db[:-5] + ".journal.jsonl"
+    info = {"name": name, "argv": argv + ["--db", db], "start": time.time(), "db": db}
+    log_path = os.path.join(out, f"{name}.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "rocmflash.cli", *argv, "--db", db], cwd=out, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+        watcher = None
+        if kill_after:
+            watcher = threading.Thread(target=_watch_and_kill, args=(proc, journal, kill_after, info), daemon=True)
+            watcher.start()
+        proc.wait()
+        if watcher:
+            watcher.join(timeout=5)
+    info.update(rc=proc.returncode, wall_s=round(time.time() - info.pop("start"), 1))
+    with open(log_path) as f:
+        text = f.read()
+    info["workers"] = [{"label": m[0], "timed": int(m[1]), "busy_s": float(m[2])}
+                       for m in re.findall(r"worker (\S+): (\d+) timed .*?busy (\d+) s", text)]
+    m = re.search(r"wall time (\d+) s", text)
+    info["tune_wall_s"] = float(m.group(1)) if m else None
+    recs = []
+    if os.path.exists(journal):
+        with open(journal) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict) and "status" in r:
+                    recs.append(r)
+    info["journal"] = {"records": len(recs), "by_status": {s: sum(r["status"] == s for r in recs)
+                                                           for s in sorted({r["status"] for r in recs})},
+                       "retried": sum(1 for r in recs if r.get("retried_after") or r.get("retries"))}
+    return info
+
+
+def _time(e: dict):
+    t = e.get("time_ms")
+    return t.get("total") if isinstance(t, dict) else t
+
+
+def _entries(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)["entries"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _compare(base: dict, other: dict) -> list:
+    rows = []
+    for key in sorted(set(base) | set(other)):
+        a, b = base.get(key, {}), other.get(key, {})
+        ta, tb = _time(a), _time(b)
+        ratio = round(tb / ta, 4) if ta and tb else None
+        rows.append({"key": key, "same_best": a.get("best") == b.get("best"), "base_ms": ta, "ms": tb,
+                     "ratio": ratio, "in_band": ratio is not None and 1 / NEAR_BEST <= ratio <= NEAR_BEST})
+    return rows
+
+
+def _write(results: dict, prefix: str, base: list, out: str, tag: str, code: str) -> None:
+    """The JSON and markdown reports of the runs so far (rewritten after every run: a cut-off call keeps them)."""
+    reference = _entries(results.get(prefix + "one-cold", {}).get("db", ""))
+    for name, r in results.items():
+        r["entries"] = _compare(reference, _entries(r["db"])) if reference else []
+    speedups = {}
+    for mode in ("cold", "warm"):
+        one, many = results.get(f"{prefix}one-{mode}"), results.get(f"{prefix}all-{mode}")
+        if one and many and one["rc"] == 0 and many["rc"] == 0:
+            speedups[mode] = round(one["wall_s"] / many["wall_s"], 3)
+    import torch
+
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0),
+            "gpus": torch.cuda.device_count(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "code": code, "command": " ".join(sys.argv)}
+    report = {"meta": meta, "speedups": speedups, "runs": results}
+    with open(os.path.join(out, f"{prefix}scale-gpus.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    lines = [f"# {' '.join(base)}: one GPU vs --gpus all ({tag or 'this checkout'})", "",
+             (f"{meta['date']}, {meta['device']} x{meta['gpus']}, {meta['cpus']} CPUs, torch {meta['torch']}, "
+             f"triton {meta['triton']}"), f"command: `{meta['command']}`", "",
+             "| run | rc | wall s | speed-up | workers (timed, busy s) | journal | killed | entries in band |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        mode = name.rsplit("-", 1)[-1]
+        sp = speedups.get(mode) if "-all-" in f"-{name}" else None
+        workers = "; ".join(f"{w['label']} {w['timed']}, {w['busy_s']:.0f}" for w in r["workers"]) or "-"
+        killed = f"pid {r['killed_pid']} at record {r['at_record']} ({r['at_s']} s)" if r.get("killed_pid") else "-"
+        band = f"{sum(e['in_band'] for e in r['entries'])}/{len(r['entries'])}" if r["entries"] else "-"
+        lines.append(f"| {name} | {r['rc']} | {r['wall_s']} | {f'{sp:.2f}x' if sp else '-'} | {workers} | "
+                     f"{r['journal']['records']} {r['journal']['by_status']} | {killed} | {band} |")
+    with open(os.path.join(out, f"{prefix}scale-gpus.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--seqlen", type=int, action="append", default=None)
+    ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--kill-after", type=int, default=30)
+    ap.add_argument("--code", default=ROOT, help="the rocmflash checkout to run (default: this one)")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    runs = [r for r in args.runs.split(",") if r]
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown:
+        ap.error(f"unknown run(s) {unknown}; expected some of {', '.join(RUNS)}")
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    code = os.path.abspath(args.code)
+    base = ["tune", "--gpu", "auto", "--model", args.model, "--dtype", args.dtype]
+    for s in args.seqlen or [2048, 8192]:
+        base += ["--seqlen", str(s)]
+    prefix = f"{args.tag}-" if args.tag else ""
+    results = {}
+    for run in runs:
+        which, mode = run.split("-")
+        cache = os.path.join(out, f"{prefix}cache-{which}")  # a cold run starts it, its warm run reuses it
+        if mode == "cold" and os.path.exists(cache):
+            import shutil
+
+            shutil.rmtree(cache)
+        env = dict(os.environ, COLUMNS="160", PYTHONPATH=code + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   ROCMFLASH_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton-direct"))
+        extra = ["--gpus", "all"] if which == "all" else []
+        name = prefix + run
+        print(f"== {name}", flush=True)
+        results[name] = _run(name, base + extra, out, env, args.kill_after if mode == "kill" else None)
+        print(json.dumps({k: v for k, v in results[name].items() if k != "argv"}), flush=True)
+        _write(results, prefix, base, out, args.tag, code)
+    return 0 if all(r["rc"] == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

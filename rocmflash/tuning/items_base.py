@@ -1,0 +1,203 @@
+"""What the items of one tune share (:mod:`rocmflash.tuning.items`): the :class:`TuneContext` (GPU,
+database, journal, environment, console output, shared static phases, pre-warm), the journal records of
+the worker-task families (backward, decode, varlen: the problem dict as the record's ``shape``) and
+:class:`FamilyTiming`, the timed part of an item whose configs are timed once each as worker tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from typing import Callable, Optional
+
+from rocmflash.db import ConfigDB, Journal, env_id, environment, journal_path, now_iso
+from rocmflash.tuning.output import _Output
+
+
+class SharedStatics:
+    """Static phases shared between the items of one static problem (compile threads may ask at once)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._locks: dict = {}
+        self._done: dict = {}
+
+    def get(self, key, build: Callable[[], object]):
+        """``build()``'s result for ``key``, built once (a second asker waits for the first)."""
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._done:
+                self._done[key] = build()
+            return self._done[key]
+
+
+@dataclasses.dataclass
+class TuneContext:
+    """What the items of one tune share (see the module docstring)."""
+
+    gpu: object
+    db: ConfigDB
+    env: dict
+    eid: str
+    journal: Optional[Journal]  #: None when nothing is measured
+    out: _Output
+    measuring: bool
+    why: Optional[str] = None  #: why nothing is measured
+    prewarmer: object = None  #: has ``prewarm`` / ``prewarm_tasks`` (a WorkerPool or a runner), or None
+    runs_tasks: bool = True  #: the timing workers run worker tasks (the incumbent: not on a replay)
+    interpret: bool = False  #: kernels run in Triton's CPU interpreter (entries say so)
+    statics: SharedStatics = dataclasses.field(default_factory=SharedStatics)
+
+    def store(self, key: str, entry: dict) -> None:
+        """Put ``entry`` and save the database atomically (a measured entry stamps this environment)."""
+        self.db.put(key, entry)
+        self.db.save(self.env if self.measuring else None)
+
+    def prewarm(self, configs: list, shape) -> None:
+        """Fill the timing workers' compile caches with the forward ``configs`` (errors show when timed)."""
+        if configs and self.prewarmer is not None and hasattr(self.prewarmer, "prewarm"):
+            try:
+                self.prewarmer.prewarm(configs, shape)
+            except Exception as err:  # a pre-warm is an optimisation: the timing meets any real error again
+                self.out.note(f"pre-warm failed ({type(err).__name__}: {err}); configs compile when timed")
+
+    def prewarm_tasks(self, tasks: list, fn: Callable, timeout_s: float) -> None:
+        """The same for worker tasks (backward, decode)."""
+        if not tasks or self.interpret:
+            return
+        try:
+            if self.prewarmer is not None:
+                if hasattr(self.prewarmer, "prewarm_tasks"):
+                    self.prewarmer.prewarm_tasks(tasks, fn, timeout_s)
+        except Exception as err:
+            self.out.note(f"pre-warm failed ({type(err).__name__}: {err}); configs compile when timed")
+
+
+def open_context(gpu, db_path: str, device: Optional[str], measuring: bool, why: Optional[str] = None,
+                 console=None, progress: bool = False, prewarmer=None, runners: Optional[list] = None,
+                 interpret: Optional[bool] = None) -> TuneContext:
+    """A :class:`TuneContext` for a tune of ``gpu`` into ``db_path``; ``device``: the timing device's name
+    (the environment fingerprint). The caller holds the database's tune lock."""
+    from rocmflash.kernels.common import interpreting
+
+    env = environment(device)
+    out = _Output(console, progress)
+    db = ConfigDB.open(db_path, gpu.name, gpu.arch, env, gpu.compute_units)
+    journal = Journal(journal_path(db_path), gpu.name) if measuring else None
+    if journal is not None and journal.torn_lines:
+        out.note(f"journal: ignored {journal.torn_lines} torn line(s) from an interrupted write")
+    runs_tasks = all(hasattr(r, "call") for r in runners) if runners else True
+    return TuneContext(gpu, db, env, env_id(env), journal, out, measuring, why, prewarmer, runs_tasks,
+                       interpreting() if interpret is None else interpret)
+
+
+# ---------------------------------------------------------------------- family journal records
+def config_json(config: dict) -> str:
+    """A config dict's canonical JSON (the journal's and the simulated clock's config key)."""
+    return json.dumps(config, sort_keys=True)
+
+
+def family_results(ctx: TuneContext, family: str, key: str, problem: dict) -> dict:
+    """``{config json: latest record}`` of one backward/decode problem in this environment."""
+    out = {}
+    wanted = config_json(problem)  # as JSON: a tuple in the problem and a list read back are the same
+    for r in ctx.journal.records if ctx.journal is not None else ():
+        if (r.get("family") == family and r["key"] == key and r.get("env") == ctx.eid and r.get("round") is None
+                and config_json(r.get("shape")) == wanted):
+            out[config_json(r["config"])] = r
+    return out
+
+
+def journal_family_result(ctx: TuneContext, family: str, key: str, problem: dict, strategy: str,
+                          result: dict) -> dict:
+    """Append one backward/decode result to the journal (the problem dict as its ``shape``); the record."""
+    record = dict(result)
+    record.update(key=key, family=family, shape=problem, env=ctx.eid, strategy=strategy, when=now_iso(),
+                  round=None)
+    ctx.journal.append(record)
+    return record
+
+
+class FamilyTiming:
+    """The timed part of a backward or decode item: its tasks in one batch (nothing to resume in rounds),
+    each result journaled as it arrives; :meth:`results` is every task's latest result, task order."""
+
+    def __init__(self, item, family: str, fn: Callable, timeout_s: float, strategy: str, on_result=None):
+        self.item, self.family, self.fn, self.timeout_s = item, family, fn, timeout_s
+        self.strategy, self.on_result = strategy, on_result
+        self.tasks: list = []
+        self.handed_out = False
+        self.timed_now = 0
+        self.skipped = 0
+
+    def done(self) -> dict:
+        return family_results(self.item.ctx, self.family, self.item.key, self.item.problem_dict)
+
+    def todo(self) -> list:
+        done = self.done()
+        return [t for t in self.tasks if config_json(t["config"]) not in done]
+
+    def batch(self) -> Optional[list]:
+        """The not yet journaled tasks as jobs, once; then None."""
+        from rocmflash.tuning.pipeline import Job
+
+        if self.handed_out or not self.item.ctx.measuring:
+            return None
+        self.handed_out = True
+        todo = self.todo()
+        self.skipped = len(self.tasks) - len(todo)
+        if self.skipped:
+            self.item.ctx.out.note(f"{self.item.key}: {self.skipped} of {len(self.tasks)} config(s) already in the "
+                                   "journal, skipped")
+        fn, timeout_s = self.fn, self.timeout_s
+        return [Job(self.item, (lambda runner, task=task: runner.call(fn, task, timeout_s)), _task_label(task),
+                    (self.item.key, config_json(task["config"]), None), payload=task) for task in todo] or None
+
+    def record(self, job, result: dict) -> None:
+        result = dict(result)
+        result.setdefault("config", job.payload["config"])
+        journal_family_result(self.item.ctx, self.family, self.item.key, self.item.problem_dict, self.strategy, result)
+        self.timed_now += 1
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def results(self) -> list:
+        done = self.done()
+        return [done[k] for k in (config_json(t["config"]) for t in self.tasks) if k in done]
+
+
+def cached_compile_seconds(family_name: str, configs: list, problem: dict, gpu, cache_dir: Optional[str]) -> list:
+    """Compile seconds of a family's configs from the compile cache's records (uncached: left out)."""
+    from rocmflash.compile import ObservationCache, default_cache_dir, family_fingerprint
+    from rocmflash.families import get_family
+
+    family = get_family(family_name)
+    cache = ObservationCache(cache_dir or default_cache_dir())
+    seconds = []
+    for cfg in configs:
+        record = cache.get(family_fingerprint(family, cfg, problem, gpu)) or {}
+        if record.get("compile_seconds"):
+            seconds.append(record["compile_seconds"])
+    return seconds
+
+
+def _task_label(task: dict) -> str:
+    from rocmflash.tuning.pool import _short
+
+    return _short(task.get("config"))
+
+
+def current_device_runner(settings):
+    """A :class:`~rocmflash.live.LiveRunner` on the current device with Triton's own cache: the isolated
+    worker the backward, decode and varlen tunes time their tasks in (a crash or hang costs that task only)."""
+    import torch
+
+    from rocmflash.live import LiveRunner
+
+    return LiveRunner(settings, device_index=torch.cuda.current_device())
+
+
+__all__ = ["TuneContext", "SharedStatics", "open_context", "family_results", "journal_family_result",
+           "config_json", "FamilyTiming", "cached_compile_seconds", "current_device_runner"]

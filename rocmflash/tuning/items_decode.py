@@ -1,0 +1,110 @@
+"""The decode family as a pipeline item: one KV-cache decode problem (``tune --mode decode``).
+
+:class:`DecodeItem` does what the decode tune did for its problem: the static phase, every
+survivor pre-warmed at the split counts it is timed at, then timed as one batch of worker tasks
+(gated, then timed at each split count), each result journaled as it arrives, and the entry of
+:func:`~rocmflash.tuning.decode_run.measured_entry`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from rocmflash.families import FamilyStatic
+from rocmflash.tuning.items_tasks import TaskItem
+from rocmflash.tuning.spec import NEAR_BEST_PCT
+
+
+class DecodeItem(TaskItem):
+    """One decode problem of a tune (see the module docstring)."""
+
+    family = "decode"
+    compile_family = "decode"
+
+    def __init__(self, ctx, problem, cache_dir=None, workers=None, timeout_s: float = 120.0,
+                 configs: Optional[list] = None, on_result=None):
+        self.cache_dir, self.workers, self.configs = cache_dir, workers, configs
+        super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
+
+    def worker_functions(self) -> tuple:
+        from rocmflash.tuning.decode import measure_decode, prewarm_decode
+
+        return measure_decode, prewarm_decode
+
+    def build_static(self):
+        from rocmflash.tuning.decode import static_phase
+
+        return static_phase(self.ctx.gpu, self.problem, self.cache_dir, self.workers, configs=self.configs)
+
+    def to_time(self) -> list:
+        return [r["config"] for r in self.static_result.ranked]  # every survivor: no ranking decides alone
+
+    def warm_task(self, task: dict) -> dict:
+        """A pre-warm task: the split counts the timing worker will launch the config at."""
+        from rocmflash.kernels.kv_decode import DecodeConfig
+        from rocmflash.tuning.decode import split_choices
+
+        return dict(task, splits=split_choices(self.problem, DecodeConfig.from_dict(task["config"]),
+                                               compute_units(self.ctx.gpu)))
+
+    def measured_entry(self, results: list) -> dict:
+        return measured_entry(self.ctx.gpu, self.problem, self.static_result, results, self.ctx.env,
+                              self.ctx.interpret)
+
+    def static_entry(self) -> dict:
+        return static_entry(self.problem, self.static_result, self.ctx.why, self.ctx.env)
+
+    def stored(self) -> None:
+        from rocmflash.decode import clear_cache
+        from rocmflash.tuning.decode import lookup_decode
+
+        lookup_decode.cache_clear()
+        clear_cache()
+
+
+def measured_entry(gpu, problem, static: FamilyStatic, results: list, env: dict,
+                   interpret: bool) -> dict:
+    """The database entry of a measured decode problem: the fastest correct config at its best split count,
+    its time, K/V read rate and HBM fraction, near-best alternatives and counts."""
+    timed = [(t, int(n), r["config"]) for r in results if r["status"] == "ok" for n, t in r["times_ms"].items()]
+    counts = {"space": len(static.rows), "survivors": len(static.ranked), "timed": len(results),
+              **{s: sum(1 for r in results if r["status"] == s) for s in ("ok", "incorrect", "failed", "timeout",
+                                                                         "crashed")}}
+    entry = {"mode": "decode", "problem": problem.to_dict(), "measured": bool(timed), "strategy": "all-survivors",
+             "counts": counts, "timing": "interpreter" if interpret else "gpu graph replay (cold K/V copies)",
+             "fingerprint": env,
+             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not timed:
+        entry.update(best=None, time_ms=None)
+        return entry
+    timed.sort(key=lambda x: x[0])
+    best_t, best_n, best_cfg = timed[0]
+    gbs = problem.kv_bytes() / (best_t * 1e-3) / 1e9
+    entry.update(best=dict(best_cfg, num_splits=best_n), time_ms=round(best_t, 5), kv_gbs=round(gbs, 1),
+                 hbm_efficiency=round(gbs / (gpu.hbm_tbs * 1e3), 3),
+                 near_best=[dict(c, num_splits=n, time_ms=round(t, 5)) for t, n, c in timed[1:]
+                            if t <= best_t * (1 + NEAR_BEST_PCT / 100)][:10])
+    return entry
+
+
+def static_entry(problem, static: FamilyStatic, why: str, env: dict) -> dict:
+    """The static #1, ``"measured": false`` and ``num_splits`` 0 (chosen per call): never served."""
+    top = static.ranked[0]["config"] if static.ranked else None
+    return {"mode": "decode", "problem": problem.to_dict(), "measured": False, "why_unmeasured": why,
+            "strategy": "static", "best": dict(top, num_splits=0) if top else None, "time_ms": None,
+            "counts": {"space": len(static.rows), "survivors": len(static.ranked), "timed": 0},
+            "fingerprint": env, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def compute_units(gpu) -> int:
+    """The CU count split choices are made for: the live device's, else (a cluster's driver, a simulation)
+    the catalog's for the GPU tuned."""
+    import torch
+
+    from rocmflash.kernels.common import num_compute_units
+
+    return num_compute_units(torch.device("cuda")) if torch.cuda.is_available() else gpu.compute_units
+
+
+__all__ = ["DecodeItem", "compute_units", "measured_entry", "static_entry"]

@@ -1,0 +1,188 @@
+"""The two executors of :class:`rocmflash.tuning.pipeline.Pipeline`: threads on the wall clock, and a
+simulated clock that replays recorded durations.
+
+Both give the scheduler the same four calls: ``start(runners, compile_slots)``,
+``submit_static(item)``, ``submit_job(worker, job)`` and ``next_event()`` (blocking), plus
+``now()`` (seconds since start) and ``shutdown()``. The scheduler alone decides what runs
+next; an executor only runs it and reports when it ended, so the simulated clock exercises
+exactly the scheduling code a real tune uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import queue
+import threading
+import time
+from typing import Callable, Optional
+
+
+@dataclasses.dataclass
+class StaticDone:
+    """An item's static phase ended (``error``: what it raised, else None)."""
+
+    item: object
+    error: Optional[BaseException]
+    start: float
+    end: float
+
+
+@dataclasses.dataclass
+class JobDone:
+    """A job ended on timing worker ``worker``: its result, or what ``job.run`` raised."""
+
+    worker: int
+    job: object
+    result: Optional[dict]
+    error: Optional[BaseException]
+    start: float
+    end: float
+
+
+def makespan(seconds: list, cores: int) -> float:
+    """Wall seconds of independent tasks on ``cores`` cores, greedy longest-first (each task to the core
+    that frees first): the compile pool's schedule of a static phase."""
+    if type(cores) is not int or cores < 1:
+        raise ValueError(f"cores={cores!r} is invalid; expected a positive int")
+    loads = [0.0] * min(cores, max(1, len(seconds)))
+    for s in sorted((float(s) for s in seconds), reverse=True):
+        least = heapq.heappop(loads)
+        heapq.heappush(loads, least + s)
+    return max(loads)
+
+
+class ThreadExecutor:
+    """Real execution: ``compile_slots`` compile threads run ``item.static()``; one timing thread per
+    runner, started once and kept for the whole run, runs ``job.run(runner)``.
+
+    Threads are daemons: after Ctrl-C the scheduler waits for nothing; the caller closes the runners
+    (which ends their in-flight worker processes)."""
+
+    def start(self, runners: list, compile_slots: int) -> None:
+        self._t0 = time.perf_counter()
+        self._events: "queue.Queue" = queue.Queue()
+        self._statics: "queue.Queue" = queue.Queue()
+        self._inboxes = [queue.Queue() for _ in runners]
+        self._threads = [threading.Thread(target=self._compile_loop, daemon=True, name=f"rocmflash-compile-{i}")
+                         for i in range(compile_slots)]
+        self._threads += [threading.Thread(target=self._timing_loop, args=(i, runner, inbox), daemon=True,
+                                           name=f"rocmflash-timing-{i}")
+                          for i, (runner, inbox) in enumerate(zip(runners, self._inboxes))]
+        for t in self._threads:
+            t.start()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _compile_loop(self) -> None:
+        while True:
+            item = self._statics.get()
+            if item is None:
+                return
+            start, error = self.now(), None
+            try:
+                item.static()
+            except BaseException as err:  # reported to the scheduler thread, which decides
+                error = err
+            self._events.put(StaticDone(item, error, start, self.now()))
+
+    def _timing_loop(self, index: int, runner, inbox: "queue.Queue") -> None:
+        while True:
+            job = inbox.get()
+            if job is None:
+                return
+            start, result, error = self.now(), None, None
+            try:
+                result = job.run(runner)
+            except BaseException as err:  # WorkerLost, a runner bug, an interrupt: the scheduler's call
+                error = err
+            self._events.put(JobDone(index, job, result, error, start, self.now()))
+
+    def submit_static(self, item) -> None:
+        self._statics.put(item)
+
+    def submit_job(self, worker: int, job) -> None:
+        self._inboxes[worker].put(job)
+
+    def next_event(self):
+        while True:  # a short timeout keeps the scheduler thread responsive to Ctrl-C
+            try:
+                return self._events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    def shutdown(self) -> None:
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for t in self._threads:
+            if t.name.startswith("rocmflash-compile"):
+                self._statics.put(None)
+
+
+def result_wall_s(job, result: dict) -> float:
+    """The default duration of a simulated job: the result's ``wall_s`` (what a replayed journal recorded)."""
+    return float(result.get("wall_s") or 0.0)
+
+
+class SimulatedExecutor:
+    """The scheduler on a simulated clock: a job's duration is ``duration(job, result)`` (default: the
+    result's ``wall_s``), a static phase lasts the makespan of ``item.compile_seconds()`` on
+    ``cpu_cores / compile_slots`` cores, and the clock jumps from event to event.
+
+    ``item.static()`` and ``job.run(runner)`` really run (inline, when submitted), so the items decide
+    what to time from real results; only the clock is simulated."""
+
+    def __init__(self, duration: Optional[Callable] = None, cpu_cores: int = 32):
+        if type(cpu_cores) is not int or cpu_cores < 1:
+            raise ValueError(f"cpu_cores={cpu_cores!r} is invalid; expected a positive int")
+        self.duration = duration or result_wall_s
+        self.cpu_cores = cpu_cores
+
+    def start(self, runners: list, compile_slots: int) -> None:
+        self._now = 0.0
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._runners = list(runners)
+        self._cores = max(1, self.cpu_cores // compile_slots)
+
+    def now(self) -> float:
+        return self._now
+
+    def _push(self, at: float, event) -> None:
+        heapq.heappush(self._heap, (at, next(self._seq), event))
+
+    def submit_static(self, item) -> None:
+        error, seconds = None, 0.0
+        try:
+            item.static()
+            seconds = makespan(list(item.compile_seconds() or []), self._cores)
+        except BaseException as err:
+            error = err
+        self._push(self._now + seconds, StaticDone(item, error, self._now, self._now + seconds))
+
+    def submit_job(self, worker: int, job) -> None:
+        result, error, seconds = None, None, 0.0
+        try:
+            result = job.run(self._runners[worker])
+        except BaseException as err:  # the scheduler's call, as on a timing thread
+            error = err
+        if isinstance(result, dict):  # a bad duration function is a bug of the caller: raised here
+            seconds = float(self.duration(job, result))
+            if not seconds >= 0:
+                raise ValueError(f"duration of job {job.label!r} is {seconds!r}; expected seconds >= 0")
+        self._push(self._now + seconds, JobDone(worker, job, result, error, self._now, self._now + seconds))
+
+    def next_event(self):
+        if not self._heap:
+            raise RuntimeError("simulated pipeline: nothing in flight (scheduler bug)")
+        at, _, event = heapq.heappop(self._heap)
+        self._now = at
+        return event
+
+    def shutdown(self) -> None:
+        self._heap = []
+
+
+__all__ = ["ThreadExecutor", "SimulatedExecutor", "StaticDone", "JobDone", "makespan", "result_wall_s"]

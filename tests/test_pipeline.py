@@ -1,0 +1,318 @@
+"""The one tune pipeline's scheduler (rocmflash.tuning.pipeline): fake items and runners, on the simulated
+clock (exact makespans, computed by hand in the comments) and on real threads."""
+
+import functools
+import random
+import threading
+import time
+
+import pytest
+
+from rocmflash.tuning.pipeline import Job, Pipeline
+from rocmflash.tuning.pipeline_exec import SimulatedExecutor, ThreadExecutor, makespan
+from rocmflash.tuning.pool import NoWorkersLeft, WorkerLost
+
+
+class FakeItem:
+    """An item whose batches are given rounds of ``(label, seconds)``; it logs what the pipeline does."""
+
+    def __init__(self, key, rounds, compile_s=(), family="fwd", static_error=None):
+        self.key, self.family, self.rounds = key, family, [list(r) for r in rounds]
+        self.compile_s, self.static_error = list(compile_s), static_error
+        self.static_calls, self.recorded, self.finished, self.issued = 0, [], [], []
+        self.clock = None  # set by the test: when each batch became ready
+        self.static_thread = None
+
+    def static(self):
+        self.static_calls += 1
+        self.static_thread = threading.current_thread().name
+        if self.static_error is not None:
+            raise self.static_error
+
+    def compile_seconds(self):
+        return self.compile_s
+
+    def next_batch(self):
+        if not self.rounds:
+            return None
+        batch = [Job(self, functools.partial(_run, label=label, seconds=s), label, (self.key, label, None))
+                 for label, s in self.rounds.pop(0)]
+        now = self.clock() if self.clock else None
+        self.issued += [(job.label, now) for job in batch]
+        return batch
+
+    def record(self, job, result):
+        self.recorded.append((job.label, result))
+
+    def finish(self, complete):
+        self.finished.append(complete)
+
+
+def _run(runner, label, seconds):
+    return runner.time(label, seconds)
+
+
+class FakeRunner:
+    """A ReplayRunner-like runner: ``time`` returns ``wall_s`` = the job's seconds (and sleeps ``sleep`` times
+    them); ``lose`` (labels) raise WorkerLost, ``die`` (label -> deaths) return a dead worker's result."""
+
+    def __init__(self, name, sleep=0.0, lose=(), die=None, interrupt=()):
+        self.name, self.sleep, self.lose, self.die, self.interrupt = name, sleep, set(lose), dict(die or {}), interrupt
+        self.calls, self.threads = [], set()
+
+    def time(self, label, seconds):
+        self.calls.append(label)
+        self.threads.add(threading.get_ident())
+        if label in self.interrupt:
+            raise KeyboardInterrupt
+        if label in self.lose:
+            raise WorkerLost(f"{self.name} gone")
+        if self.sleep:
+            time.sleep(seconds * self.sleep)
+        if self.die.get(label, 0) > 0:
+            self.die[label] -= 1
+            return {"status": "crashed", "worker_died": True, "error": "worker died (exit code -11)",
+                    "wall_s": seconds}
+        return {"status": "ok", "median_ms": 1.0, "wall_s": seconds}
+
+
+def _sim(items, runners, cpu_cores=32, compile_slots=1, on_event=None):
+    ex = SimulatedExecutor(cpu_cores=cpu_cores)
+    for item in items:
+        item.clock = ex.now
+    events = []
+
+    def log(e):
+        events.append(e)
+        if on_event:
+            on_event(e)
+    stats = Pipeline(items, runners, compile_slots=compile_slots, executor=ex, on_event=log).run()
+    return stats, events
+
+
+def _intervals(events):
+    """Per worker: [(start, end, item, label)] from the job_start/job_done/job_retry events."""
+    open_, out = {}, {}
+    for e in events:
+        if e["event"] == "job_start":
+            assert e["worker"] not in open_, f"two jobs at once on worker {e['worker']}: {e}"
+            open_[e["worker"]] = (e["t"], e["item"], e["label"])
+        elif e["event"] in ("job_done", "job_retry"):
+            start, item, label = open_.pop(e["worker"])
+            assert (item, label) == (e["item"], e["label"])
+            out.setdefault(e["worker"], []).append((start, e["t"], item, label))
+    return out
+
+
+def _assert_never_idle_while_ready(items, events, workers):
+    """No worker is idle while a job is ready: every job that waited (ready at r, started at s > r) found
+    every worker busy over all of [r, s)."""
+    busy = _intervals(events)
+    starts = {(e["item"], e["label"]): e["t"] for e in events if e["event"] == "job_start"}
+    for item in items:
+        for label, ready in item.issued:
+            start = starts[(item.key, label)]
+            if start <= ready:
+                continue
+            for w in workers:
+                covered = ready
+                for s, e, _, _ in sorted(busy.get(w, [])):
+                    if s <= covered < e:
+                        covered = e
+                assert covered >= start, f"worker {w} idle at {covered} while {item.key}/{label} was ready"
+
+
+def test_two_items_two_rounds_on_two_workers_interleave_with_no_idle_worker():
+    a = FakeItem("A", [[("a1", 3), ("a2", 1)], [("a3", 2)]])
+    b = FakeItem("B", [[("b1", 2), ("b2", 2)], [("b3", 1)]])
+    stats, events = _sim([a, b], [FakeRunner("r0"), FakeRunner("r1")])
+    # by hand (statics take 0 s): t0 w0 a1 (->3), w1 a2 (->1); t1 w1 b1 (->3); t3 a1 done: A's round 2 is
+    # ready, w0 a3 (->5) (A first: plan order); b1 done: w1 b2 (->5); t5 a3 done: A finished;
+    # b2 done: w0 b3 (->6). Wall 6 s (11 worker-seconds on 2 workers: 5.5 at best); a barrier between
+    # items would give A 3+2, then B 2+1 = 8 s.
+    assert stats.wall_s == 6
+    assert stats.item("A").finished_at_s == 5 and stats.item("B").finished_at_s == 6
+    assert [w.busy_s for w in stats.workers] == [6, 5] and [w.done for w in stats.workers] == [3, 3]
+    assert sorted(lbl for lbl, _ in a.recorded) == ["a1", "a2", "a3"] and a.finished == [True]
+    assert sorted(lbl for lbl, _ in b.recorded) == ["b1", "b2", "b3"] and b.finished == [True]
+    assert a.static_calls == b.static_calls == 1
+    assert {r["worker"] for _, r in a.recorded + b.recorded} == {"0", "1"}
+    _assert_never_idle_while_ready([a, b], events, ["0", "1"])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_plans_run_every_job_once_and_keep_workers_busy(seed):
+    rng = random.Random(seed)
+    items = [FakeItem(f"i{k}", [[(f"i{k}r{r}c{c}", rng.choice([0.5, 1, 2, 3])) for c in range(rng.randint(1, 5))]
+                                for r in range(rng.randint(1, 3))], compile_s=[rng.uniform(0, 4)] * 3)
+             for k in range(6)]
+    expected = {it.key: sorted(lbl for rnd in it.rounds for lbl, _ in rnd) for it in items}
+    runners = [FakeRunner(f"r{i}") for i in range(3)]
+    _, events = _sim(items, runners, cpu_cores=2)
+    for it in items:
+        assert sorted(lbl for lbl, _ in it.recorded) == expected[it.key] and it.finished == [True]
+    assert sum(len(r.calls) for r in runners) == sum(len(v) for v in expected.values())
+    _assert_never_idle_while_ready(items, events, ["0", "1", "2"])
+
+
+def test_compile_of_the_next_item_overlaps_the_timing_of_the_first():
+    # static of each item: compile seconds [4, 4, 2] on 4 cores (cpu_cores 4, one compile slot) -> 4 s
+    a = FakeItem("A", [[("a1", 5), ("a2", 5)]], compile_s=[4, 4, 2])
+    b = FakeItem("B", [[("b1", 1)]], compile_s=[4, 4, 2])
+    stats, _ = _sim([a, b], [FakeRunner("r0")], cpu_cores=4)
+    # A static 0-4, A timing 4-14 on one worker; B's static runs 4-8, beside A's timing; b1 14-15
+    assert stats.item("A").static_s == 4 and stats.item("B").static_done_at_s == 8
+    assert stats.item("B").static_done_at_s < stats.item("A").finished_at_s == 14
+    assert stats.wall_s == 15 and stats.item("A").timing_s == 10
+
+
+def test_static_makespan_is_greedy_longest_first():
+    assert makespan([5, 4, 3, 3, 2, 1], 2) == 9  # [5,3,1] and [4,3,2]
+    assert makespan([3, 3, 2, 2, 2], 2) == 7  # greedy: [3,2,2] [3,2]; the optimum 6 is not searched
+    assert makespan([], 32) == 0 and makespan([1.5], 32) == 1.5
+    with pytest.raises(ValueError, match="positive int"):
+        makespan([1], 0)
+
+
+def test_two_compile_slots_split_the_cores():
+    items = [FakeItem(k, [[(k + "1", 1)]], compile_s=[4, 4]) for k in ("A", "B")]
+    stats, _ = _sim(items, [FakeRunner("r0")], cpu_cores=2, compile_slots=2)
+    # 2 slots on 2 cores: each static has one core: 4+4 = 8 s, both at once
+    assert [s.static_done_at_s for s in stats.items] == [8, 8] and stats.wall_s == 10
+
+
+def test_lost_runner_its_job_reruns_once_elsewhere_and_every_item_finishes():
+    a = FakeItem("A", [[("a1", 1), ("a2", 1)], [("a3", 1)]])
+    b = FakeItem("B", [[("b1", 1), ("b2", 1)]])
+    r0, r1 = FakeRunner("r0", lose={"a1"}), FakeRunner("r1")
+    stats, events = _sim([a, b], [r0, r1])
+    assert r0.calls == ["a1"] and sorted(r1.calls) == ["a1", "a2", "a3", "b1", "b2"]
+    assert stats.workers[0].lost and not stats.workers[1].lost
+    recorded = {lbl: r for lbl, r in a.recorded + b.recorded}
+    assert len(a.recorded + b.recorded) == 5 and all(r["status"] == "ok" for r in recorded.values())
+    assert recorded["a1"]["retried_after"] == "0: r0 gone" and "retried_after" not in recorded["a2"]
+    assert a.finished == b.finished == [True]
+    assert any(e["event"] == "worker_lost" and e["worker"] == "0" for e in events)
+
+
+def test_a_job_lost_on_two_workers_is_recorded_as_crashed():
+    a = FakeItem("A", [[("a2", 5), ("a1", 1)]])
+    runners = [FakeRunner("r0"), FakeRunner("r1", lose={"a1"}), FakeRunner("r2", lose={"a1"})]
+    stats, _ = _sim([a], runners)  # r0 is busy with a2 while a1 goes to r1, then r2
+    result = dict(a.recorded)["a1"]
+    assert result["status"] == "crashed" and result["error"] == "timing worker lost twice: 1: r1 gone; 2: r2 gone"
+    assert runners[0].calls == ["a2"] and a.finished == [True] and stats.wall_s == 5
+
+
+def test_no_runner_left_stops_and_finishes_started_items_incomplete():
+    a = FakeItem("A", [[("a1", 1)]])
+    with pytest.raises(NoWorkersLeft):
+        _sim([a], [FakeRunner("r0", lose={"a1"})])
+    assert a.finished == [False] and a.recorded == []
+
+
+def test_dead_worker_is_retried_once_then_recorded_as_crashed():
+    a = FakeItem("A", [[("a1", 1), ("a2", 1), ("a3", 1)]])
+    runners = [FakeRunner("r0", die={"a1": 1, "a2": 5}), FakeRunner("r1", die={"a1": 1, "a2": 5})]
+    stats, _ = _sim([a], runners)
+    calls = runners[0].calls + runners[1].calls
+    assert sorted(calls) == ["a1", "a1", "a2", "a2", "a3"]  # only what was in flight repeats, once
+    recorded = dict(a.recorded)
+    assert len(a.recorded) == 3 and recorded["a1"]["status"] == "ok" and "retried_after" in recorded["a1"]
+    assert recorded["a2"]["status"] == "crashed" and recorded["a2"]["worker_died"] is True
+    assert stats.workers[0].done + stats.workers[1].done == 3 and a.finished == [True]
+
+
+@pytest.mark.parametrize("executor", ["sim", "threads"])
+def test_interrupt_from_a_job_finishes_started_items_incomplete_and_propagates(executor):
+    a = FakeItem("A", [[("a1", 1), ("a2", 1)], [("a3", 1)]])
+    b = FakeItem("B", [[("b1", 1)]])
+    c = FakeItem("C", [[("c1", 1)]], compile_s=[100])
+    done = FakeItem("D", [[]] * 0)  # nothing to time: finished (complete) at once
+    runner = FakeRunner("r0", interrupt={"a2"}, sleep=0.05 if executor == "threads" else 0)
+    ex = SimulatedExecutor() if executor == "sim" else ThreadExecutor()
+    if executor == "threads":  # C's static must still run when a2 is interrupted
+        c.static = lambda: time.sleep(2.0)
+    with pytest.raises(KeyboardInterrupt):
+        Pipeline([done, a, b, c], [runner], executor=ex).run()
+    assert done.finished == [True] and a.finished == [False] and b.finished == [False] and c.finished == []
+    assert [lbl for lbl, _ in a.recorded] == ["a1"] and runner.calls == ["a1", "a2"]
+
+
+def test_static_error_propagates_after_finishing_started_items():
+    a = FakeItem("A", [[("a1", 1)]], compile_s=[0])
+    b = FakeItem("B", [[("b1", 1)]], static_error=ValueError("bad space"))
+    with pytest.raises(ValueError, match="bad space"):
+        _sim([a, b], [FakeRunner("r0")])
+    assert a.finished == [False]
+
+
+def test_threads_two_runners_twice_as_fast_as_one():
+    def plan():
+        return [FakeItem(k, [[(f"{k}{r}{c}", 0.05) for c in range(4)] for r in range(2)]) for k in "AB"]
+
+    walls = {}
+    for n in (1, 2):
+        runners = [FakeRunner(f"r{i}", sleep=1.0) for i in range(n)]
+        items = plan()
+        start = time.perf_counter()
+        stats = Pipeline(items, runners).run()
+        walls[n] = time.perf_counter() - start
+        assert all(it.finished == [True] and len(it.recorded) == 8 for it in items)
+        # one timing thread per runner, kept across items and rounds; statics on the compile thread
+        assert all(len(r.threads) == 1 for r in runners) and len({t for r in runners for t in r.threads}) == n
+        assert {it.static_thread for it in items} == {"rocmflash-compile-0"}
+        assert stats.wall_s == pytest.approx(walls[n], abs=0.05)
+    # 16 jobs x 50 ms: 0.8 s on one runner, 0.4 s on two
+    assert walls[1] >= 0.8 and walls[1] / walls[2] >= 1.7, walls
+
+
+def test_bad_input_is_a_clear_error():
+    a = FakeItem("A", [])
+    with pytest.raises(ValueError, match="non-empty list of runners"):
+        Pipeline([a], [])
+    with pytest.raises(ValueError, match="compile_slots"):
+        Pipeline([a], [FakeRunner("r")], compile_slots=0)
+    with pytest.raises(ValueError, match="key 'A'"):
+        Pipeline([a, FakeItem("A", [])], [FakeRunner("r")])
+    with pytest.raises(TypeError, match="lacks"):
+        Pipeline([object()], [FakeRunner("r")])
+    with pytest.raises(ValueError, match="labels"):
+        Pipeline([a], [FakeRunner("r")], labels=["x", "y"])
+    with pytest.raises(ValueError, match="cpu_cores"):
+        SimulatedExecutor(cpu_cores=0)
+    bad = FakeItem("B", [])
+    bad.next_batch = lambda: ("not", "a list")
+    with pytest.raises(TypeError, match="list of Job"):
+        _sim([bad], [FakeRunner("r")])
+    assert bad.finished == [False]
+
+
+def test_a_worker_pool_gives_its_runners_and_labels():
+    from rocmflash.tuning.pool import WorkerPool
+
+    pool = WorkerPool([FakeRunner("r0"), FakeRunner("r1")], labels=["gpu0", "gpu1"])
+    a = FakeItem("A", [[("a1", 1), ("a2", 1)]])
+    stats = Pipeline([a], pool, executor=SimulatedExecutor()).run()
+    assert [w.label for w in stats.workers] == ["gpu0", "gpu1"]
+    assert {r["worker"] for _, r in a.recorded} == {"gpu0", "gpu1"}
+
+
+def _die(task):
+    import os
+
+    os._exit(7)
+
+
+def test_live_runner_marks_a_dead_worker_process():
+    from rocmflash.config import KernelConfig
+    from rocmflash.live import LiveRunner, LiveSettings
+    from rocmflash.roofline import Shape
+
+    shape = Shape(batch=1, heads_q=1, heads_kv=1, seqlen_q=16, seqlen_k=16, head_dim=16, dtype="fp16", causal=False)
+    with LiveRunner(LiveSettings(timeout_s=120)) as runner:
+        died = runner.call(_die, {"config": None}, timeout_s=120)
+        crashed = runner.measure(KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1), shape,
+                                 inject="crash")
+    assert died["status"] == "crashed" and died["worker_died"] is True and "exit code 7" in died["error"]
+    assert crashed["status"] == "crashed" and crashed["worker_died"] is True, crashed
