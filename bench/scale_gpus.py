@@ -41,12 +41,12 @@ RUNS = ("one-cold", "all-cold", "one-warm", "all-warm", "all-kill")
 
 
 def _watch_and_kill(proc, journal: str, after: int, info: dict) -> None:
-    """SIGKILL the GPU process (a timing worker) of this tune holding the least device memory once the journal
-    holds ``after`` records (the least: a timing worker, not a pre-warm process)."""
+    """SIGKILL the GPU process of this tune holding the most device memory (a timing worker: its inputs and
+    L2 flush buffer; pre-warm processes hold a context only) once the journal holds ``after`` records."""
     while proc.poll() is None:
         if _journal_records(journal) >= after:
             mine = _descendants(proc.pid)
-            gpu = sorted((mem, pid) for pid, mem in _gpu_processes() if pid in mine)
+            gpu = sorted(((mem, pid) for pid, mem in _gpu_processes() if pid in mine), reverse=True)
             if gpu:
                 mem, pid = gpu[0]
                 os.kill(pid, signal.SIGKILL)
