@@ -447,6 +447,14 @@ def worker_env(device_index: int, environ=None) -> dict:
     return visible_devices_env(device_index, os.environ if environ is None else environ, is_rocm())
 
 
+def _pool_broken(err: BaseException) -> bool:
+    """Whether a pool error means its worker process died (pebble's "All workers expired" after a SIGKILL
+    of the worker reaches the caller as BrokenProcessPool, not ProcessExpired)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    return isinstance(err, BrokenProcessPool)
+
+
 class LiveRunner:
     """Times configs on the live GPU, one at a time, each in an isolated worker process.
 
@@ -555,6 +563,8 @@ class LiveRunner:
         except Exception as err:
             result = {"config": task.get("config"), "status": "crashed",
                       "error": f"worker pool failed: {type(err).__name__}: {err}"}
+            if _pool_broken(err):
+                result["worker_died"] = True
         if result.get("status") in ("timeout", "crashed"):
             self._restart()
         result.setdefault("wall_s", round(time.perf_counter() - start, 3))
@@ -594,6 +604,8 @@ class LiveRunner:
                       "error": f"worker died (exit code {err.exitcode}): replaced, tune goes on"}
         except Exception as err:  # a broken pool: start a fresh one
             result = {"status": "crashed", "error": f"worker pool failed: {type(err).__name__}: {err}", "fatal": True}
+            if _pool_broken(err):  # its process was killed under it (a SIGKILL): the pipeline retries it once
+                result["worker_died"] = True
         result["wall_s"] = round(time.perf_counter() - start, 3)
         if result.pop("fatal", False):
             self._restart()

@@ -316,3 +316,31 @@ def test_live_runner_marks_a_dead_worker_process():
                                  inject="crash")
     assert died["status"] == "crashed" and died["worker_died"] is True and "exit code 7" in died["error"]
     assert crashed["status"] == "crashed" and crashed["worker_died"] is True, crashed
+
+
+def test_live_runner_marks_a_broken_pool_as_a_dead_worker(monkeypatch):
+    """A SIGKILLed timing worker can reach the runner as pebble's BrokenProcessPool ("All workers expired",
+    seen on the 2-GPU kill run of 2026-11-26) rather than ProcessExpired: still a dead worker, retried once."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from rocmflash.config import KernelConfig
+    from rocmflash.live import LiveRunner, LiveSettings
+    from rocmflash.roofline import Shape
+
+    class BrokenPool:
+        def schedule(self, fn, args=(), timeout=None):
+            future = Future()
+            future.set_exception(BrokenProcessPool("All workers expired"))
+            return future
+
+    runner = LiveRunner(LiveSettings(timeout_s=120))
+    restarts = []
+    monkeypatch.setattr(runner, "_get_pool", lambda: BrokenPool())
+    monkeypatch.setattr(runner, "_restart", lambda: restarts.append(1))
+    shape = Shape(batch=1, heads_q=1, heads_kv=1, seqlen_q=16, seqlen_k=16, head_dim=16, dtype="fp16", causal=False)
+    measured = runner.measure(KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1), shape)
+    called = runner.call(_die, {"config": None}, timeout_s=120)
+    assert measured["status"] == "crashed" and measured["worker_died"] is True, measured
+    assert called["status"] == "crashed" and called["worker_died"] is True, called
+    assert len(restarts) == 2  # each replaced its pool
