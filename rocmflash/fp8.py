@@ -168,7 +168,7 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
         from rocmflash.kernels.launch import on_device
 
         with on_device(q):
-            fp8_forward.launch(q, k, v, q_descale, k_descale, v_descale, cfg, causal, scale, out, lse)
+            fp8_forward.launch(q, k, v, q_descale, k_descale, v_descale, cfg, causal, scale, out, lse, arch=arch)
         poll_errors(q.device)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_descale, k_descale, v_descale)):
         out = _InferenceOnly.apply(out, q, k, v)
@@ -176,13 +176,13 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
 
 
 def _fp8_config(config, arch: Optional[str], head_dim: int):
-    """The caller's config (a KernelConfig or its dict, variant ``online``) or the arch's default, key blocks >= 32."""
-    from rocmflash.config import KernelConfig, default_config
-    from rocmflash.kernels.fp8_forward import MIN_PIECE, check_config
+    """The caller's config (a KernelConfig or its dict, variant ``online``) or the fp8 kernel's default for the arch
+    (:func:`rocmflash.kernels.fp8_forward.default_config`)."""
+    from rocmflash.config import KernelConfig
+    from rocmflash.kernels.fp8_forward import check_config, default_config
 
     if config is None:
-        cfg = default_config(arch, head_dim)
-        return check_config(cfg.replace(BLOCK_N=max(cfg.BLOCK_N, MIN_PIECE)))
+        return default_config(arch, head_dim)
     if isinstance(config, dict):
         config = KernelConfig.from_dict(config)
     if not isinstance(config, KernelConfig):

@@ -117,6 +117,17 @@ def test_isa_tools_registers_and_occupancy_equal_llvm(builds, arch):
         assert summary["scratch_asm_known"] and summary["vgpr_spill_count"] == 0, (r["dtype"], r["D"], r["nonk"])  # the shipped tiles fit
 
 
+def test_v_layout_per_amd_arch(builds):
+    """gfx942 reads V K-major (``fp8_forward.kmajor_v``): no two-byte LDS stores transposing V (32 at D=128 with
+    V row-major). gfx950 keeps V as given: CDNA4 reads it transposed from LDS (``ds_read_b64_tr_b8``)."""
+    for r in builds["gfx942"]["results"]:
+        mnemonics = [i.mnemonic for i in _instructions(r["amdgcn"], r["name"])]
+        assert "ds_write_b16" not in mnemonics and "ds_write_b8" not in mnemonics, (r["dtype"], r["D"], r["nonk"])
+    for r in builds["gfx950"]["results"]:
+        mnemonics = [i.mnemonic for i in _instructions(r["amdgcn"], r["name"])]
+        assert "ds_read_b64_tr_b8" in mnemonics, (r["dtype"], r["D"], r["nonk"])
+
+
 def test_second_amd_generation_in_one_process_is_refused(builds):
     for arch, other in (("gfx942", "gfx950"), ("gfx950", "gfx942")):
         guard = builds[arch]["guard"]
@@ -124,18 +135,39 @@ def test_second_amd_generation_in_one_process_is_refused(builds):
         assert "\n" not in guard
 
 
-def test_sm90_both_gemms_in_fp8_and_p_converted_saturating():
-    from rocmflash.config import Problem, default_config
+@pytest.mark.parametrize("D", [64, 128])
+def test_sm90_both_gemms_in_fp8_and_p_converted_saturating(D):
+    from rocmflash.config import Problem
     from rocmflash.kernels import fp8_forward
 
     for dtype, ty in ((torch.float8_e4m3fn, "e4m3"), (torch.float8_e5m2, "e5m2")):
-        (k,) = fp8_forward.compile_for("sm_90", default_config("sm_90", 128), Problem(head_dim=128, causal=True),
-                                       dtype)
+        cfg = fp8_forward.default_config("sm_90", D)
+        (k,) = fp8_forward.compile_for("sm_90", cfg, Problem(head_dim=D, causal=True), dtype)
         ptx = k.asm["ptx"]
-        mma = set(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", ptx))
-        assert mma and all(m.endswith(f".f32.{ty}.{ty}") for m in mma), mma
-        assert len({re.search(r"\.m\d+n(\d+)k", m).group(1) for m in mma}) == 2  # S (n=BLOCK_N) and O (n=D)
+        mma = re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", ptx)
+        assert mma and all(m.endswith(f".f32.{ty}.{ty}") for m in mma), set(mma)
+        # per key block: Q·Kᵀ (n = BLOCK_N) runs D/32 k32 steps, P·V (n = D) BLOCK_N/32; two loops
+        shapes = [tuple(int(x) for x in re.search(r"\.m64n(\d+)k32\.", m).groups()) for m in mma]
+        assert sorted(shapes) == sorted([(cfg.BLOCK_N,)] * (2 * D // 32) + [(D,)] * (2 * cfg.BLOCK_N // 32)), shapes
         assert f"cvt.rn.satfinite.{ty}x2.f32" in ptx
+
+
+@pytest.mark.parametrize("seqlen_k", [4096, 517])
+def test_sm90_v_is_k_major_no_byte_transpose(seqlen_k):
+    """fp8 wgmma reads K-major B tiles only: with V row-major Triton loaded it synchronously and stored it into
+    shared memory byte by byte (64 st.shared.b8 at D=128). The launch's K-major V (key count padded to 16)
+    arrives by 16-byte cp.async, also in masked blocks at an odd key count; no byte loads or stores."""
+    from rocmflash.config import Problem
+    from rocmflash.kernels import fp8_forward
+
+    cfg = fp8_forward.default_config("sm_90", 128)
+    problem = Problem(head_dim=128, causal=True, seqlen_q=seqlen_k, seqlen_k=seqlen_k)
+    (k,) = fp8_forward.compile_for("sm_90", cfg, problem, torch.float8_e4m3fn)
+    ptx = k.asm["ptx"]
+    assert not re.findall(r"\b(?:st|ld)\.(?:shared|global)[\w.]*\.[bu]8\b", ptx)
+    copies = re.findall(r"cp\.async\.\w+\.shared\.global \[[^\]]*\], \[[^\]]*\], (0x\w+)", ptx)
+    tiles = 2 * cfg.BLOCK_N * 128 // (16 * 32 * cfg.num_warps)  # K and V key blocks: 16-byte copies per thread
+    assert set(copies) == {"0x10"} and len(copies) == 2 * cfg.num_stages * tiles  # prologue + loop, two loops
 
 
 @pytest.mark.parametrize("target, dtype, match", [

@@ -26,7 +26,28 @@ output cast (bf16: ``2**-9 |O|``; fp16: ``2**-11 |O|``). The softmax denominator
 the first term is at most ``u * max_j |V_j|``: a 6.25 % (e4m3) or 12.5 % (e5m2) worst case per
 element; on random data the per-key errors cancel and the typical error is ~``u / sqrt(keys)``.
 ``tests/test_fp8_forward.py`` checks this bound element by element and that ``P`` really is
-rounded at this scale.
+rounded at this scale. Typical error: P's rounding errors (``|e| <= u``, rms about ``0.4 u`` for
+weights spread over binades) enter each key's share of ``O``, so for zero-mean ``V`` the relative L2
+error is about the rms of ``e``: 2-2.5e-2 for e4m3 against bf16's 2e-3 (an H100 measured 2.0-2.5e-2
+against the dequantised reference; the interpreter gives 2.3-2.4e-2 on the same kind of data). It is
+P's quantisation, as in flash-attn 3, not the GPU's arithmetic.
+
+**Compiled on a GPU** the fp8 MMAs do not accumulate in fp32: Hopper keeps about 14 significant bits
+(DeepSeek-V3 report, arXiv:2412.19437, section 3.3.2; SageAttention2, arXiv:2411.10958: an FP22
+accumulator, 13 fraction bits). With ``u_mma = 2**-13`` (truncation) an n-term dot is off by at most
+``g(n) = (n + ceil(n/32) + 8) * u_mma`` times ``sum |terms|`` (each product and each 32-deep
+instruction's sum cut once; a last key block runs whole). Two more terms follow: (1) a score
+``q·k_j`` off by ``eps_j = |softmax_scale * qd * kd| * g(D) * sum_d |q_d k_jd|`` moves weight j by at most
+``p_j r_j``, ``r_j = max(e^eps_j / sum_k p_k e^-eps_k - 1, 1 - e^-eps_j / sum_k p_k e^eps_k)``, adding
+``sum_j p_j r_j |V_j|``; (2) P·V's sums add ``g(n_keys) * (1 + u) * sum_j p'_j |V_j|``. The interpreter's
+bound has neither (exact fp32). Worst cases: with scores of standard deviation 2 the first term makes
+the bound ~17x the exact one; with integer q, k (every partial score sum exact in 14 bits) ~2x.
+
+**V layout.** The P·V dot's B operand is V with the keys as K. Where :func:`kmajor_v` (sm_89/sm_90/
+sm_12x, gfx942) :func:`launch` reads V K-major -- memory ``(B, Hkv, D, Sk16)``, one copy of
+``2 * B * Hkv * Sk * D`` bytes per call (read + write) unless ``v.stride(2) == 1`` already -- so
+Hopper's fp8 ``wgmma`` gets K-major tiles by ``cp.async`` instead of a synchronous load transposed
+into shared memory byte by byte.
 
 Head-dim pieces and key blocks are at least 32 wide (NVIDIA's 8-bit MMA needs K >= 32; on AMD the
 fp8 MFMAs take K = 16 or 32 per instruction); non-causal and causal (bottom-right aligned), GQA,
@@ -57,14 +78,17 @@ MIN_PIECE = 32  #: narrowest head-dim piece and key block (8-bit dots need K >= 
 
 @kernel_jit
 def fp8_block(acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
-              stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+              stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K, SEQ_V,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr,
               CAUSAL: tl.constexpr, MASK: tl.constexpr, PRE_LOAD_V: tl.constexpr, P_SCALE: tl.constexpr):
-    """One online-softmax step over keys ``[start_n, start_n + BLOCK_N)``: fp8 dots, fp32 softmax."""
+    """One online-softmax step over keys ``[start_n, start_n + BLOCK_N)``: fp8 dots, fp32 softmax.
+
+    V rows ``[SEQ_K, SEQ_V)`` are zeros the launcher padded (their weights are 0): masking V at
+    ``SEQ_V``, a multiple of 16, keeps a K-major V's masked loads 16 bytes wide."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     s = C.qk_scores(q0, q1, K_base, offs_n, stride_kn, stride_kd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     if PRE_LOAD_V:
-        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
+        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_V, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     s = s * qk_scale  # log2 domain; before the max and the mask, so a negative descale product is exact
     if MASK:
         s = C.mask_scores(s, offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL)
@@ -77,7 +101,7 @@ def fp8_block(acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)  # the unquantised weights: an exact fp32 denominator
     if not PRE_LOAD_V:
-        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_K, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
+        v0, v1 = C.load_v_pieces(V_base, offs_n, stride_vn, stride_vd, SEQ_V, HEAD_DIM, BLOCK_D0, BLOCK_D1, MASK)
     p8 = (p * P_SCALE).to(v0.dtype)  # P = 1 at the format's largest value: the whole range in use
     acc0 = tl.dot(p8, v0, acc0 * alpha[:, None])
     if BLOCK_D1 > 0:
@@ -92,7 +116,7 @@ def _fwd_fp8(Q, K, V, O, LSE, ERR, QD, KD, VD, sm_scale,
              stride_vz, stride_vh, stride_vn, stride_vd,
              stride_oz, stride_oh, stride_om, stride_od,
              stride_qdz, stride_qdh, stride_kdz, stride_kdh, stride_vdz, stride_vdh,
-             H_Q, GROUP, SEQ_Q, SEQ_K,
+             H_Q, GROUP, SEQ_Q, SEQ_K, SEQ_V,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr, CAUSAL: tl.constexpr,
              PRE_LOAD_V: tl.constexpr, STORE_LSE: tl.constexpr, P_SCALE: tl.constexpr):
@@ -123,12 +147,12 @@ def _fwd_fp8(Q, K, V, O, LSE, ERR, QD, KD, VD, sm_scale,
     for start_n in range(0, full_end, BLOCK_N):  # unmasked blocks
         acc0, acc1, m_i, l_i = fp8_block(
             acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K, SEQ_V,
             HEAD_DIM, BLOCK_N, BLOCK_D0, BLOCK_D1, CAUSAL, False, PRE_LOAD_V, P_SCALE)
     for start_n in range(full_end, hi, BLOCK_N):  # diagonal / tail blocks
         acc0, acc1, m_i, l_i = fp8_block(
             acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
+            stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K, SEQ_V,
             HEAD_DIM, BLOCK_N, BLOCK_D0, BLOCK_D1, CAUSAL, True, PRE_LOAD_V, P_SCALE)
 
     # rows that saw no key (causal, Sq > Sk) have l = 0: output 0, LSE -inf
@@ -170,6 +194,63 @@ def check_config(cfg: KernelConfig) -> KernelConfig:
     return cfg
 
 
+V_ROW_ALIGN = 16  #: a K-major V's key count is padded to this, so its rows start 16-byte aligned
+
+
+def kmajor_v(arch) -> bool:
+    """Whether the kernel should read V K-major (keys contiguous, memory ``(B, Hkv, D, Sk)``) on ``arch``.
+
+    The P·V dot's B operand is V with the keys as its K dimension. Cross-compiled with Triton 3.6
+    (``tests/test_fp8_compile.py``): on sm_90 a row-major V is loaded synchronously and transposed
+    through shared memory one byte at a time (64 ``st.shared.b8`` per thread per kernel at D=128)
+    because fp8 ``wgmma`` reads only K-major B tiles; on sm_89/sm_120 (``mma.sync``) it costs 416
+    ``prmt`` byte shuffles instead of 32; on gfx942 32 two-byte ``ds_write_b16`` LDS stores and 3-31
+    more VGPRs. K-major V removes all of these. sm_100 (``tcgen05``) builds the same code either
+    way and gfx950 reads V transposed from LDS in hardware (``ds_read_b64_tr_b8``; K-major costs
+    6-10 more VGPRs there): those keep V as given. None (interpreter) keeps V as given."""
+    arch = str(arch or "").split(":", 1)[0].lower()
+    if arch == "gfx942":
+        return True
+    digits = "".join(c for c in arch[3:] if c.isdigit()) if arch.startswith("sm_") else ""
+    return bool(digits) and int(digits) >= 89 and int(digits) // 10 != 10
+
+
+def as_kmajor_v(v):
+    """``(v_kmajor, seq_v)``: ``v`` (``(B, H, Sk, D)``) as a view with ``stride(2) == 1``, and the key rows the
+    kernel may read.
+
+    A ``v`` that already has keys contiguous is returned as is (``seq_v = Sk``). Otherwise one copy
+    (reads and writes ``B*H*Sk*D`` bytes each) into ``(B, H, D, Sk16)`` memory, ``Sk16`` = Sk rounded up
+    to :data:`V_ROW_ALIGN` with the pad zeroed: every row 16-byte aligned, ``seq_v = Sk16``."""
+    import torch
+
+    B, H, Sk, D = v.shape
+    if v.stride(2) == 1 and Sk > 1:
+        return v, Sk
+    seq_v = -(-Sk // V_ROW_ALIGN) * V_ROW_ALIGN
+    buf = torch.empty((B, H, D, seq_v), dtype=v.dtype, device=v.device)
+    buf[..., :Sk].copy_(v.transpose(2, 3))
+    if seq_v > Sk:
+        buf[..., Sk:].zero_()  # read by masked loads; weight 0, but must not be NaN
+    return buf[..., :Sk].transpose(2, 3), seq_v
+
+
+def default_config(arch, head_dim: int) -> KernelConfig:
+    """The fp8 kernel's default config on ``arch``: :func:`rocmflash.config.default_config` with key blocks >= 32,
+    except sm_90 at D <= 128: BLOCK_N 128 (BM 128, 8 warps, 3 stages).
+
+    An fp8 key tile holds twice the keys of a bf16 one in the same bytes, and with a K-major V
+    the P·V ``wgmma`` takes K = BLOCK_N: 128 gives 4 k32 steps per key block instead of 2.
+    Cross-compiled (ptxas, Triton 3.6): 200/247 registers (non-causal/causal) at D=128, 182
+    at D=64, no local memory, 112 KiB / 56 KiB shared memory: one 8-warp CTA per SM, as BN 64."""
+    from rocmflash.config import default_config as base
+
+    cfg = base(arch, head_dim)
+    if arch == "sm_90" and head_dim <= 128:
+        cfg = cfg.replace(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+    return check_config(cfg.replace(BLOCK_N=max(cfg.BLOCK_N, MIN_PIECE)))
+
+
 @functools.lru_cache(maxsize=1024)
 def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool, p_scale: float) -> dict:
     d0, d1 = fp8_pieces(head_dim, cfg.pad_head_dim)
@@ -179,7 +260,7 @@ def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool,
 
 def _args(q_strides, k_strides, v_strides, o_strides, d_strides, shape, tensors, sm_scale: float) -> dict:
     """The kernel's non-constexpr arguments in signature order."""
-    _, Hq, Hkv, Sq, Sk = shape
+    _, Hq, Hkv, Sq, Sk, seq_v = shape
     q, k, v, o, lse, err, qd, kd, vd = tensors
     names = ("z", "h", "m", "d")
     args = dict(Q=q, K=k, V=v, O=o, LSE=lse, ERR=err, QD=qd, KD=kd, VD=vd, sm_scale=float(sm_scale))
@@ -188,19 +269,22 @@ def _args(q_strides, k_strides, v_strides, o_strides, d_strides, shape, tensors,
             args[f"stride_{prefix}{axis}"] = stride
     for prefix, (sz, sh) in zip(("qd", "kd", "vd"), d_strides):
         args[f"stride_{prefix}z"], args[f"stride_{prefix}h"] = sz, sh
-    args.update(H_Q=Hq, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk)
+    args.update(H_Q=Hq, GROUP=Hq // Hkv, SEQ_Q=Sq, SEQ_K=Sk, SEQ_V=seq_v)
     return args
 
 
 def launch(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: bool, sm_scale: float,
-           out, lse=None):
+           out, lse=None, arch=None):
     """Run the fp8 kernel on validated ``(B, H, S, D)`` fp8 tensors and fp32 ``(B, Hkv)`` descales.
 
     ``out``: any-strided ``(B, Hq, Sq, D)`` bf16/fp16 tensor; ``lse`` (optional) contiguous fp32
-    ``(B, Hq, Sq)``. Sets :func:`rocmflash.fp8.error_word` on a non-finite descale; returns ``(out, lse)``."""
+    ``(B, Hq, Sq)``. ``arch`` (the device's, e.g. ``sm_90``): where :func:`kmajor_v`, V is read
+    K-major (:func:`as_kmajor_v`: no copy when ``v.stride(2) == 1`` already). Sets
+    :func:`rocmflash.fp8.error_word` on a non-finite descale; returns ``(out, lse)``."""
     from rocmflash.fp8 import error_word, fp8_max
 
     cfg = check_config(cfg)
+    v, seq_v = as_kmajor_v(v) if kmajor_v(arch) else (v, v.shape[2])
     store_lse = lse is not None
     lse_arg = lse if store_lse else C.dummy_lse(q.device)
     err = error_word(q.device)
@@ -209,14 +293,15 @@ def launch(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: 
 
     def build():
         B, Hq, Sq, D = q.shape
-        shape = (B, Hq, k.shape[1], Sq, k.shape[2])
+        shape = (B, Hq, k.shape[1], Sq, k.shape[2], seq_v)
         grid = ((Sq + cfg.BLOCK_M - 1) // cfg.BLOCK_M, B * Hq)
         args = _args(q.stride(), k.stride(), v.stride(), out.stride(),
                      (q_descale.stride(), k_descale.stride(), v_descale.stride()), shape, tensors, sm_scale)
         return grid, args, _constexprs(cfg, D, causal, store_lse, fp8_max(v.dtype))
 
     with _interpreter_fp8() if C.interpreting() else contextlib.nullcontext():
-        C.launch_cached(_fwd_fp8, ("fp8", causal, sm_scale, store_lse), tensors, build, cfg, C.torch_backend())
+        C.launch_cached(_fwd_fp8, ("fp8", causal, sm_scale, store_lse, seq_v), tensors, build, cfg,
+                        C.torch_backend())
     return out, lse
 
 
@@ -225,7 +310,9 @@ def compile_for(target, cfg: KernelConfig, problem: Problem, fp8_dtype=None):
 
     ``problem.dtype`` is the *output* dtype (bf16/fp16); ``fp8_dtype`` the inputs' torch fp8 dtype,
     by default the e4m3 format of the target's family (FNUZ on gfx940-942, OCP on gfx950/sm_89+).
-    A target without fp8 matrix instructions, or a dtype of the other family, is a ``TypeError``."""
+    V has the layout :func:`launch` gives it on this arch (K-major where :func:`kmajor_v`, its
+    key count padded as :func:`as_kmajor_v` pads it). A target without fp8 matrix instructions,
+    or a dtype of the other family, is a ``TypeError``."""
     import torch
 
     from rocmflash.fp8 import FAMILY_DTYPES, check_format, fp8_family, fp8_max, triton_type
@@ -247,14 +334,18 @@ def compile_for(target, cfg: KernelConfig, problem: Problem, fp8_dtype=None):
     def contig(h, s):  # strides of a contiguous (B, H, S, D) tensor
         return (h * s * p.head_dim, s * p.head_dim, p.head_dim, 1)
 
+    v_strides, seq_v = contig(p.heads_kv, p.seqlen_k), p.seqlen_k
+    if kmajor_v(arch):  # memory (B, Hkv, D, Sk16), as as_kmajor_v lays it out
+        seq_v = -(-p.seqlen_k // V_ROW_ALIGN) * V_ROW_ALIGN
+        v_strides = (p.heads_kv * p.head_dim * seq_v, p.head_dim * seq_v, 1, seq_v)
     ty = "*" + triton_type(fp8_dtype)
     ptrs = (C.Ptr(ty, in_bytes(p.heads_q, p.seqlen_q)), C.Ptr(ty, in_bytes(p.heads_kv, p.seqlen_k)),
-            C.Ptr(ty, in_bytes(p.heads_kv, p.seqlen_k)), C.Ptr("*" + p.dtype, 2 * in_bytes(p.heads_q, p.seqlen_q)),
+            C.Ptr(ty, in_bytes(p.heads_kv, seq_v)), C.Ptr("*" + p.dtype, 2 * in_bytes(p.heads_q, p.seqlen_q)),
             C.Ptr("*fp32", 4 * p.batch * p.heads_q * p.seqlen_q if p.store_lse else 0), C.Ptr("*i32", 4),
             *(C.Ptr("*fp32", 4 * p.batch * p.heads_kv) for _ in range(3)))
-    args = _args(contig(p.heads_q, p.seqlen_q), contig(p.heads_kv, p.seqlen_k), contig(p.heads_kv, p.seqlen_k),
+    args = _args(contig(p.heads_q, p.seqlen_q), contig(p.heads_kv, p.seqlen_k), v_strides,
                  contig(p.heads_q, p.seqlen_q), ((p.heads_kv, 1),) * 3,
-                 (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k), ptrs, 1.0)
+                 (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, seq_v), ptrs, 1.0)
     consts = _constexprs(cfg, p.head_dim, p.causal, p.store_lse, fp8_max(fp8_dtype))
     return (C.compile_kernel(_fwd_fp8, t, args, consts, cfg),)
 
@@ -329,4 +420,5 @@ def _to_fp8_bits(data, dst):
     return x.to(dtype).view(torch.uint8).numpy().reshape(np.shape(data))
 
 
-__all__ = ["launch", "compile_for", "fp8_pieces", "check_config", "KERNELS", "MIN_PIECE"]
+__all__ = ["launch", "compile_for", "fp8_pieces", "check_config", "kmajor_v", "as_kmajor_v", "default_config",
+           "KERNELS", "MIN_PIECE", "V_ROW_ALIGN"]
