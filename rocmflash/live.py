@@ -475,6 +475,7 @@ class LiveRunner:
         self.interpret = _interpreting()
         self._pool = None
         self._prewarm_pool = None
+        self._task_prewarm = None  #: the backward/decode/varlen pre-warm workers, kept for the runner's life
         # a pre-warm (compile-pool thread) and a measurement (timing thread) may both start the timing pool
         self._pool_lock = threading.Lock()
         self.restarts = 0
@@ -500,6 +501,8 @@ class LiveRunner:
 
     def close(self) -> None:
         self._close_timing_pool()
+        if self._task_prewarm is not None:
+            self._task_prewarm.close()
         if self._prewarm_pool is not None:
             pool, self._prewarm_pool = self._prewarm_pool, None
             pool.stop()
@@ -572,9 +575,11 @@ class LiveRunner:
 
     def prewarm_tasks(self, tasks: list, fn, timeout_s: float) -> None:
         """``fn(task)`` for every task in parallel processes sharing this runner's Triton cache."""
-        from rocmflash.tuning.isolated import prewarm_parallel
+        from rocmflash.tuning.isolated import TaskPrewarmPool
 
-        prewarm_parallel(tasks, fn, timeout_s, triton_cache_dir=self.triton_cache_dir, env=self.worker_env)
+        if self._task_prewarm is None:  # started once: each problem's pre-warm reuses its processes
+            self._task_prewarm = TaskPrewarmPool(self.triton_cache_dir, self.worker_env, self.prewarm_workers)
+        self._task_prewarm.run(tasks, fn, timeout_s)
 
     def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
                 budget: Optional[dict] = None) -> dict:

@@ -344,3 +344,28 @@ def test_live_runner_marks_a_broken_pool_as_a_dead_worker(monkeypatch):
     assert measured["status"] == "crashed" and measured["worker_died"] is True, measured
     assert called["status"] == "crashed" and called["worker_died"] is True, called
     assert len(restarts) == 2  # each replaced its pool
+
+
+def _pid(task):
+    import os
+
+    return os.getpid()
+
+
+def test_task_prewarms_reuse_one_pool_of_workers_for_the_whole_tune():
+    """Each problem's pre-warm (backward, decode, varlen) used to spawn a fresh pool (torch imported again per
+    problem: the 15-23 s idle gaps between problems of the 2-GPU cold run); the runner now keeps one."""
+    from rocmflash.live import LiveRunner, LiveSettings
+
+    runner = LiveRunner(LiveSettings(timeout_s=120), prewarm_workers=1)
+    try:
+        runner.prewarm_tasks([{"config": None}], _pid, 120)
+        pool = runner._task_prewarm
+        first = pool.run([{"config": None}], _pid, 120)
+        runner.prewarm_tasks([{"config": None}], _pid, 120)
+        second = pool.run([{"config": None}, {"config": None}], _pid, 120)
+        assert runner._task_prewarm is pool and pool.max_workers == 1
+        assert set(second) == set(first) and len(first) == 1  # the same process served every call
+    finally:
+        runner.close()
+    assert runner._task_prewarm._pool is None

@@ -48,6 +48,43 @@ def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: i
                 pass
 
 
+class TaskPrewarmPool:
+    """A pool of spawned build workers kept for a whole tune: each pre-warm of a family's tasks (backward,
+    decode, varlen) reuses the same processes instead of starting (and importing torch in) new ones per
+    problem. ``close()`` stops them."""
+
+    def __init__(self, triton_cache_dir: Optional[str], env: dict, max_workers: Optional[int] = None):
+        self.triton_cache_dir, self.env = triton_cache_dir, env
+        self.max_workers = max(1, max_workers or min(8, (os.cpu_count() or 2) - 1))  # 8: each may hold a GPU context
+        self._pool = None
+
+    def run(self, tasks: list, fn: Callable, timeout_s: float) -> list:
+        """``fn(task)`` for every task in the kept workers; a task's entry is None where it raised or hung
+        (it fails again, isolated, when timed)."""
+        import pebble
+
+        from rocmflash.live import worker_init
+
+        if not tasks:
+            return []
+        if self._pool is None:
+            self._pool = pebble.ProcessPool(max_workers=self.max_workers, context=multiprocessing.get_context("spawn"),
+                                            initializer=worker_init, initargs=(self.triton_cache_dir, self.env, False))
+        results = []
+        for future in [self._pool.schedule(fn, args=(task,), timeout=timeout_s) for task in tasks]:
+            try:
+                results.append(future.result())
+            except Exception:  # a crash or hang here shows again in the timing worker
+                results.append(None)
+        return results
+
+    def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.stop()
+            pool.join(timeout=30)
+
+
 def measure_isolated(tasks: list, fn: Callable, timeout_s: float, interpret: bool,
                      on_result: Optional[Callable[[dict], None]] = None, pool=None) -> list:
     """``[fn(task), ...]`` in order, each in one worker pinned to the current device; a timed-out or
