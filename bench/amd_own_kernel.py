@@ -174,7 +174,7 @@ def build(job):
         "lds_bytes", "dynamic_lds_bytes", "accum_offset", "allocated_vgprs", "waves_per_simd", "limiter",
         "scratch_loads", "scratch_stores", "scratch_loop_loads", "scratch_loop_stores", "scratch_loop_bytes",
         "scratch_outside_bytes", "scratch_lane_ops", "scratch_loop_lane_ops", "scratch_loops")})
-    from rocmflash.prune import judge  # what rocmflash's pruner says of AMD's own kernel at this config
+    from rocmflash.static.prune import judge  # what rocmflash's pruner says of AMD's own kernel at this config
 
     verdict = judge({"status": "ok", "config": {"waves_per_eu": wpe}, "kernels": [dict(s, name="attn_fwd")]})
     rec["verdict"] = verdict.reason if not verdict.kept else ("kept" + (f" ({verdict.reason})" if verdict.reason else ""))

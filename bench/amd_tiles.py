@@ -57,7 +57,7 @@ def tiles(arch: str, which: str) -> list:
     """``[(label, sources, KernelConfig)]`` for ``arch``: ``default`` = the wpe>=2 tiles AMD uses as defaults
     for this arch and the siblings of 128x64 wpe2; ``all`` = every published forward config as well."""
     from rocmflash.config import KernelConfig
-    from rocmflash.reference import load
+    from rocmflash.static.reference import load
 
     out: dict = {}
 

@@ -14,7 +14,7 @@ Sections (pick with --parts):
   vgpr    (CPU) VGPR/AGPR/spills of each variant's table config for gfx90a and gfx942
 
 SDPA backends: only those that exist on the platform are timed
-(:func:`rocmflash.platform.sdpa_backends`: flash, cuDNN and efficient on CUDA; flash and
+(:func:`rocmflash.hw.platform.sdpa_backends`: flash, cuDNN and efficient on CUDA; flash and
 efficient on ROCm, which has no cuDNN); a missing one is a ``skipped: <why>`` cell.
 
 Usage: python bench/attention.py --parts sweep,nonpow2,table --out DIR
@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from rocmflash.config import KernelConfig, Problem  # noqa: E402
-from rocmflash.platform import SDPA_BACKENDS, missing_sdpa_backend, sdpa_backend_enum  # noqa: E402
+from rocmflash.hw.platform import SDPA_BACKENDS, missing_sdpa_backend, sdpa_backend_enum  # noqa: E402
 
 TOKENS = 16384
 HD = 2048
@@ -88,7 +88,7 @@ def bench_fn(fn):
 
 
 def run_rocmflash(q, k, v, causal, cfg):
-    from rocmflash.api import attention
+    from rocmflash.api.attention import attention
 
     return lambda: attention(q, k, v, causal=causal, variant=cfg.variant, config=cfg)
 

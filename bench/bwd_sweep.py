@@ -120,10 +120,10 @@ def sweep_problem(name, spec, dtype, workers, rounds, log):
     import torch
 
     import rocmflash
+    from rocmflash.api.selection import select_bwd_config
     from rocmflash.config import KernelConfig as K
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels import common as C
-    from rocmflash.selection import select_bwd_config
 
     B, Hq, Hkv, S, D, causal = spec
     group = Hq // Hkv
@@ -241,7 +241,7 @@ def _whole_step(torch, rocmflash, q, k, v, do, causal, default, best, rounds):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import rocmflash.ops as ops
+    import rocmflash.api.ops as ops
 
     group = q.shape[1] // k.shape[1]
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]

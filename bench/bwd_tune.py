@@ -54,7 +54,7 @@ def tune_all(names, out: str, log) -> dict:
 
 
 def _entry(name, gpu_name, configs):
-    from rocmflash.db import ConfigDB
+    from rocmflash.store.db import ConfigDB
     from rocmflash.tuning.backward import bwd_key
 
     B, Hq, Hkv, S, D, causal, dt = PROBLEMS[name]
@@ -67,8 +67,9 @@ def bench_all(names, out: str, rounds: int, walls: dict, log) -> list:
     import torch.nn.functional as F
 
     import rocmflash
-    from rocmflash import ops, selection
-    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.api import ops
+    from rocmflash.api import selection
+    from rocmflash.hw.gpus import detect_live_gpu
     from rocmflash.kernels.backward import default_bwd_config
     from rocmflash.tuning.backward import reference_grads
     from user_grid import _build

@@ -3,7 +3,7 @@
 For every measured entry of ``configs/<gpu>.json`` (the live GPU's), at the entry's tuned
 shape and with its best config, in interleaved rounds in one process:
 
-* ``tune``: the live runner's own timing (:func:`rocmflash.live._time`: rotating inputs,
+* ``tune``: the live runner's own timing (:func:`rocmflash.tuning.live._time`: rotating inputs,
   L2 flush, events around each launch, median), the way the stored figure was made;
 * ``api``: ``rocmflash.attention(q, k, v, causal, config=best)`` in
   ``triton.testing.do_bench`` (median), the way a user calls it;
@@ -30,8 +30,8 @@ import sys
 def _entries(gpu_name: str, db_path: str, keys=None):
     """The measured forward entries of ``db_path`` (``keys``: only these); decode, backward and varlen
     entries are other kernels, not ``rocmflash.attention``'s, and are left out."""
-    from rocmflash.cli_tune import NOT_FORWARD_MODES
-    from rocmflash.db import ConfigDB
+    from rocmflash.cli.tune import NOT_FORWARD_MODES
+    from rocmflash.store.db import ConfigDB
 
     data = ConfigDB.read(db_path)
     if data["gpu"] != gpu_name:
@@ -50,9 +50,9 @@ def measure(entries: dict, rounds: int) -> dict:
 
     import rocmflash
     from rocmflash.config import KernelConfig
+    from rocmflash.hw.roofline import Shape, tflops
     from rocmflash.kernels import get_variant
-    from rocmflash.live import LiveSettings, _time
-    from rocmflash.roofline import Shape, tflops
+    from rocmflash.tuning.live import LiveSettings, _time
 
     settings = LiveSettings()
     out = {}
@@ -103,7 +103,7 @@ def markdown(results: dict, meta: dict) -> str:
 
 def write_db(path: str, results: dict, when: str) -> None:
     """Store the API figure beside the tuned one (atomic write)."""
-    from rocmflash.db import ConfigDB, atomic_write_json
+    from rocmflash.store.db import ConfigDB, atomic_write_json
 
     data = ConfigDB.read(path)
     for key, r in results.items():
@@ -125,8 +125,8 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from rocmflash.db import shipped_db_path
-    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.hw.gpus import detect_live_gpu
+    from rocmflash.store.db import shipped_db_path
 
     gpu = detect_live_gpu()
     if gpu is None:

@@ -7,7 +7,7 @@ views of it (no copies), as a model holding its cache in flash-attn's layout wou
 rocmflash path is the public call with the shipped databases, host time included:
 
 - ``attention``: ``rocmflash.attention(q, k, v)`` -- a decode-shaped call routed to the decode kernel;
-- ``patch_sdpa``: ``F.scaled_dot_product_attention(..., enable_gqa=True)`` under ``rocmflash.sdpa.patch_sdpa()``;
+- ``patch_sdpa``: ``F.scaled_dot_product_attention(..., enable_gqa=True)`` under ``rocmflash.api.sdpa.patch_sdpa()``;
 - ``kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)`` (the default call);
 - ``kvcache unchecked``: the same with ``check_values=False``.
 
@@ -30,7 +30,7 @@ def _paths(torch, B, L, Hq, Hkv, D=128):
     import torch.nn.functional as F
 
     import rocmflash
-    from rocmflash import sdpa
+    from rocmflash.api import sdpa
 
     dev, dt = "cuda", torch.bfloat16
     q = torch.randn(B, 1, Hq, D, device=dev, dtype=dt)

@@ -15,7 +15,7 @@ transformers' ``"sdpa"`` (PyTorch picks its fastest backend).
 
 ``--attn-sweep`` first times the attention backward alone for a few backward configs
 (D = 64 and 128, causal, bf16) next to SDPA's backward, once per SDPA backend that
-exists on the platform (:func:`rocmflash.platform.sdpa_backends`: flash, cuDNN and
+exists on the platform (:func:`rocmflash.hw.platform.sdpa_backends`: flash, cuDNN and
 efficient on CUDA; flash and efficient on ROCm); a missing backend is a ``skipped`` row.
 
 Usage (on a GPU)::
@@ -46,7 +46,7 @@ def _versions():
         tv = transformers.__version__
     except ImportError:
         tv = None
-    from rocmflash.platform import sdpa_backends
+    from rocmflash.hw.platform import sdpa_backends
 
     return {"torch": torch.__version__, "triton": triton.__version__, "transformers": tv,
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
@@ -91,8 +91,8 @@ def attn_sweep(tokens=16384, hd=2048):
 
     from rocmflash.config import KernelConfig
     from rocmflash.kernels.backward import BwdConfig, backward
-    from rocmflash.ops import attention_op
-    from rocmflash.selection import select_bwd_config
+    from rocmflash.api.ops import attention_op
+    from rocmflash.api.selection import select_bwd_config
 
     rows = []
     for D in (64, 128):
@@ -138,7 +138,7 @@ def sdpa_backward_rows(q, k, v, do, flops):
     from torch.nn.attention import sdpa_kernel
     from triton.testing import do_bench
 
-    from rocmflash.platform import SDPA_BACKENDS, missing_sdpa_backend, sdpa_backend_enum
+    from rocmflash.hw.platform import SDPA_BACKENDS, missing_sdpa_backend, sdpa_backend_enum
 
     rows = []
     for be in SDPA_BACKENDS:

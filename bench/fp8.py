@@ -117,7 +117,7 @@ def forward_rows(fmt, seqlens, quick: bool) -> list:
             print(json.dumps(row), flush=True)
             del q, k, v, q8, k8, v8
             torch.cuda.empty_cache()
-    rocmflash.fp8.check_errors()
+    rocmflash.api.fp8.check_errors()
     return rows
 
 
@@ -125,7 +125,7 @@ def decode_rows(fmt, batches, lengths, hbm_gbs: float) -> list:
     import torch
 
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
     from rocmflash.tuning.isolated import graph_replay_ms
 
     rows = []
@@ -178,8 +178,8 @@ def main() -> int:
     import torch
     import triton
 
-    from rocmflash.fp8 import check_format  # noqa: F401 - the arch's format is checked by the API
-    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.api.fp8 import check_format  # noqa: F401 - the arch's format is checked by the API
+    from rocmflash.hw.gpus import detect_live_gpu
 
     gpu = detect_live_gpu()
     fmt = torch.float8_e4m3fnuz if gpu is not None and gpu.arch == "gfx942" else torch.float8_e4m3fn

@@ -39,11 +39,11 @@ def _noop_kernel(triton, tl):
 
 def _rows(torch, F, triton, tl):
     import rocmflash
-    from rocmflash import ops
+    from rocmflash.api import ops
+    from rocmflash.api.selection import select_bwd_config, select_config
     from rocmflash.kernels import backward as kb
     from rocmflash.kernels import common as C
     from rocmflash.kernels import get_variant
-    from rocmflash.selection import select_bwd_config, select_config
 
     dev = "cuda"
     q, k, v = (torch.randn(1, 2, 16, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

@@ -61,10 +61,10 @@ def _indices(text: str) -> list:
 def run(args) -> int:
     import torch
 
-    from rocmflash.compile import triton_cache_dir
     from rocmflash.config import KernelConfig
-    from rocmflash.live import LiveRunner, LiveSettings
+    from rocmflash.static.compile import triton_cache_dir
     from rocmflash.tune import TuneSpec, shape_key, tune
+    from rocmflash.tuning.live import LiveRunner, LiveSettings
 
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90)

@@ -3,7 +3,7 @@
 For each measured dense forward entry (``d128-bf16-causal-gqa1-s8192``...), the stored winner is timed
 again and every SDPA backend this torch offers is gated and timed, forward and forward+backward (with
 rocmflash's served forward+backward beside it), in one live-runner worker on this GPU -- both sides of
-the comparison from one run. The entries get their ``incumbent`` field (:mod:`rocmflash.incumbent`),
+the comparison from one run. The entries get their ``incumbent`` field (:mod:`rocmflash.api.incumbent`),
 which run-time dispatch reads. Writes a copy of the database (``--out-db``) and a table.
 
 Usage (on a GPU)::
@@ -30,9 +30,9 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from rocmflash.db import ConfigDB, environment
-    from rocmflash.live import LiveRunner, LiveSettings
+    from rocmflash.store.db import ConfigDB, environment
     from rocmflash.tuning import incumbents
+    from rocmflash.tuning.live import LiveRunner, LiveSettings
 
     if not torch.cuda.is_available():
         print("bench/refresh_incumbents.py needs a GPU", file=sys.stderr)

@@ -137,7 +137,7 @@ class SimRunner(ReplayRunner):
         for r in records:
             if _family(r) == "fwd" and r.get("status"):
                 from rocmflash.config import KernelConfig
-                from rocmflash.roofline import Shape
+                from rocmflash.hw.roofline import Shape
 
                 try:
                     shape, cfg = Shape.from_dict(r["shape"]), KernelConfig.from_dict(r["config"])
@@ -259,7 +259,7 @@ def _worker_counts(workers) -> list:
 def build_plan(model: str, gpu: str = "h100", dtypes: Optional[list] = None, seqlens: Optional[list] = None,
                passes: tuple = ("fwd", "bwd"), decode: bool = True):
     """The plan ``rocmflash tune --model`` would run (preset name or config.json; default all buckets, fp16+bf16)."""
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
     from rocmflash.tuning.models import load_model
     from rocmflash.tuning.plan import make_plan
 

@@ -1,7 +1,7 @@
 """Where rocmflash's online kernel spills, from the assembly: the evidence behind the ``spills`` rule.
 
 Sweeps the real online config spaces (the ``rocmflash vgpr-report`` path: the GPU's
-default space, :func:`rocmflash.compile.sweep` with its cache, :func:`rocmflash.prune.prune`)
+default space, :func:`rocmflash.static.compile.sweep` with its cache, :func:`rocmflash.static.prune.prune`)
 and tabulates every spilling config: spill counts, scratch bytes, scratch loads/stores
 inside loops versus outside, SGPR spills kept in VGPR lanes, and the verdict.
 
@@ -18,12 +18,12 @@ import os
 import sys
 import time
 
-from rocmflash.compile import kernel_source_hash, sweep
+from rocmflash.static.compile import kernel_source_hash, sweep
 from rocmflash.config import Problem
-from rocmflash.gpus import get_gpu
-from rocmflash.prune import HARMLESS_LANE_SHARE, HARMLESS_SPILL, HARMLESS_SPILL_BYTES, prune
-from rocmflash.report import config_label
-from rocmflash.space import default_space
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.prune import HARMLESS_LANE_SHARE, HARMLESS_SPILL, HARMLESS_SPILL_BYTES, prune
+from rocmflash.static.report import config_label
+from rocmflash.static.space import default_space
 
 COLUMNS = ("gpu", "D", "causal", "config", "V spills", "S spills", "scratch B", "loads", "stores", "in loop",
            "outside", "loop B", "outside B", "lane ops (loop)", "loop instr", "verdict")

@@ -43,11 +43,11 @@ def main() -> int:
     _record(calls)
     import torch
 
-    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.hw.gpus import detect_live_gpu
+    from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import get_variant
-    from rocmflash.live import _launch_once
-    from rocmflash.roofline import Shape
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
+    from rocmflash.tuning.live import _launch_once
     from rocmflash.tuning.spec import static_problem
 
     gpu = detect_live_gpu()

@@ -29,11 +29,11 @@ def main(argv=None) -> int:
 
     import triton
 
-    from rocmflash.compile import sweep
     from rocmflash.config import Problem
-    from rocmflash.gpus import get_gpu
-    from rocmflash.prune import prune
-    from rocmflash.space import default_space
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.static.compile import sweep
+    from rocmflash.static.prune import prune
+    from rocmflash.static.space import default_space
 
     problem = Problem(head_dim=args.head_dim, dtype=args.dtype)
     rows = []

@@ -60,11 +60,11 @@ def _plan(text: str) -> list:
 def run(args) -> int:
     import torch
 
-    from rocmflash.compile import ObservationCache
-    from rocmflash.gpus import get_gpu
-    from rocmflash.live import LiveRunner, LiveSettings
-    from rocmflash.space import default_space
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.static.compile import ObservationCache
+    from rocmflash.static.space import default_space
     from rocmflash.tune import TuneSpec, shape_key, static_phase, static_problem, tune
+    from rocmflash.tuning.live import LiveRunner, LiveSettings
 
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=10, max_reps=100)
@@ -133,7 +133,7 @@ def cold(args) -> int:
     """One full pruned tune through the CLI with empty compile caches (the 'minutes' claim)."""
     os.makedirs(args.out, exist_ok=True)
     env = dict(os.environ, ROCMFLASH_CACHE_DIR=os.path.join(args.work, "coldcache"), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "rocmflash.cli_tune", "tune", "--gpu", "auto", "--head-dim", "128", "--dtype",
+    cmd = [sys.executable, "-m", "rocmflash.cli.tune", "tune", "--gpu", "auto", "--head-dim", "128", "--dtype",
            "bf16", "--seqlen", "4096", "--db", os.path.join(args.work, "cold", "h100.json")]
     t0 = time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

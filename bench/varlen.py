@@ -56,8 +56,8 @@ def _mixes(torch, quick: bool):
 
 def _tuned_mixes(torch) -> dict:
     """The packed batch of every measured varlen forward entry of the live GPU's databases (as tuned)."""
-    from rocmflash.db import iter_database_entries, servable
-    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.store.db import iter_database_entries, servable
+    from rocmflash.hw.gpus import detect_live_gpu
     from rocmflash.tuning.varlen import VarlenProblem, parse_varlen_key
 
     gpu = detect_live_gpu()
@@ -82,7 +82,7 @@ class _PinnedBackward:
     """Within ``with``: ``flash_attn_varlen_func``'s backward runs the per-arch default (selection bypassed)."""
 
     def __enter__(self):
-        import rocmflash.selection as S
+        import rocmflash.api.selection as S
         from rocmflash.kernels.backward import default_bwd_config
 
         self.real = S.select_varlen_bwd_config
@@ -94,7 +94,7 @@ class _PinnedBackward:
         return self
 
     def __exit__(self, *exc):
-        import rocmflash.selection as S
+        import rocmflash.api.selection as S
 
         S.select_varlen_bwd_config = self.real
 
@@ -151,7 +151,7 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
 
 def _backward_served(torch, lengths, hq, hkv, d) -> str:
     """The varlen backward's selection for this mix (run one backward first)."""
-    from rocmflash import selection
+    from rocmflash.api import selection
 
     device = torch.device("cuda", torch.cuda.current_device())
     details = selection.varlen_bwd_selection_details(device, d, torch.bfloat16, True, hq // hkv, max(lengths))

@@ -3,7 +3,7 @@
 ``import rocmflash`` is cheap: the attention API (which imports torch and triton)
 is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`` /
 ``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``.
-The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.ops`) work right after ``import rocmflash``
+The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.api.ops`) work right after ``import rocmflash``
 too, whether torch was imported before or after it: their module is imported on the first lookup.
 """
 
@@ -11,12 +11,12 @@ import sys
 
 __version__ = "0.1.0"
 
-_LAZY = {"attention": "rocmflash.api", "flash_attn_func": "rocmflash.api",
-         "flash_attn_varlen_func": "rocmflash.varlen", "flash_attn_with_kvcache": "rocmflash.decode",
-         "patch_sdpa": "rocmflash.sdpa", "unpatch_sdpa": "rocmflash.sdpa"}
+_LAZY = {"attention": "rocmflash.api.attention", "flash_attn_func": "rocmflash.api.attention",
+         "flash_attn_varlen_func": "rocmflash.api.varlen", "flash_attn_with_kvcache": "rocmflash.api.decode",
+         "patch_sdpa": "rocmflash.api.sdpa", "unpatch_sdpa": "rocmflash.api.sdpa"}
 
 #: the modules that register ``torch.ops.rocmflash.*`` when imported
-_OP_MODULES = ("rocmflash.ops",)
+_OP_MODULES = ("rocmflash.api.ops",)
 
 
 def __getattr__(name):
@@ -32,7 +32,7 @@ def __getattr__(name):
 def _install_op_namespace(torch) -> None:
     """Make ``torch.ops.rocmflash`` import :data:`_OP_MODULES` on its first unknown attribute.
 
-    Importing :mod:`rocmflash.ops` eagerly would cost every ``import rocmflash`` torch and
+    Importing :mod:`rocmflash.api.ops` eagerly would cost every ``import rocmflash`` torch and
     Triton (and the CLI's CPU-only commands a version check); instead the ``torch.ops``
     namespace object, which torch creates on first access and caches as an attribute, is
     made lazy: ``torch.ops.rocmflash.attn_fwd`` imports the op modules, then looks again.
@@ -95,7 +95,7 @@ def _install_after(inner):
             module.__loader__ = module.__spec__.loader = inner
             try:
                 _install_op_namespace(module)
-            except Exception:  # a torch whose ops look different: the ops then need `import rocmflash.ops`,
+            except Exception:  # a torch whose ops look different: the ops then need `import rocmflash.api.ops`,
                 pass           # but `import torch` itself must never fail because of rocmflash
 
         def __getattr__(self, name):  # anything else a loader is asked (resources, source): the real one's

@@ -40,7 +40,7 @@ SCHEDULE_HINTS = ("none", "attention", "memory-bound-attention", "local-prefetch
 # online kernel (128x64, 4 warps, D=128) for gfx90a/gfx942/gfx950 with each release and comparing
 # the code objects; tests/test_triton_semantics.py re-checks the installed Triton's row.
 # "same binary as 'none'" means byte-identical code objects: the static phase collapses such configs
-# (rocmflash.dedupe), so a space may list them without the live phase timing one binary twice.
+# (rocmflash.static.dedupe), so a space may list them without the live phase timing one binary twice.
 _SAME_AS_NONE = "ignored: same binary as 'none'"
 #: ``{(major, minor): {schedule_hint value: what that Triton does with it}}``; "a,b" stands for a
 #: comma-separated combination
@@ -307,7 +307,7 @@ def normalize_dtype(dtype: Any) -> str:
 
 #: a :class:`Problem` dtype for fp8 inputs: the target arch's e4m3 format (FNUZ ``float8_e4m3fnuz`` on
 #: gfx942, OCP ``float8_e4m3fn`` on gfx950 and sm_89+), bf16 output. A name, not a torch dtype: which
-#: bytes it means depends on the arch (:func:`rocmflash.space.fp8_format`)
+#: bytes it means depends on the arch (:func:`rocmflash.static.space.fp8_format`)
 FP8 = "fp8"
 _FP8_NAMES = ("fp8", "float8")
 
@@ -335,7 +335,7 @@ class Problem:
 
     ``dtype``: ``fp16``, ``bf16`` or ``fp8`` (:data:`FP8`: Q, K and V in the target's e4m3 format,
     bf16 output). Only the forward's ``online`` variant has an fp8 build
-    (:mod:`rocmflash.kernels.fp8_forward`, routed by :func:`rocmflash.compile.compile_forward`).
+    (:mod:`rocmflash.kernels.fp8_forward`, routed by :func:`rocmflash.static.compile.compile_forward`).
     """
 
     head_dim: int = 128

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import re
 
-from rocmflash.demo_kernels import FA_LIKE_SIGNATURE as FA_SIGNATURE
+from rocmflash.kernels.demo import FA_LIKE_SIGNATURE as FA_SIGNATURE
 
 GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
                   "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32", "BLOCK_M": "constexpr",
@@ -26,7 +26,7 @@ def compile_one(spec: dict) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from rocmflash import demo_kernels
+    import rocmflash.kernels.demo as demo_kernels
 
     fn = getattr(demo_kernels, spec["kernel"])
     signature = {"fa_like_kernel": FA_SIGNATURE, "gemm_kernel": GEMM_SIGNATURE,

@@ -24,7 +24,7 @@ import torch
 @pytest.fixture(scope="module")
 def live():
     """The live GPU's catalog entry (GPU tests); skipped without a live GPU that is in the catalog."""
-    from rocmflash.gpus import detect_live_gpu
+    from rocmflash.hw.gpus import detect_live_gpu
 
     gpu = detect_live_gpu() if torch.cuda.is_available() else None
     if gpu is None:
@@ -57,7 +57,7 @@ def run_cli_tune(tmp_path):
 
 def small_online_space(gpu):
     """A 8-config online space for GPU tune tests (one stage on AMD, as its default space)."""
-    from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+    from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 
     stages = [1] if gpu.vendor == "amd" else [2, 3]
     return ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],
@@ -67,7 +67,7 @@ def small_online_space(gpu):
 @pytest.fixture
 def fresh_selection(monkeypatch):
     """Run-time selection with the databases read afresh (no ``ROCMFLASH_NO_DB``, every cache cleared)."""
-    from rocmflash import selection
+    from rocmflash.api import selection
 
     monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
     selection.clear_cache()
@@ -99,7 +99,7 @@ def fake_rocm(request, monkeypatch):
     """
     from fake_rocm import FakeROCm, fake_rocm_env, install
 
-    from rocmflash import selection
+    from rocmflash.api import selection
 
     fake = FakeROCm(**getattr(request, "param", {}))
     for name, value in fake_rocm_env(fake).items():

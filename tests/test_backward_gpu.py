@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+from rocmflash.api.selection import select_bwd_config, select_config
 from rocmflash.kernels import get_variant
 from rocmflash.kernels.backward import backward
-from rocmflash.selection import select_bwd_config, select_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from rocmflash import db as D
 from rocmflash.config import KernelConfig as K
-from rocmflash.roofline import Shape
+from rocmflash.hw.roofline import Shape
+from rocmflash.store import db as D
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning import backward_run as TR
 
@@ -260,7 +260,7 @@ def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
 def test_selection_and_autograd_use_a_measured_entry(fake_rocm, tmp_path, monkeypatch):
     """Under a fake ROCm MI250 the autograd backward asks for the problem's entry and runs it correctly."""
     import rocmflash
-    from rocmflash import selection
+    from rocmflash.api import selection
     from rocmflash.kernels import backward as bw
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
@@ -270,7 +270,7 @@ def test_selection_and_autograd_use_a_measured_entry(fake_rocm, tmp_path, monkey
     store.save()
     seen = []
     real = bw.backward
-    monkeypatch.setattr("rocmflash.ops.backward", lambda *a, config=None, **kw: seen.append(config) or real(
+    monkeypatch.setattr("rocmflash.api.ops.backward", lambda *a, config=None, **kw: seen.append(config) or real(
         *a, config=config, **kw))
     selection.clear_cache()
     gen = torch.Generator().manual_seed(3)

@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 
-from rocmflash.db import ConfigDB
+from rocmflash.store.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
 
 
 def test_tune_both_passes_then_training_uses_the_backward_entry(live, run_cli_tune, monkeypatch):
     import rocmflash
-    from rocmflash import selection
+    from rocmflash.api import selection
     from rocmflash.tuning.backward import reference_grads
 
     configs = run_cli_tune(["--gpu", "auto", "--pass", "both", "--head-dim", "64", "--dtype", "bf16", "--causal",

@@ -3,12 +3,12 @@
 
 import pytest
 
-from rocmflash.compile import sweep
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.dedupe import binary_twins, distinct
-from rocmflash.gpus import get_gpu
-from rocmflash.prune import Verdict, prune
-from rocmflash.space import ConfigSpace
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.compile import sweep
+from rocmflash.static.dedupe import binary_twins, distinct
+from rocmflash.static.prune import Verdict, prune
+from rocmflash.static.space import ConfigSpace
 
 D128 = Problem(head_dim=128)
 FITS = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8)
@@ -83,9 +83,9 @@ def test_representative_is_the_first_kept_config():
 def test_vgpr_report_marks_duplicates_without_changing_verdicts(tmp_path):
     import pandas as pd
 
-    from rocmflash.prune import PruneSettings
-    from rocmflash.report import reason_counts, rows_from_sweep, write_csv
-    from rocmflash.vgpr_report import markdown
+    from rocmflash.static.prune import PruneSettings
+    from rocmflash.static.report import reason_counts, rows_from_sweep, write_csv
+    from rocmflash.static.vgpr_report import markdown
 
     gpu = get_gpu("mi300x")
     configs = SPACE.configs(D128, gpu)

@@ -14,10 +14,10 @@ import pytest
 import triton
 from packaging.version import Version
 
-from rocmflash import compile as C
+from rocmflash.static import compile as C
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.demo_kernels import lds_reduce_kernel
-from rocmflash.gpus import get_gpu
+from rocmflash.kernels.demo import lds_reduce_kernel
+from rocmflash.hw.gpus import get_gpu
 from rocmflash.kernels import build
 from rocmflash.kernels.build import MAX_32BIT_RANGE, Ptr, as_target, compile_kernel, launch_attributes
 
@@ -143,7 +143,7 @@ def test_named_knobs_are_build_env_vars():
 
 
 class _Family:
-    """The parts of a :class:`rocmflash.families.Family` its cache key reads."""
+    """The parts of a :class:`rocmflash.static.families.Family` its cache key reads."""
 
     name = "probe"
 

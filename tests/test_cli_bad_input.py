@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from rocmflash import compile as C
-from rocmflash import db as D
 from rocmflash.cli import main
-from rocmflash.cli_tune import _unwritable_dir
+from rocmflash.cli.tune import _unwritable_dir
+from rocmflash.static import compile as C
+from rocmflash.store import db as D
 
 
 class CompileStarted(Exception):
@@ -107,7 +107,7 @@ def test_report_out_naming_a_file_in_a_fresh_process(user_file):
 
 
 def test_an_os_error_during_the_run_is_one_line(monkeypatch, capsys):
-    import rocmflash.vgpr_report as V
+    import rocmflash.static.vgpr_report as V
 
     def fail(args, command):
         raise PermissionError(13, "Permission denied", "reports/vgpr-mi250/report.md")

@@ -2,14 +2,14 @@
 
 Ray pins an actor with ``CUDA_VISIBLE_DEVICES`` on NVIDIA and with ``HIP_VISIBLE_DEVICES``
 (older releases: ``ROCR_VISIBLE_DEVICES``) on AMD. The actor reads the one its platform
-uses (:func:`rocmflash.platform.visible_device_ids`); here under fake ROCm, without Ray.
+uses (:func:`rocmflash.hw.platform.visible_device_ids`); here under fake ROCm, without Ray.
 """
 
 import socket
 
 import pytest
 
-from rocmflash.platform import visible_device_ids
+from rocmflash.hw.platform import visible_device_ids
 from rocmflash.tuning.cluster import TimingActor, actor_label
 
 

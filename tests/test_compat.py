@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from rocmflash import compat
-from rocmflash.compat import Installed, in_range, version_problems
+from rocmflash.hw import compat
+from rocmflash.hw.compat import Installed, in_range, version_problems
 
 TORCH_OK = Installed("torch", "torch", "2.13.0+cpu")
 TRITON_OK = Installed("triton", "triton", "3.6.0")

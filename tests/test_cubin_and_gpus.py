@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from isa_tools import CodeObjectError, nvidia_occupancy, read_cubin
-from rocmflash.gpus import GPUS, UnknownGPUError, get_gpu, known_gpu_names
+from rocmflash.hw.gpus import GPUS, UnknownGPUError, get_gpu, known_gpu_names
 
 
 def _cuobjdump():
@@ -27,7 +27,7 @@ def test_cubin_reader_matches_cuobjdump(block_m, block_n, tmp_path, monkeypatch)
     from triton.compiler import ASTSource
 
     from compile_helpers import FA_SIGNATURE
-    from rocmflash.demo_kernels import fa_like_kernel
+    from rocmflash.kernels.demo import fa_like_kernel
 
     src = ASTSource(fn=fa_like_kernel, signature=FA_SIGNATURE,
                     constexprs={"BLOCK_M": block_m, "BLOCK_N": block_n, "HEAD_DIM": 128})

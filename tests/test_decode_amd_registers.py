@@ -28,7 +28,7 @@ def test_amd_left_padded_decode_default_keeps_its_occupancy(arch, paged):
     no VGPR spill, no scratch, the same waves/SIMD as the plain build, and what its spills cost passes the
     pruner's spill rule. (Its masked first-block loop costs SGPRs: with Triton 3.6, 4-42 are parked in
     VGPR lanes, at most 9 lane moves inside a loop; VGPRs e.g. 150 -> 167 on gfx942.)"""
-    from rocmflash.prune import PruneSettings, spills
+    from rocmflash.static.prune import PruneSettings, spills
 
     cfg = KD.default_decode_config(arch, 128)
     summaries = []

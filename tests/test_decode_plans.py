@@ -1,11 +1,11 @@
-"""``flash_attn_with_kvcache``'s per-signature plans (:mod:`rocmflash.decode`) and kept launch keys, on the CPU.
+"""``flash_attn_with_kvcache``'s per-signature plans (:mod:`rocmflash.api.decode`) and kept launch keys, on the CPU.
 
 A plan (metadata checks, DecodeCall, config, split count, launch keys) is kept from a
 signature's second call on. These tests check that any change of what the checks or the
 launches read -- shape, dtype, strides, page size, options, split count, backend storage
 class -- gets a plan of its own, equal to what the checked path decides; that bad input
 after a kept plan still raises before the cache is written; that replayed launches pass
-what a fresh launch would; and that :func:`rocmflash.decode.clear_cache` makes a new
+what a fresh launch would; and that :func:`rocmflash.api.decode.clear_cache` makes a new
 database entry seen. No kernel runs: Triton's launcher is recorded instead (as in
 ``test_launch_cache.py``) and CPU tensors pass decode's device check.
 """
@@ -13,7 +13,7 @@ database entry seen. No kernel runs: Triton's launcher is recorded instead (as i
 import pytest
 import torch
 
-from rocmflash import decode as Dm
+from rocmflash.api import decode as Dm
 from rocmflash.kernels import common as C
 from rocmflash.kernels import launch as L
 from rocmflash.kernels import kv_decode as KD
@@ -301,8 +301,8 @@ def test_a_misaligned_tensor_under_a_kept_plan_goes_through_triton(fake_triton):
 def test_clear_cache_makes_a_new_database_entry_seen(fake_triton, tmp_path, monkeypatch):
     """After a tune writes the database in this process, decode.clear_cache() (which the tuner calls)
     drops the kept plans with the configs: the next call launches the new entry's split count."""
-    from rocmflash import db as D
-    from rocmflash import selection
+    from rocmflash.store import db as D
+    from rocmflash.api import selection
     from rocmflash.tuning import decode as TD
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))

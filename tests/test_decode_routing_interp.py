@@ -1,5 +1,5 @@
 """A decode-shaped call (a few query tokens over many keys) through every dense entry point runs the
-split-KV decode kernel (``rocmflash.decode.attend_whole_cache``), with the dense call's semantics:
+split-KV decode kernel (``rocmflash.api.decode.attend_whole_cache``), with the dense call's semantics:
 output and LSE against fp64, gradients through the dense backward, odd layouts, and the shapes that
 stay on the dense kernel. Triton's interpreter (CPU)."""
 
@@ -31,7 +31,7 @@ def _ref(q, k, v, causal):
 
 def _entry_points():
     import rocmflash
-    from rocmflash import sdpa
+    from rocmflash.api import sdpa
 
     def patched(q, k, v, causal):
         with sdpa.patch_sdpa():
@@ -102,7 +102,7 @@ def test_decode_route_strided_views_and_repeat_calls(interpret):
 
 @pytest.mark.parametrize("Sq,Sk,group", [(1, 128, 4), (32, 2048, 4), (17, 4096, 4), (64, 300, 1)])
 def test_other_shapes_stay_on_the_dense_kernel(interpret, Sq, Sk, group):
-    from rocmflash.decode import is_decode_shaped
+    from rocmflash.api.decode import is_decode_shaped
 
     assert not is_decode_shaped(Sq, Sk, group)
 

@@ -10,14 +10,14 @@ import math
 import pytest
 import torch
 
-from rocmflash.db import ConfigDB
+from rocmflash.store.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
 
 
 def test_decode_tune_then_decode_serves_the_entry(live, run_cli_tune, monkeypatch):
     import rocmflash
-    from rocmflash import decode
+    from rocmflash.api import decode
     from rocmflash.kernels.kv_decode import DecodeConfig
 
     configs = run_cli_tune(["--mode", "decode", "--gpu", "auto", "--head-dim", "128", "--dtype", "bf16",

@@ -6,8 +6,8 @@ catalog's partition arithmetic, noted per row. No GPU needed.
 
 import pytest
 
-from rocmflash.detect import identify_device, models_named
-from rocmflash.gpus import TARGETS, UnknownGPUError, get_gpu
+from rocmflash.hw.detect import identify_device, models_named
+from rocmflash.hw.gpus import TARGETS, UnknownGPUError, get_gpu
 
 GIB = 2**30
 
@@ -103,7 +103,7 @@ def test_partitions_are_their_own_targets():
 
 
 def test_partition_roofline_uses_its_compute_units():
-    from rocmflash.roofline import Shape, roofline
+    from rocmflash.hw.roofline import Shape, roofline
 
     shape = Shape(batch=1, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, head_dim=128, dtype="bf16")
     cpx, whole = roofline(get_gpu("mi300x-cpx"), shape), roofline(get_gpu("mi300x"), shape)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from rocmflash import db as D
 from rocmflash.cli import main
 from rocmflash.config import KernelConfig
+from rocmflash.store import db as D
 
 
 @pytest.fixture

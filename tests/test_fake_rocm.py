@@ -23,11 +23,11 @@ import sys
 import pytest
 import torch
 
-from rocmflash import db as D
-from rocmflash import selection
+from rocmflash.store import db as D
+from rocmflash.api import selection
 from rocmflash.config import AMD_ONLY_OPTIONS, KernelConfig
 from rocmflash.kernels.common import observe_launches, torch_backend
-from rocmflash.platform import (SDPA_BACKENDS, is_rocm, missing_sdpa_backend, sdpa_backends,
+from rocmflash.hw.platform import (SDPA_BACKENDS, is_rocm, missing_sdpa_backend, sdpa_backends,
                                 visible_devices_env)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,8 +137,8 @@ def test_visible_devices_env_errors(index, environ, rocm, message):
 
 @pytest.mark.parametrize("fake_rocm", [{"device_count": 4}], indirect=True)
 def test_live_worker_is_pinned_and_measures_in_the_interpreter(fake_rocm, monkeypatch, tmp_path):
-    from rocmflash.live import LiveRunner, LiveSettings
-    from rocmflash.roofline import Shape
+    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.hw.roofline import Shape
 
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "2,3")  # HIP's list wins over CUDA's on ROCm
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
@@ -220,7 +220,7 @@ def _tiny_space(gpu, variants=None):
     For D=64 on gfx90a (Triton 3.6) the two 64x64 configs survive the pruner and the two
     64x32 ones are cliff victims (8 VGPRs past the 96 cliff).
     """
-    from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+    from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 
     return ConfigSpace({"online": {"BLOCK_M": [64], "BLOCK_N": [32, 64], "num_warps": [4], "num_stages": [1],
                                    "waves_per_eu": [4], "matrix_instr_nonkdim": [16], "kpack": [1, 2]}},
@@ -235,9 +235,9 @@ def test_cli_tune_mi250_measures_and_builds_gfx90a(fake_rocm, tmp_path, monkeypa
     from isa_tools import iter_kernels
 
     from rocmflash.cli import main
-    from rocmflash.compile import triton_cache_dir
+    from rocmflash.static.compile import triton_cache_dir
 
-    monkeypatch.setattr("rocmflash.space.default_space", _tiny_space)
+    monkeypatch.setattr("rocmflash.static.space.default_space", _tiny_space)
     db_path, cache = tmp_path / "mi250.json", tmp_path / "cache"
     code = main(["tune", "--gpu", "mi250", "--head-dim", "64", "--dtype", "fp16", "--seqlen", "128", "--heads", "2",
                  "--batch", "1", "--strategy", "pruned", "--top-k", "2", "--no-seeds", "--pass", "fwd", "--db", str(db_path), "--cache-dir", str(cache), "--workers", "2"])
@@ -286,7 +286,7 @@ def test_selection_reads_measured_mi250_db(fake_rocm, tmp_path, monkeypatch):
 
 # ====================================================================== doctor on a (simulated) ROCm box
 def test_doctor_reports_the_rocm_device_target_and_databases(fake_rocm, tmp_path, monkeypatch):
-    from rocmflash import doctor
+    from rocmflash.hw import doctor
 
     monkeypatch.setenv("ROCMFLASH_CONFIG_DIR", str(tmp_path))
     report = doctor.gather()
@@ -303,7 +303,7 @@ def test_doctor_reports_the_rocm_device_target_and_databases(fake_rocm, tmp_path
 
 @pytest.mark.parametrize("fake_rocm", [dict(MI300X, multi_processor_count=38, device_count=8)], indirect=True)
 def test_doctor_shows_cpx_partitions_as_their_own_target(fake_rocm):
-    from rocmflash import doctor
+    from rocmflash.hw import doctor
 
     report = doctor.gather()
     assert len(report["gpus"]) == 8
@@ -315,7 +315,7 @@ def test_doctor_shows_cpx_partitions_as_their_own_target(fake_rocm):
 @pytest.mark.parametrize("fake_rocm", [{"name": "Radeon RX 7900 XTX", "gcn_arch_name": "gfx1100",
                                         "multi_processor_count": 48, "warp_size": 32}], indirect=True)
 def test_doctor_names_an_rdna_card_and_says_why(fake_rocm):
-    from rocmflash import doctor
+    from rocmflash.hw import doctor
 
     report = doctor.gather()
     assert report["gpus"][0]["target"] is None

@@ -3,7 +3,7 @@
 A flush no larger than the cache leaves part of it warm: MI300X, MI325X and MI355X have a
 256 MiB Infinity Cache (the flush was 256 MiB), an H100 a 50 MB L2. Every timing worker
 (forward, backward, varlen forward and backward, decode) takes its flush buffer from
-:func:`rocmflash.live_gate.flush_buffer`, sized by :func:`rocmflash.gpus.flush_bytes`.
+:func:`rocmflash.tuning.live_gate.flush_buffer`, sized by :func:`rocmflash.hw.gpus.flush_bytes`.
 """
 
 import types
@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 
-from rocmflash import gpus, live, live_gate
-from rocmflash.roofline import Shape
+from rocmflash.hw import gpus
+from rocmflash.hw.roofline import Shape
+from rocmflash.tuning import live, live_gate
 
 MIB = 1024 * 1024
 MI300X = {"name": "AMD Instinct MI300X", "gcn_arch_name": "gfx942:sramecc+:xnack-", "multi_processor_count": 304,

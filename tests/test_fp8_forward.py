@@ -1,4 +1,4 @@
-"""fp8 forward (rocmflash.fp8, kernels/fp8_forward): numerics in Triton's interpreter, formats per arch, bad input.
+"""fp8 forward (rocmflash.api.fp8, kernels/fp8_forward): numerics in Triton's interpreter, formats per arch, bad input.
 
 The reference is fp64 attention of the *dequantised* inputs (``x_fp8 * descale``). The bound
 each element is held to (derived in ``rocmflash/kernels/fp8_forward.py``):
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import rocmflash
-from rocmflash import fp8
+from rocmflash.api import fp8
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import fp8_forward
 
@@ -481,7 +481,7 @@ def _gpu_case(dtype, kind, causal):
 def test_fp8_forward_on_gpu_and_deferred_descale_error(kind, causal):
     """Compiled, through the public API, V as given (copied K-major where the arch wants it) and V K-major
     (not copied): the compiled-run bound element-wise, and the typical error (relative L2 <= u)."""
-    from rocmflash.selection import device_identity
+    from rocmflash.api.selection import device_identity
 
     dev = torch.device("cuda")
     family = fp8.fp8_family(device_identity(dev)[1])

@@ -24,7 +24,7 @@ NAN_BYTE = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m
 @pytest.fixture(autouse=True)
 def _fresh():
     """No error bits or kept plans from another test (plans skip the arch check for a known signature)."""
-    from rocmflash import decode as Dm
+    from rocmflash.api import decode as Dm
     from rocmflash.kernels import kv_decode as KD
 
     KD._ERROR_WORDS.clear()
@@ -36,7 +36,7 @@ def _fresh():
 
 def _quantise(x, descale, dtype):
     """torch's quantisation, the reference of the append: saturate ``x / descale`` and round to ``dtype``."""
-    from rocmflash.fp8 import fp8_max
+    from rocmflash.api.fp8 import fp8_max
 
     m = fp8_max(dtype)
     return (x.float() / descale[:, None, :, None]).clamp(-m, m).to(dtype)
@@ -94,7 +94,7 @@ def _scales(B, Hkv, gen, lo=0.002, hi=0.02):
 def _run(lengths, Sq, group, D, dtype, page, qdtype=torch.bfloat16, num_splits=0, leftpad=None, append=True,
          causal=True, Hkv=2, capacity=96, seed=0, window=(-1, -1), softcap=0.0):
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
 
     gen = torch.Generator().manual_seed(seed)
     B = len(lengths)
@@ -194,7 +194,7 @@ def test_fp8_error_against_unquantised_kv_is_within_the_format_bound(interpret, 
     """The whole sequence appended in one call (Sk_new = 70) with per-head scales ``amax / max`` (the usual
     recipe), then a one-token step: the error against the unquantised bf16 K/V stays within _fp8_bound."""
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.fp8 import fp8_max
+    from rocmflash.api.fp8 import fp8_max
 
     gen = torch.Generator().manual_seed(3)
     B, n, Hkv, group, D = 2, 70, 2, 4, 64
@@ -219,7 +219,7 @@ def test_append_writes_torchs_bytes_for_every_kind_of_value(interpret, dtype):
     subnormals, -0, out-of-range values and +-inf (saturated), +-NaN, divided by per-head scales that are not
     powers of two: the appended bytes equal torch's, for K and V, contiguous and paged."""
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.fp8 import fp8_max
+    from rocmflash.api.fp8 import fp8_max
 
     grid = torch.arange(256, dtype=torch.uint8).view(dtype).float()
     grid = grid[torch.isfinite(grid)].unique()
@@ -286,7 +286,7 @@ def _call_keeps_cache(args, exc, words, **kw):
     ("sm_80", torch.float8_e4m3fn, ["sm_80", "no fp8"]),
 ])
 def test_wrong_format_for_the_arch_is_refused(interpret, monkeypatch, arch, dtype, words):
-    from rocmflash import selection
+    from rocmflash.api import selection
 
     monkeypatch.setattr(selection, "device_identity", lambda device: (None, arch))
     _call_keeps_cache(_args(dtype), TypeError, words)
@@ -295,7 +295,8 @@ def test_wrong_format_for_the_arch_is_refused(interpret, monkeypatch, arch, dtyp
 @pytest.mark.parametrize("arch,dtype", [("gfx942", torch.float8_e4m3fnuz), ("gfx950", torch.float8_e5m2),
                                         ("sm_90", torch.float8_e4m3fn)])
 def test_the_archs_own_format_runs(interpret, monkeypatch, arch, dtype):
-    from rocmflash import flash_attn_with_kvcache, selection
+    from rocmflash import flash_attn_with_kvcache
+    from rocmflash.api import selection
 
     monkeypatch.setattr(selection, "device_identity", lambda device: (None, arch))
     out = flash_attn_with_kvcache(**_args(dtype))
@@ -351,7 +352,7 @@ def test_bad_descale_values_write_nothing_and_are_reported(interpret, page, whic
     """Default path: no host read; the append kernel writes nothing anywhere (not even other sequences' rows)
     and the error word reports it -- through check_errors, and the next call."""
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
 
     args = _args(page=page)
     args[which][2, 1] = value
@@ -500,7 +501,7 @@ def test_poll_never_queries_an_event_while_a_graph_is_captured(monkeypatch):
     when the next call is being captured into a CUDA graph, and ``Event.query()`` is not permitted during
     capture (CUDA error: operation not permitted when stream is capturing; the H100 fp8 benchmark hit it).
     The poll must leave the pending copy alone until capture ends."""
-    from rocmflash import decode_errors as DE
+    from rocmflash.api import decode_errors as DE
 
     class PendingEvent:
         def query(self):
@@ -519,8 +520,8 @@ def test_fp8_cache_gets_its_own_config_and_twice_the_programs(interpret, monkeyp
     """On NVIDIA an fp8 cache takes the fp8 default -- twice the key block (the bf16 block's bytes) and two
     programs per SM, since a pipelined loop then has half the bytes in flight (H100, kv_decode.programs_per_cu and
     default_decode_config) -- and never a database entry tuned for the 16-bit cache."""
-    from rocmflash import decode as Dm
-    from rocmflash import selection
+    from rocmflash.api import decode as Dm
+    from rocmflash.api import selection
     from rocmflash.kernels import kv_decode as KD
     from rocmflash.tuning import decode as TD
 

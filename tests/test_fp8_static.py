@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from rocmflash.config import FP8, KernelConfig, Problem, default_config, normalize_dtype
-from rocmflash.gpus import GPUS, get_gpu
+from rocmflash.hw.gpus import GPUS, get_gpu
 
 ARCH_GPUS = {"gfx942": "mi300x", "gfx950": "mi355x"}
 #: a small corner of the online space (the CLI has no knob filter): both key blocks, with and without an
@@ -41,14 +41,14 @@ def test_problem_takes_fp8_but_selection_dtypes_do_not():
 
 def test_fp8_min_key_block_is_the_kernels():
     from rocmflash.kernels.fp8_forward import MIN_PIECE
-    from rocmflash.space import FP8_MIN_BLOCK_N
+    from rocmflash.static.space import FP8_MIN_BLOCK_N
 
     assert FP8_MIN_BLOCK_N == MIN_PIECE
 
 
 @pytest.mark.parametrize("name", ["mi300x", "mi355x", "h100"])
 def test_fp8_space_is_the_online_space_with_wide_key_blocks(name):
-    from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace, default_space
+    from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace, default_space
 
     gpu = get_gpu(name)
     fp8 = default_space(gpu, None, "fp8").configs(Problem(dtype="fp8"), gpu)
@@ -67,7 +67,7 @@ def test_fp8_space_is_the_online_space_with_wide_key_blocks(name):
 
 @pytest.mark.parametrize("name, arch", [("mi250", "gfx90a"), ("mi210", "gfx90a"), ("a100", "sm_80")])
 def test_fp8_space_refused_where_there_is_no_fp8_mma(name, arch):
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
 
     with pytest.raises(ValueError, match=f"{name} \\({arch}\\) has no fp8 matrix instructions") as err:
         default_space(get_gpu(name), None, "fp8")
@@ -75,14 +75,14 @@ def test_fp8_space_refused_where_there_is_no_fp8_mma(name, arch):
 
 
 def test_fp8_space_refuses_other_variants():
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
 
     with pytest.raises(ValueError, match=r"\['split_d'\] have no fp8 build"):
         default_space(get_gpu("mi300x"), ["online", "split_d"], "fp8")
 
 
 def test_fp8_formats_per_arch():
-    from rocmflash.space import fp8_format
+    from rocmflash.static.space import fp8_format
 
     assert {n: fp8_format(get_gpu(n)) for n in ("mi300a", "mi300x", "mi325x", "mi350x", "mi355x", "h100",
                                                  "mi300x-cpx")} == {
@@ -91,8 +91,8 @@ def test_fp8_formats_per_arch():
 
 
 def test_cache_key_holds_the_fp8_format_and_the_fp8_sources(monkeypatch):
-    import rocmflash.space as space
-    from rocmflash.compile import FORWARD_SOURCES, fingerprint
+    import rocmflash.static.space as space
+    from rocmflash.static.compile import FORWARD_SOURCES, fingerprint
 
     assert {"kernels/fp8_forward.py", "fp8.py"} <= set(FORWARD_SOURCES)
     gpu, cfg = get_gpu("mi300x"), KernelConfig()
@@ -106,7 +106,7 @@ def test_cache_key_holds_the_fp8_format_and_the_fp8_sources(monkeypatch):
 
 # ----------------------------------------------------------------------------- roofline
 def test_fp8_peaks_are_dense_and_present_exactly_where_fp8_mma_is():
-    from rocmflash.fp8 import fp8_family
+    from rocmflash.api.fp8 import fp8_family
 
     for gpu in GPUS.values():
         if fp8_family(gpu.arch) is None:
@@ -118,7 +118,7 @@ def test_fp8_peaks_are_dense_and_present_exactly_where_fp8_mma_is():
 
 
 def test_fp8_roofline_uses_fp8_peak_and_one_byte_inputs():
-    from rocmflash.roofline import Shape, flops, min_bytes, roofline
+    from rocmflash.hw.roofline import Shape, flops, min_bytes, roofline
 
     gpu = get_gpu("mi355x")
     bf16 = Shape(2, 16, 4, 1024, 2048, 128, "bf16")
@@ -170,7 +170,7 @@ def _small_knobs(original):
 def reports(tmp_path_factory):
     """``vgpr-report --gpu mi300x --dtype fp8 --json``, then the same for mi355x, in this process (the sweeps
     compile in their own worker pools), then a warm text run of each."""
-    import rocmflash.space as space
+    import rocmflash.static.space as space
     from rocmflash.cli import main
 
     root = tmp_path_factory.mktemp("fp8-report")
@@ -228,7 +228,7 @@ def test_fp8_rows_are_compiler_truth(reports, tmp_path):
 
 def test_fp8_default_tile_uses_fewer_vgprs_than_bf16_on_gfx942(tmp_path):
     """The fp8 tiles hold Q, K, V and P in half the registers: the default D=128 tile, compiled both ways."""
-    from rocmflash.compile import sweep
+    from rocmflash.static.compile import sweep
 
     gpu = get_gpu("mi300x")
     cfg = default_config(gpu.arch, 128)

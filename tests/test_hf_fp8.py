@@ -24,7 +24,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import rocmflash.integrations.hf as rf_hf  # noqa: E402
-from rocmflash.fp8 import fp8_max  # noqa: E402
+from rocmflash.api.fp8 import fp8_max  # noqa: E402
 from rocmflash.integrations.hf_fp8 import Fp8Cache, Fp8Layer  # noqa: E402
 from rocmflash.kernels.kv_quant import LAYOUTS  # noqa: E402
 from test_fp8_kvcache import _kernel_bound, _quantise  # noqa: E402
@@ -41,13 +41,13 @@ LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
 @pytest.fixture(autouse=True)
 def _fresh():
     """No decode error bits or kept plans from another test (a kept plan skips the arch check)."""
-    from rocmflash import decode as Dm
+    from rocmflash.api import decode as Dm
     from rocmflash.kernels import kv_decode as KD
 
     KD._ERROR_WORDS.clear()
     Dm.clear_cache()
     yield
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
 
     check_errors()  # nothing in any test was out of range or a bad scale
     KD._ERROR_WORDS.clear()
@@ -359,7 +359,7 @@ def _one_line(info, *words):
 ])
 def test_wrong_format_for_the_arch_is_refused(monkeypatch, arch, dtype, words):
     """With ``device``: at construction. Without: at the first forward, before a buffer is allocated."""
-    from rocmflash import selection
+    from rocmflash.api import selection
 
     monkeypatch.setattr(selection, "device_identity", lambda device: (None, arch))
     model = _tiny_llama()
@@ -377,7 +377,7 @@ def test_wrong_format_for_the_arch_is_refused(monkeypatch, arch, dtype, words):
 @pytest.mark.parametrize("arch,dtype", [("gfx942", torch.float8_e4m3fnuz), ("gfx950", torch.float8_e4m3fn),
                                         ("sm_90", torch.float8_e4m3fn), (None, torch.float8_e4m3fn)])
 def test_default_format_is_the_archs_e4m3(monkeypatch, arch, dtype):
-    from rocmflash import selection
+    from rocmflash.api import selection
 
     monkeypatch.setattr(selection, "device_identity", lambda device: (None, arch))
     model = _tiny_llama()

@@ -1,7 +1,7 @@
 """The host path between a call and its launch (#28 item 5), on the CPU.
 
 A default call (``variant="online"``, no config) is decided once per signature (q's shape and strides,
-k's shape, dtype, device, causal flag): the plan (:class:`rocmflash.ops._Call`) holds the output layout,
+k's shape, dtype, device, causal flag): the plan (:class:`rocmflash.api.ops._Call`) holds the output layout,
 the decode and incumbent decisions and the configs, so a repeat call runs no selection, and the
 dispatch to the platform's SDPA adds a dict lookup. These tests check that a repeat call asks no
 selection function, that the plan's layouts are ``empty_like_layout``'s, that the per-call switches
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import rocmflash
-from rocmflash import ops, selection
+from rocmflash.api import ops, selection
 from rocmflash.config import KernelConfig
 from rocmflash.kernels.backward import empty_like_layout
 from rocmflash.kernels.launch import observe_launches
@@ -35,7 +35,7 @@ def _qkv(B=1, Hq=4, Hkv=2, S=32, D=32, grad=False, seed=0, bshd=False, dtype=tor
 
 def _entry_db(tmp_path, monkeypatch, field, D=32, group=2, bucket=32):
     """A user database whose d{D}-fp16-full-gqa{group}-s{bucket} entry carries the incumbent ``field``."""
-    db = pytest.importorskip("rocmflash.db")
+    db = pytest.importorskip("rocmflash.store.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
     monkeypatch.setattr(selection, "device_identity", lambda device: ("h100", "sm_90"))
@@ -219,4 +219,4 @@ def test_repeat_call_python_cost_is_bounded(tmp_path, monkeypatch):
     with torch.no_grad():
         rocmflash.attention(q, k, v)
         calls = _rocmflash_calls(lambda: rocmflash.attention(q, k, v))
-    assert len(calls) <= 18 and "rocmflash.incumbent.sdpa_attention" in calls, calls
+    assert len(calls) <= 18 and "rocmflash.api.incumbent.sdpa_attention" in calls, calls

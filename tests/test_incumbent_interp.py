@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from rocmflash import incumbent, selection
+from rocmflash.api import incumbent
+from rocmflash.api import selection
 from rocmflash.config import KernelConfig
 from rocmflash.kernels.launch import observe_launches
 from varlen_reference import attention_fp64, rel_err
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("fresh_selection")
 
 
 def _entry_db(tmp_path, monkeypatch, field, causal=False, group=2, D=32, bucket=64):
-    db = pytest.importorskip("rocmflash.db")
+    db = pytest.importorskip("rocmflash.store.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
     monkeypatch.setattr(selection, "device_identity", lambda device: ("h100", "sm_90"))
@@ -101,7 +102,7 @@ def test_rocmflash_kernels_where_the_incumbent_does_not_apply_or_lost(interpret,
 
 
 def test_patch_sdpa_dispatching_to_the_incumbent_does_not_recurse(interpret, tmp_path, monkeypatch):
-    from rocmflash import sdpa
+    from rocmflash.api import sdpa
 
     _entry_db(tmp_path, monkeypatch, FASTER_FWD)
     q, k, v = _qkv()
@@ -112,7 +113,7 @@ def test_patch_sdpa_dispatching_to_the_incumbent_does_not_recurse(interpret, tmp
 
 
 def test_backend_lists_per_platform(monkeypatch):
-    from rocmflash import platform
+    from rocmflash.hw import platform
 
     monkeypatch.setattr(platform, "is_rocm", lambda: True)
     assert incumbent.candidates() == ["default", "flash", "efficient"]  # no cuDNN on ROCm
@@ -137,8 +138,8 @@ def test_winner_and_field_rules():
 def test_worker_task_gates_each_backend(interpret):
     """In the interpreter the task gates every backend against the fp32 reference (a backend torch cannot
     run on this device fails cleanly) and times none of them."""
-    from rocmflash.live import LiveSettings
-    from rocmflash.roofline import Shape
+    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.hw.roofline import Shape
 
     shape = Shape(batch=1, heads_q=4, heads_kv=2, seqlen_q=64, seqlen_k=64, head_dim=32, dtype="fp16", causal=True)
     task = {"shape": shape.to_dict(), "settings": LiveSettings().to_dict(),
@@ -171,7 +172,7 @@ def test_far_buckets_and_the_switch_keep_rocmflash(interpret, tmp_path, monkeypa
 
 
 def test_explain_says_what_runs_and_why(tmp_path, monkeypatch):
-    from rocmflash.explain import explain
+    from rocmflash.api.explain import explain
 
     _entry_db(tmp_path, monkeypatch, FASTER_FWD)
     path = str(tmp_path / "h100.json")

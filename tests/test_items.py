@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from rocmflash import db as D
-from rocmflash.gpus import get_gpu
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.store import db as D
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning.decode import DecodeProblem, decode_space
 from rocmflash.tuning.items import open_context
@@ -195,10 +195,10 @@ def test_decode_item_gives_the_entry_of_the_decode_tune(tmp_path, cache_dir):
 @pytest.fixture
 def small_spaces(monkeypatch, small_bwd_space):
     """The plan's spaces cut down to a few configs each (cross-compiled for real, on this CPU)."""
-    import rocmflash.space
+    import rocmflash.static.space
     from rocmflash.tuning import decode as TD
 
-    monkeypatch.setattr(rocmflash.space, "default_space", lambda gpu, variants=None: SPACE)
+    monkeypatch.setattr(rocmflash.static.space, "default_space", lambda gpu, variants=None: SPACE)
     full = TD.decode_space
     monkeypatch.setattr(TD, "decode_space", lambda arch: full(arch)[:4])
 

@@ -167,7 +167,7 @@ def test_amd_wide_tile_fits_gfx950(causal, nonkdim):
     spills 0-1 VGPRs there, 3.9 8 VGPRs / 36 B non-causal); before half-width masked blocks: 19 causal, reloaded
     in both loops."""
     from isa_tools.scratch import scratch_use
-    from rocmflash.prune import HARMLESS_SPILL_BYTES
+    from rocmflash.static.prune import HARMLESS_SPILL_BYTES
 
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=2,
                        matrix_instr_nonkdim=nonkdim)
@@ -193,9 +193,9 @@ def test_amd_forward_defaults_do_not_spill(arch, D, causal):
     Compiled as a launch is (buffer loads: each tensor's resource takes 4 SGPRs), a few
     SGPRs may be parked in VGPR lanes and a few VGPRs spilled outside the loop (Triton 3.9 at
     D = 96/128 causal, 3.6 at gfx90a D=256 causal: 1-2): the pruner's spill rule must keep it."""
-    from rocmflash.compile import _summarize
-    from rocmflash.gpus import get_gpu
-    from rocmflash.prune import PruneSettings, spills
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.static.compile import _summarize
+    from rocmflash.static.prune import PruneSettings, spills
 
     gpu = get_gpu({"gfx90a": "mi250", "gfx942": "mi300x", "gfx950": "mi355x"}[arch])
     k = get_variant("online").compile_for(arch, default_config(arch, D), Problem(head_dim=D, causal=causal,

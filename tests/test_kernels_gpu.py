@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rocmflash.api import _resolve_config, attention, flash_attn_func
+from rocmflash.api.attention import _resolve_config, attention, flash_attn_func
 from rocmflash.kernels import get_variant
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]

@@ -1,7 +1,7 @@
 """The default ``flash_attn_with_kvcache`` call reads no value back from the GPU: out-of-range
 ``cache_seqlens``, ``cache_leftpad`` and ``block_table`` values are clamped in the kernels and the append
 (never an address outside the cache) and reported through the device's error word -- by
-``rocmflash.decode.check_errors()`` and by the next call on that device. Triton's interpreter (CPU).
+``rocmflash.api.decode.check_errors()`` and by the next call on that device. Triton's interpreter (CPU).
 
 The caches are views into larger NaN-filled buffers: a read outside the cache would put NaN into the
 output, a write outside it would overwrite a guard row."""
@@ -56,7 +56,7 @@ def _step(kc, vc, table, lens, starts=None, seed=1, **kw):
 @pytest.mark.parametrize("page", [0, 16, 64])
 @pytest.mark.parametrize("bad_len,words", [(200, "cache_seqlens"), (-5, "cache_seqlens"), (64, "cache_seqlens")])
 def test_out_of_range_lengths_stay_inside_the_cache_and_are_reported(interpret, page, bad_len, words):
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
 
     kc, vc, table, kb, vb = _guarded(page=page)
     good = torch.tensor([10, 30, 50], dtype=torch.int32)
@@ -76,7 +76,7 @@ def test_out_of_range_lengths_stay_inside_the_cache_and_are_reported(interpret, 
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("entry", [10 ** 6, -1, -(2 ** 31)])
 def test_pages_outside_the_pool_stay_inside_and_are_reported(interpret, page, entry):
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
 
     kc, vc, table, kb, vb = _guarded(page=page)
     lens = torch.tensor([10, 30, 50], dtype=torch.int32)
@@ -89,7 +89,7 @@ def test_pages_outside_the_pool_stay_inside_and_are_reported(interpret, page, en
 
 
 def test_leftpad_outside_its_sequence_is_reported(interpret):
-    from rocmflash.decode import check_errors
+    from rocmflash.api.decode import check_errors
 
     kc, vc, table, kb, vb = _guarded(page=16)
     lens = torch.tensor([10, 30, 50], dtype=torch.int32)

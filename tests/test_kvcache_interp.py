@@ -318,7 +318,7 @@ def test_decode_default_configs_per_arch():
 
 
 def test_decode_config_hook_without_gpu(interpret):
-    from rocmflash.decode import decode_config
+    from rocmflash.api.decode import decode_config
     from rocmflash.kernels.kv_decode import default_decode_config
 
     if torch.cuda.is_available():

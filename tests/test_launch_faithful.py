@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from rocmflash import live, live_gate
 from rocmflash.config import KernelConfig
+from rocmflash.hw.roofline import Shape
 from rocmflash.kernels import build
-from rocmflash.roofline import Shape
+from rocmflash.tuning import live, live_gate
 
 LINE = 2**31 - 1  #: Triton's AMD backend: storage <= this is addressed with 32-bit buffer offsets
 #: the issue's example: q, k, v and out are exactly 2 GiB each, one byte past the line
@@ -169,7 +169,7 @@ def test_varlen_forward_builds_for_a_large_packed_batch_use_global_loads():
 
 def _captured_problem(monkeypatch, module, gpu, problem, configs):
     """The problem dict ``module.static_phase`` hands the sweep (the sweep itself compiles in this process)."""
-    from rocmflash import compile as sweep_module
+    from rocmflash.static import compile as sweep_module
 
     seen = []
 
@@ -186,10 +186,10 @@ def _captured_problem(monkeypatch, module, gpu, problem, configs):
 def test_the_static_phases_build_a_big_problem_with_its_storage(monkeypatch):
     """decode, varlen and varlen-bwd static phases hand their sweeps the real storage of a big problem, so its
     builds (and its compile-cache keys) are the global-load ones; a small problem's keep buffer loads."""
-    from rocmflash.compile import family_fingerprint
-    from rocmflash.families import get_family
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
     from rocmflash.kernels.kv_decode import default_decode_config
+    from rocmflash.static.compile import family_fingerprint
+    from rocmflash.static.families import get_family
     from rocmflash.tuning import decode, varlen, varlen_bwd
 
     gpu = get_gpu("mi300x")

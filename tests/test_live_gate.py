@@ -1,4 +1,4 @@
-"""The live runner's numeric gate (rocmflash.live_gate), on the CPU with stand-in kernels.
+"""The live runner's numeric gate (rocmflash.tuning.live_gate), on the CPU with stand-in kernels.
 
 The gate keeps its inputs and fp32 reference per worker and shape (a long sequence's
 reference costs more than a config's measurement), so it must still catch every way a
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from rocmflash import live_gate
 from rocmflash.config import KernelConfig
-from rocmflash.roofline import Shape
+from rocmflash.hw.roofline import Shape
+from rocmflash.tuning import live_gate
 
 SHAPE = Shape(batch=1, heads_q=4, heads_kv=2, seqlen_q=48, seqlen_k=80, head_dim=32, dtype="fp16", causal=True)
 CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)

@@ -3,7 +3,7 @@
 - ``flash_attn_func(window_size=..., softcap=...)`` (flash-attn 2's arguments) against fp64,
   forward and gradients, and ``return_attn_probs``/``alibi_slopes``/``deterministic``;
 - a zero or negative ``softmax_scale`` gives ``softmax(scale * q·k) v`` (the kernels take the row
-  maximum of the raw scores, so the sign is folded into q: rocmflash/scale.py);
+  maximum of the raw scores, so the sign is folded into q: rocmflash/api/scale.py);
 - tensors on the meta device are refused with one line naming it;
 - every kernel launch of every entry point runs under ``launch.on_device(q)``: with tensors on a
   GPU that is not the current one, Triton would otherwise launch on the current GPU.

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import rocmflash
-import rocmflash.ops  # noqa: F401
-from rocmflash.sdpa import patch_sdpa
+import rocmflash.api.ops  # noqa: F401
+from rocmflash.api.sdpa import patch_sdpa
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import rocmflash
-import rocmflash.ops  # noqa: F401  (registers torch.ops.rocmflash)
+import rocmflash.api.ops  # noqa: F401  (registers torch.ops.rocmflash)
 from rocmflash.config import KernelConfig
 
 pytestmark = [pytest.mark.usefixtures("interpret"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -68,7 +68,7 @@ def test_make_fx_traces_forward_and_backward_without_breaks():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def step(q, k, v, do):
-        out, _ = rocmflash.ops.attention_op(q, k, v, causal=True)
+        out, _ = rocmflash.api.ops.attention_op(q, k, v, causal=True)
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
         return out, dq, dk, dv
 
@@ -113,7 +113,7 @@ def test_dynamo_fullgraph_traces_api_and_patched_sdpa():
     """
     import torch.nn.functional as F
 
-    from rocmflash.sdpa import patch_sdpa
+    from rocmflash.api.sdpa import patch_sdpa
 
     torch._dynamo.reset()
     try:
@@ -138,7 +138,7 @@ def test_dynamo_fullgraph_traces_api_and_patched_sdpa():
 def test_eager_fast_path_skips_the_dispatcher_and_matches_the_op(monkeypatch):
     """Plain eager tensors run the implementation directly; results and gradients equal the op's."""
     calls = {"impl": 0, "eager_fn": 0}
-    impl, apply = rocmflash.ops._forward_impl, rocmflash.ops._EagerAttention.apply
+    impl, apply = rocmflash.api.ops._forward_impl, rocmflash.api.ops._EagerAttention.apply
 
     def counting_impl(*args, **kwargs):
         calls["impl"] += 1
@@ -148,8 +148,8 @@ def test_eager_fast_path_skips_the_dispatcher_and_matches_the_op(monkeypatch):
         calls["eager_fn"] += 1
         return apply(*args)
 
-    monkeypatch.setattr(rocmflash.ops, "_forward_impl", counting_impl)
-    monkeypatch.setattr(rocmflash.ops._EagerAttention, "apply", counting_apply)
+    monkeypatch.setattr(rocmflash.api.ops, "_forward_impl", counting_impl)
+    monkeypatch.setattr(rocmflash.api.ops._EagerAttention, "apply", counting_apply)
     q, k, v = _qkv(dtype=torch.bfloat16, grad=True)
     cfg = KernelConfig.from_json(CFG)
     out, lse = rocmflash.attention(q, k, v, causal=True, config=cfg, return_lse=True)

@@ -1,7 +1,7 @@
 """``torch.ops.rocmflash.*`` work right after ``import rocmflash`` (before any Python API call), in fresh processes.
 
 Each check runs in a child Python: the point is what a fresh process sees, and this test
-process has long since imported :mod:`rocmflash.ops` through other tests.
+process has long since imported :mod:`rocmflash.api.ops` through other tests.
 """
 
 import os
@@ -34,9 +34,9 @@ def test_ops_resolve_after_import_in_either_order(imports):
     out = _ok(_python(f"""
         {imports}
         import sys
-        assert "rocmflash.ops" not in sys.modules  # nothing heavy until an op is looked up
+        assert "rocmflash.api.ops" not in sys.modules  # nothing heavy until an op is looked up
         print(torch.ops.rocmflash.attn_fwd, torch.ops.rocmflash.attn_bwd)
-        assert "rocmflash.ops" in sys.modules
+        assert "rocmflash.api.ops" in sys.modules
     """))
     assert out.split() == ["rocmflash.attn_fwd", "rocmflash.attn_bwd"]
 
@@ -93,11 +93,11 @@ def test_op_called_first_matches_rocmflash_attention_on_cpu():
 
 def test_op_packets_carry_torchs_module_name():
     """Inductor finds a custom op again by ``<packet.__module__>.<name>``: it must be torch's namespace module
-    (``torch._ops.rocmflash``), also when ``rocmflash.ops`` was imported before the first lookup."""
+    (``torch._ops.rocmflash``), also when ``rocmflash.api.ops`` was imported before the first lookup."""
     import subprocess
     import sys
 
-    code = ("import torch, rocmflash, rocmflash.ops; p = torch.ops.rocmflash.attn_fwd; "
+    code = ("import torch, rocmflash, rocmflash.api.ops; p = torch.ops.rocmflash.attn_fwd; "
             "want = torch.ops.aten.add.__module__.replace('aten', 'rocmflash'); "
             "assert p.__module__ == want, (p.__module__, want); "
             "assert type(torch.ops.rocmflash) is type(torch.ops.aten), type(torch.ops.rocmflash); print('ok')")

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from rocmflash import reference as R
 from rocmflash.config import KernelConfig, Problem
+from rocmflash.static import reference as R
 
 
 @pytest.fixture(scope="module")

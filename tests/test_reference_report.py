@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from rocmflash import reference_report
-from rocmflash.compile import SweepStats
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.gpus import get_gpu
-from rocmflash.reference import parse
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static import reference_report
+from rocmflash.static.compile import SweepStats
+from rocmflash.static.reference import parse
+from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 
 COMMIT = "0" * 40
 
@@ -48,7 +48,7 @@ def fake_sweep(monkeypatch):
     def sweep(configs, problem, gpu, cache_dir=None, workers=None, on_result=None, **_):
         return [_observation(c) for c in configs], SweepStats(configs=len(configs))
 
-    monkeypatch.setattr("rocmflash.compile.sweep", sweep)
+    monkeypatch.setattr("rocmflash.static.compile.sweep", sweep)
 
 
 def test_ranks_twins_and_would_be_places(fake_sweep):

@@ -25,8 +25,8 @@ def setup(tmp_path_factory):
     """A small model (one dtype, two sequence buckets, forward only), a compile cache, and a journal holding
     three configs of the plan's first problem (round 0) and one other problem's records."""
     from rocmflash.config import Problem
-    from rocmflash.gpus import get_gpu
-    from rocmflash.space import default_space
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.static.space import default_space
 
     root = tmp_path_factory.mktemp("scale-sim")
     model = root / "tiny" / "config.json"

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rocmflash import sdpa
-from rocmflash.sdpa import patch_sdpa
+from rocmflash.api import sdpa
+from rocmflash.api.sdpa import patch_sdpa
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 

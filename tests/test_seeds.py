@@ -2,11 +2,11 @@
 
 import pytest
 
-from rocmflash import db as D
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.gpus import get_gpu
-from rocmflash.seeds import reference_seeds
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.seeds import reference_seeds
+from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.store import db as D
 from rocmflash.tune import ReplayRunner, TuneSpec, tune
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4],
@@ -91,7 +91,7 @@ def test_pruned_strategy_and_static_entries_carry_the_seeds(tmp_path, cache_dir,
 
 def test_race_times_and_counts_a_seed_the_pruner_rejects(tmp_path, cache_dir, three_seeds, monkeypatch):
     """A seed the pruner rejects is still timed in the race's first round, and counted in ``to_time``."""
-    from rocmflash.prune import Verdict
+    from rocmflash.static.prune import Verdict
     from rocmflash.tuning import static as static_mod
 
     real_prune = static_mod.prune

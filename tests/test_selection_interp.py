@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rocmflash import selection
+from rocmflash.api import selection
 from rocmflash.config import KernelConfig, default_config
 
 
@@ -23,7 +23,7 @@ def _fake_gpu(monkeypatch, name="h100", arch="sm_90"):
 
 
 def _write_db(tmp_path, monkeypatch, entries):
-    db = pytest.importorskip("rocmflash.db")
+    db = pytest.importorskip("rocmflash.store.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
     # only this test's database: the shipped ones would answer the "no entry" cases
     monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
@@ -77,7 +77,7 @@ def test_no_db_env_and_missing_db_module(tmp_path, monkeypatch):
     selection.clear_cache()
     import rocmflash
 
-    monkeypatch.setitem(sys.modules, "rocmflash.db", None)  # import fails -> default
+    monkeypatch.setitem(sys.modules, "rocmflash.store.db", None)  # import fails -> default
     monkeypatch.delattr(rocmflash, "db", raising=False)
     assert selection.select_config(_Dev(), 128, torch.bfloat16, False, 1, 1024, 1024) == default_config("sm_90", 128)
 
@@ -110,10 +110,10 @@ def test_selection_never_tunes(monkeypatch):
     import torch
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for mod in ("rocmflash.tune", "rocmflash.live"):
+    for mod in ("rocmflash.tune", "rocmflash.tuning.live"):
         monkeypatch.delitem(sys.modules, mod, raising=False)
     selection.select_config(torch.device("cpu"), 128, torch.bfloat16, False, 1, 512, 512)
-    assert "rocmflash.tune" not in sys.modules and "rocmflash.live" not in sys.modules
+    assert "rocmflash.tune" not in sys.modules and "rocmflash.tuning.live" not in sys.modules
 
 
 def test_selection_says_which_entry_it_used_and_how_far_it_is(tmp_path, monkeypatch, caplog):
@@ -124,7 +124,7 @@ def test_selection_says_which_entry_it_used_and_how_far_it_is(tmp_path, monkeypa
     tuned = KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
     db = _write_db(tmp_path, monkeypatch, {(128, "bf16", True, 4, 2048): (tuned, True)})
     _fake_gpu(monkeypatch)
-    with caplog.at_level(logging.INFO, logger="rocmflash.selection"):
+    with caplog.at_level(logging.INFO, logger="rocmflash.api.selection"):
         assert selection.select_config(_Dev(), 128, torch.bfloat16, True, 4, 7000, 7000) == tuned
         selection.select_config(_Dev(), 128, torch.bfloat16, True, 4, 7000, 7000)  # cached: logged once
     d = selection.selection_details(_Dev(), 128, torch.bfloat16, True, 4, 7000)

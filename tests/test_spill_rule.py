@@ -18,7 +18,7 @@ from isa_tools import kernel_summary, read_code_object
 from isa_tools.asm_cfg import basic_blocks, in_loop_flags, natural_loops, parse_function, split_functions
 from isa_tools.cli import main as isa_main
 from isa_tools.scratch import UNKNOWN, ScratchUse, scratch_resources, scratch_use
-from rocmflash.prune import HARMLESS_SPILL, PruneSettings, judge
+from rocmflash.static.prune import HARMLESS_SPILL, PruneSettings, judge
 from spill_kernels import compile_spill_kernel
 
 ARCHS = ("gfx90a", "gfx942", "gfx950")
@@ -260,9 +260,9 @@ def test_isa_cli_reads_the_assembly_beside_the_code_object(spill_compiles, tmp_p
 def test_nvidia_local_memory_spills_within_budget_are_kept_for_measurement(tmp_path):
     """H100, D=96 fp16 causal: 128x64 on 4 warps spills 64 B/thread to local memory (L1-cached) and
     was the fastest config of a held-out tune; the pruner keeps it for the live phase to judge."""
-    from rocmflash.compile import sweep
+    from rocmflash.static.compile import sweep
     from rocmflash.config import KernelConfig, Problem
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
 
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
     problem = Problem(head_dim=96, dtype="fp16", causal=True, seqlen_q=4096, seqlen_k=4096)

@@ -4,9 +4,9 @@ import json
 import multiprocessing
 import os
 
-from rocmflash.compile import CACHE_SCHEMA, ObservationCache, fingerprint, sweep
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.gpus import get_gpu
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.compile import CACHE_SCHEMA, ObservationCache, fingerprint, sweep
 
 PROBLEM = Problem(head_dim=64)
 CONFIGS = [KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4), KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4),
@@ -106,7 +106,7 @@ def test_cache_key_covers_every_forward_kernel_source():
             "print('\\n'.join(os.path.relpath(m.__file__, root) for n, m in sys.modules.items() "
             "if n.startswith('rocmflash.') and getattr(m, '__file__', None)))")
     files = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    from rocmflash.compile import FORWARD_SOURCES
+    from rocmflash.static.compile import FORWARD_SOURCES
 
     # the catalog and the torch/Triton version check shape no kernel
     imported = set(files) - {"__init__.py", "gpus.py", "compat.py"}

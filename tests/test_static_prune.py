@@ -2,11 +2,11 @@
 
 import pytest
 
-from rocmflash.autotune import early_config_prune, kernel_config_from_triton
-from rocmflash.compile import sweep
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.gpus import get_gpu
-from rocmflash.prune import KEPT_ANYWAY, PruneSettings, judge, prune
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.autotune import early_config_prune, kernel_config_from_triton
+from rocmflash.static.compile import sweep
+from rocmflash.static.prune import KEPT_ANYWAY, PruneSettings, judge, prune
 
 D128 = Problem(head_dim=128)
 D256 = Problem(head_dim=256)
@@ -83,7 +83,7 @@ def test_one_wave_asked_for_is_kept(tmp_path):
 @pytest.fixture(scope="module")
 def online_sweep(tmp_path_factory):
     """A slice of the real gfx942 online space: wherever the cliffs fall today, some config lands near one."""
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
 
     gpu = get_gpu("mi300x")
     problem = Problem(head_dim=128, dtype="bf16")

@@ -1,7 +1,7 @@
 """GPU test: a live tune launches the binaries its static phase compiled instead of compiling them again.
 
 The static phase cross-compiles every config for the target into
-``rocmflash.compile.triton_cache_dir``; the live runner's workers launch with Triton's
+``rocmflash.static.compile.triton_cache_dir``; the live runner's workers launch with Triton's
 cache there. Triton keys a build by source, argument specialisation, target and options,
 so when the static phase compiles with the launch's specialisation the pre-warm and the
 timing worker find every build and compile nothing (but split_kv's, whose split count is
@@ -13,10 +13,10 @@ import os
 
 import pytest
 
-from rocmflash.compile import sweep, triton_cache_dir
-from rocmflash.live import LiveRunner, LiveSettings
-from rocmflash.roofline import Shape
-from rocmflash.space import default_space
+from rocmflash.hw.roofline import Shape
+from rocmflash.static.compile import sweep, triton_cache_dir
+from rocmflash.static.space import default_space
+from rocmflash.tuning.live import LiveRunner, LiveSettings
 from rocmflash.tuning.spec import static_problem
 
 pytestmark = [pytest.mark.gpu]

@@ -6,14 +6,14 @@ import warnings
 
 import pytest
 
-from rocmflash import db as D
-from rocmflash.autotune import early_config_prune, kernel_config_from_triton
-from rocmflash.compile import sweep
+from rocmflash.store import db as D
+from rocmflash.static.autotune import early_config_prune, kernel_config_from_triton
+from rocmflash.static.compile import sweep
 from rocmflash.config import (SCHEDULE_HINTS, KernelConfig, Problem, installed_triton_version, schedule_hint_semantics,
                               triton_minor, waves_per_eu_is_exact)
-from rocmflash.gpus import get_gpu
-from rocmflash.prune import PruneSettings, judge, occupancy_was_asked_for, prune
-from rocmflash.space import default_space
+from rocmflash.hw.gpus import get_gpu
+from rocmflash.static.prune import PruneSettings, judge, occupancy_was_asked_for, prune
+from rocmflash.static.space import default_space
 
 TRITON = installed_triton_version()
 D128 = Problem(head_dim=128)
@@ -179,7 +179,7 @@ def test_gfx950_space_tries_two_stages_and_the_others_keep_one():
 
 def test_gfx950_two_stage_config_compiles_and_is_judged(compiled):
     """A real gfx950 compile of a two-stage space config, judged by the tune's static phase like any other."""
-    from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+    from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
     from rocmflash.tuning.static import static_phase
 
     two, one = compiled[("mi355x", "stages2")], compiled[("mi355x", "stages1")]

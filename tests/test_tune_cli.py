@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from rocmflash import db as D
-from rocmflash.cli_tune import add_tune_parsers, run_export, run_tune
+from rocmflash.store import db as D
+from rocmflash.cli.tune import add_tune_parsers, run_export, run_tune
 
 
 def cli(argv):
@@ -103,7 +103,7 @@ def test_export_errors(env, capsys):
 def test_replay_flag_runs_the_measured_path(env, capsys, tmp_path):
     from rocmflash.config import KernelConfig
 
-    from rocmflash.roofline import Shape
+    from rocmflash.hw.roofline import Shape
 
     shape = Shape(batch=8, heads_q=16, heads_kv=16, seqlen_q=2048, seqlen_k=2048, head_dim=128, dtype="bf16")
     recorded = tmp_path / "rec.jsonl"

@@ -18,9 +18,9 @@ import time
 import pytest
 from conftest import small_online_space
 
-from rocmflash.db import ConfigDB, Journal
-from rocmflash.live import LiveSettings
+from rocmflash.store.db import ConfigDB, Journal
 from rocmflash.tune import TuneSpec, tune
+from rocmflash.tuning.live import LiveSettings
 
 pytestmark = [pytest.mark.gpu]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +52,7 @@ def test_isolation_crash_hang_illegal(live, tmp_path):
 
 
 def _cli(db, cache, *extra):
-    return [sys.executable, "-m", "rocmflash.cli_tune", "tune", "--gpu", "auto", "--head-dim", "64", "--dtype", "bf16",
+    return [sys.executable, "-m", "rocmflash.cli.tune", "tune", "--gpu", "auto", "--head-dim", "64", "--dtype", "bf16",
             "--seqlen", "2048", "--variant", "online", "--strategy", "pruned", "--top-k", "10", "--pass", "fwd",
             "--db", db, "--cache-dir", cache, *extra]
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rocmflash import db as D
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.store import db as D
+from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import ReplayRunner, TuneSpec, tune
 from rocmflash.tuning.pool import NoWorkersLeft, WorkerLost, WorkerPool, node_gpu, parse_gpus
 
@@ -164,7 +164,7 @@ def test_parse_gpus_and_mixed_kinds_are_one_line_errors():
         with pytest.raises(ValueError, match=words):
             parse_gpus(text, count)
 
-    from rocmflash.detect import identify_device
+    from rocmflash.hw.detect import identify_device
 
     names = {0: "AMD Instinct MI300X", 1: "AMD Instinct MI300X", 2: "AMD Instinct MI250X / MI250"}
     archs = {0: "gfx942", 1: "gfx942", 2: "gfx90a"}

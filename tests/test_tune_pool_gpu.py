@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import small_online_space
 
-from rocmflash.db import ConfigDB, Journal, journal_path
-from rocmflash.live import LiveSettings
+from rocmflash.store.db import ConfigDB, Journal, journal_path
 from rocmflash.tune import TuneSpec, tune
+from rocmflash.tuning.live import LiveSettings
 from rocmflash.tuning.pool import node_gpu, node_pool
 
 pytestmark = [pytest.mark.gpu]

@@ -7,11 +7,11 @@ tests can make the static ranking wrong and short measurements misleading.
 
 import pytest
 
-from rocmflash import db as D
+from rocmflash.store import db as D
 from rocmflash.config import KernelConfig
-from rocmflash.race import (DEFAULT_ROUNDS, FINAL_PASSES, advancing, final_round_records, merge_final_passes,
+from rocmflash.tuning.race import (DEFAULT_ROUNDS, FINAL_PASSES, advancing, final_round_records, merge_final_passes,
                             planned_measurements)
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import ReplayRunner, TuneInterrupted, TuneSpec, tune
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],
@@ -74,7 +74,7 @@ def test_final_passes_merge_to_the_median_and_a_bad_pass_disqualifies():
 @pytest.fixture(scope="module")
 def ranked(cache_dir, tmp_path_factory):
     """The survivors in static-score order (the real static phase of this space)."""
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
     from rocmflash.tune import static_phase, static_problem
 
     s = spec(tmp_path_factory.mktemp("ranked"), cache_dir).validate()

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from rocmflash import db as D
+from rocmflash.store import db as D
 from rocmflash.config import KernelConfig
-from rocmflash.space import DEFAULT_RESTRICTIONS, ConfigSpace
+from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import (NoLiveGPUError, ReplayRunner, TuneInterrupted, TuneSpec, choose, static_key,
                             static_phase, static_problem, tune)
 
@@ -69,7 +69,7 @@ def test_static_problem_shares_sweeps_across_sequence_lengths():
 
 
 def test_strategies(cache_dir):
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
 
     s = spec(None, cache_dir).validate()
     static = static_phase(get_gpu("h100"), static_problem(s.shape(2048)), SPACE, cache_dir, 2)

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from rocmflash import db as D
-from rocmflash import selection
+from rocmflash.store import db as D
+from rocmflash.api import selection
 from rocmflash.config import KernelConfig as K
 from rocmflash.kernels.backward import BwdConfig, default_bwd_config
 from rocmflash.tuning import backward as TB
@@ -63,14 +63,14 @@ def test_keys_round_trip_and_only_the_varlen_backward_lookup_reads_them(tmp_path
     assert TD.lookup_decode("h200", 128, "bf16", 4, 4096, 8) is None
     match = VB.lookup_varlen_bwd("h200", 128, "bf16", 4, True, 4000)
     assert match.config == best and match.key == key and match.bucket_distance == 0
-    from rocmflash.cli_tune import export_json
+    from rocmflash.cli.tune import export_json
 
     assert export_json(data, "nvidia")["entries"] == {}  # export lists forward entries only
     selection.clear_cache()
 
 
 def test_space_is_the_dense_backward_space_and_a_family_of_its_own():
-    from rocmflash.families import get_family
+    from rocmflash.static.families import get_family
 
     for arch in ("gfx942", "sm_90"):
         assert VB.varlen_bwd_space(arch, 128) == TB.bwd_space(arch, 128)
@@ -326,7 +326,7 @@ def test_dense_entry_that_spills_as_the_varlen_kernel_is_replaced(fake_rocm, tmp
     assert cfg.dq == K(**dq) and cfg.dkdv == default_bwd_config("gfx942", 128).dkdv
     assert "does not build as the varlen kernel" in details["text"]
     # the tune's baseline is what this selection serves, replaced kernel included
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
     from rocmflash.tuning.varlen_run import backward_baseline
 
     base = backward_baseline(get_gpu("mi300x"), TV.VarlenProblem(head_dim=128, dtype="bf16", heads_q=32, heads_kv=8,

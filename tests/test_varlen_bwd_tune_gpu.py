@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from rocmflash.db import ConfigDB
+from rocmflash.store.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
 
@@ -20,7 +20,7 @@ KEY = "varlen-bwd-d64-bf16-gqa4-causal-s1024"
 
 def test_varlen_bwd_tune_then_varlen_backward_serves_the_entry(live, compiled, run_cli_tune, monkeypatch):
     import rocmflash
-    from rocmflash import selection
+    from rocmflash.api import selection
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.tuning.backward import reference_grads

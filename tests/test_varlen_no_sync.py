@@ -1,7 +1,7 @@
 """The default ``flash_attn_varlen_func`` call reads nothing back from the device: the values of
 ``cu_seqlens`` are checked by the kernels, which clamp each sequence into the packed tensors (never an
 address outside q, k, v, the output, the LSE or the gradients) and report through a per-device error
-word -- raised by ``rocmflash.varlen.check_errors()``, by a later call and, on the CPU, by the call
+word -- raised by ``rocmflash.api.varlen.check_errors()``, by a later call and, on the CPU, by the call
 itself. ``check_values=True`` keeps the synchronous host check. Triton's interpreter (CPU).
 
 :func:`no_host_reads` is the CPU stand-in for ``torch.cuda.set_sync_debug_mode("error")``: every op that
@@ -107,7 +107,7 @@ def cpu_error_word():
 def _clean_error_words():
     from rocmflash.kernels import varlen_checks as VC
 
-    import rocmflash.varlen as V
+    import rocmflash.api.varlen as V
 
     VC._ERROR_WORDS.clear()
     V._WATCHES.clear()
@@ -235,7 +235,7 @@ def test_bad_cu_seqlens_stay_inside_the_tensors_and_are_reported(interpret, monk
     gradients inside guard rows of 7.0 (a write outside would change them): forward and backward with
     wrong values leave every guard untouched and produce no NaN; check_errors() names what was wrong.
     The CPU's immediate report is switched off here to run as on a GPU, where it comes later."""
-    import rocmflash.varlen as V
+    import rocmflash.api.varlen as V
     from rocmflash import flash_attn_varlen_func
 
     real = V._read_and_report
@@ -281,7 +281,7 @@ def test_cpu_call_raises_at_once_and_check_values_true_names_the_index(interpret
 def test_a_later_call_reports_an_earlier_bad_one(interpret, monkeypatch):
     """As on a GPU (the call's own report switched off): the next call raises before it launches anything,
     once; check_values=True also reports what an earlier unchecked call left."""
-    import rocmflash.varlen as V
+    import rocmflash.api.varlen as V
     from rocmflash import flash_attn_varlen_func
     from rocmflash.kernels import launch
 
@@ -319,7 +319,7 @@ def test_gpu_default_calls_never_synchronise_and_a_later_call_reports(compiled):
     """On the GPU, under torch.cuda.set_sync_debug_mode("error"): forward + backward calls (polls, the
     error word's copies and their event queries included) never synchronise; a bad call is reported by a
     later one, from a copy that completed on its own, within two poll periods."""
-    import rocmflash.varlen as V
+    import rocmflash.api.varlen as V
     from rocmflash import flash_attn_varlen_func
 
     lens = [300, 1, 1200, 64]

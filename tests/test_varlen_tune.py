@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from rocmflash import db as D
-from rocmflash import selection
+from rocmflash.store import db as D
+from rocmflash.api import selection
 from rocmflash.config import KernelConfig as K
 from rocmflash.tuning import varlen as TV
 
@@ -73,8 +73,8 @@ def test_keys_round_trip_and_other_lookups_skip_them(tmp_path, monkeypatch):
 
 
 def test_space_is_the_dense_online_space():
-    from rocmflash.gpus import get_gpu
-    from rocmflash.space import default_space
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.static.space import default_space
 
     p = TV.VarlenProblem()
     for name in ("mi300x", "h100"):
@@ -82,7 +82,7 @@ def test_space_is_the_dense_online_space():
         space = TV.varlen_space(gpu, p)
         dense = default_space(gpu, ["online"]).configs(p.dense_problem(), gpu)
         assert [K.from_dict(c) for c in space] == dense and {c["variant"] for c in space} == {"online"}
-    assert len(TV.varlen_space(get_gpu("mi300x"), p)) == 336  # the knobs listed in rocmflash/space.py
+    assert len(TV.varlen_space(get_gpu("mi300x"), p)) == 336  # the knobs listed in rocmflash/static/space.py
 
 
 # ----------------------------------------------------------------------------- static phase and the CLI

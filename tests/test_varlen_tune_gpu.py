@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rocmflash.db import ConfigDB
+from rocmflash.store.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
 
@@ -29,7 +29,7 @@ def _reference(q, k, v, causal: bool):
 
 def test_varlen_tune_then_varlen_serves_the_entry(live, compiled, run_cli_tune, monkeypatch):
     import rocmflash
-    from rocmflash import selection
+    from rocmflash.api import selection
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.tuning.varlen import spread_lengths

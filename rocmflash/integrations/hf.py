@@ -64,7 +64,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from rocmflash.fp8 import is_fp8
+from rocmflash.api.fp8 import is_fp8
 
 NAME = "rocmflash"
 _STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0}
@@ -322,8 +322,8 @@ def _unpadded_plan(batch: int, q_len: int, kv_len: int, device) -> _Padded:
 
 def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap):
     """Pack, run the varlen kernel, unpack (padded query rows get 0). No host read: a packing with padding
-    runs :func:`rocmflash.varlen.packed_varlen`, whose packed tensors keep the padded rows as an unused tail."""
-    from rocmflash.varlen import flash_attn_varlen_func, packed_varlen
+    runs :func:`rocmflash.api.varlen.packed_varlen`, whose packed tensors keep the padded rows as an unused tail."""
+    from rocmflash.api.varlen import flash_attn_varlen_func, packed_varlen
 
     B, Hq, Sq, D = query.shape
     Hkv, Sk = key.shape[1], key.shape[2]
@@ -437,7 +437,7 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     if softcap or window_left >= 0:
         plan = _unpadded_plan(query.shape[0], q_len, key.shape[2], query.device)
         return _varlen_padded(query, key, value, plan, causal, scale, window_left, softcap), None
-    from rocmflash.ops import attention_op
+    from rocmflash.api.ops import attention_op
 
     out, _ = attention_op(query, key, value, causal=causal, scale=scale, need_lse=False)
     # (B, H, S, D) -> (B, S, H, D); free when q was a transposed (B, S, H, D) projection
@@ -466,7 +466,7 @@ def _decode_step(query, key, value, attention_mask, scale, softcap, window_left,
                                lambda: decode_key_range(attention_mask, query.shape[0], kv_len, window_left))
     if attention_mask is not None and key_range is None:
         return None
-    from rocmflash.decode import flash_attn_with_kvcache
+    from rocmflash.api.decode import flash_attn_with_kvcache
 
     starts, ends = key_range if key_range is not None else (None, None)
     ks, vs = descales if descales is not None else (None, None)

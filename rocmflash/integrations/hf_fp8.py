@@ -31,9 +31,9 @@ prompt tokens (1 where that amax is 0), so the prompt uses the format's whole ra
 the prompt's amax saturate to ``±fp8_max * descale``; pass descales with headroom (from calibration) if the
 keys grow. The computed ones are kept until :meth:`Fp8Cache.reset`.
 
-**Formats** (:mod:`rocmflash.fp8`): ``dtype=None`` takes the arch's e4m3 (``float8_e4m3fnuz`` on gfx942,
+**Formats** (:mod:`rocmflash.api.fp8`): ``dtype=None`` takes the arch's e4m3 (``float8_e4m3fnuz`` on gfx942,
 ``float8_e4m3fn`` on gfx950 and sm_89+ and under the CPU interpreter without a GPU); a format the arch does
-not compute in -- or any fp8 on gfx90a -- is ``rocmflash.fp8``'s one-line ``TypeError`` naming the arch and
+not compute in -- or any fp8 on gfx90a -- is ``rocmflash.api.fp8``'s one-line ``TypeError`` naming the arch and
 the formats expected, raised before anything is allocated (at construction when ``device`` is given, else
 at the first forward).
 
@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
-from rocmflash import fp8 as F8
+from rocmflash.api import fp8 as F8
 from rocmflash.integrations import hf as HF
 
 #: layer types of a config that an :class:`Fp8Layer` serves (a sliding layer keeps every key: the window is
@@ -89,8 +89,8 @@ def _check_descale_pair(k_descale, v_descale, num_layers: int, kv_heads: Optiona
 
 
 def _resolve_dtype(dtype, device) -> torch.dtype:
-    """``dtype`` checked against ``device``'s arch, or the arch's e4m3 for None (``rocmflash.fp8``'s errors)."""
-    from rocmflash.selection import device_identity
+    """``dtype`` checked against ``device``'s arch, or the arch's e4m3 for None (``rocmflash.api.fp8``'s errors)."""
+    from rocmflash.api.selection import device_identity
 
     arch = device_identity(device)[1]
     if dtype is None:

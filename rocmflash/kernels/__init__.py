@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from rocmflash.compat import require_supported_versions
+from rocmflash.hw.compat import require_supported_versions
 
 require_supported_versions()  # before any Triton import: an unsupported Triton fails here, in one line
 

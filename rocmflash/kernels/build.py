@@ -60,7 +60,7 @@ def as_target(target: Any):
         return GPUTarget("hip", name, 32 if name.startswith("gfx1") else 64)
     if name.startswith("sm_") and name[3:].isdigit():
         return GPUTarget("cuda", int(name[3:]), 32)
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
 
     return get_gpu(name).triton_target()
 

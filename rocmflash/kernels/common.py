@@ -317,7 +317,7 @@ def compile_args(g: Geometry, store_lse: bool) -> dict:
 
 def torch_backend() -> str:
     """"hip" on ROCm builds of torch, else "cuda"."""
-    from rocmflash.platform import is_rocm  # not at import: platform.py is no kernel source (compile cache key)
+    from rocmflash.hw.platform import is_rocm  # not at import: platform.py is no kernel source (compile cache key)
 
     return "hip" if is_rocm() else "cuda"
 

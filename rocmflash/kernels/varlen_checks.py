@@ -5,7 +5,7 @@ waits for the GPU). So every varlen kernel takes a sequence's rows through :func
 clamps them into the packed tensor -- no value, however wrong, addresses memory outside q, k, v or
 their outputs and gradients -- and the forward's first program of each sequence ORs what is wrong
 (:func:`report_lengths`, the ``BAD_*`` bits) into a per-device int32 word (:func:`error_word`) with
-one atomic, only when something is. :mod:`rocmflash.varlen` reads the word and raises.
+one atomic, only when something is. :mod:`rocmflash.api.varlen` reads the word and raises.
 
 The kernels' packed sizes (rows of q and k, ``max_seqlen_*``) are integer arguments that change from
 call to call: they are left unspecialised (:data:`UNSPECIALISED`), or every new size divisible by 16
@@ -77,7 +77,7 @@ _ERROR_WORDS: dict = {}  #: device -> int32 (1,) error word
 
 def error_word(device) -> torch.Tensor:
     """The int32 ``(1,)`` word the varlen forward on ``device`` ORs its ``BAD_*`` bits into; zero until a
-    launch met cumulative lengths it had to clamp (read and reset by :mod:`rocmflash.varlen`)."""
+    launch met cumulative lengths it had to clamp (read and reset by :mod:`rocmflash.api.varlen`)."""
     word = _ERROR_WORDS.get(device)
     if word is None:
         word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)

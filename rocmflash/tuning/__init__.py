@@ -2,19 +2,19 @@
 
 Flow for one tune (one GPU, head dim, dtype, causal flag, one or more sequence lengths):
 
-1. **Static phase** (always): the config space (:func:`rocmflash.space.default_space`)
-   is cross-compiled on the CPU (:func:`rocmflash.compile.sweep`, cached) and pruned
-   (:func:`rocmflash.prune.prune`). Survivors are ranked by the static score below.
+1. **Static phase** (always): the config space (:func:`rocmflash.static.space.default_space`)
+   is cross-compiled on the CPU (:func:`rocmflash.static.compile.sweep`, cached) and pruned
+   (:func:`rocmflash.static.prune.prune`). Survivors are ranked by the static score below.
 2. **Live phase**, only when the live GPU is the one asked for: the strategy picks the
    configs to time, each is gated and timed in an isolated worker
-   (:mod:`rocmflash.live`), every result is appended to the journal as it arrives, and
-   the database entry is rebuilt from the journal (:mod:`rocmflash.db`).
+   (:mod:`rocmflash.tuning.live`), every result is appended to the journal as it arrives, and
+   the database entry is rebuilt from the journal (:mod:`rocmflash.store.db`).
 3. Without a matching live GPU the static ranking is written with ``"measured": false``
    and the output says that nothing was benchmarked, and why.
 
 Strategies
 ----------
-``race`` (default): every static survivor, in successive rounds (:mod:`rocmflash.race`):
+``race`` (default): every static survivor, in successive rounds (:mod:`rocmflash.tuning.race`):
   a short ungated screen of all, then the fastest quarter (and near-ties) measured
   longer with the gate, then the fastest third of those with the full settings. The
   static score orders the work; it never decides alone what is not timed.
@@ -58,7 +58,7 @@ default ``race`` strategy the score only orders the work.
 Modules, in the order data flows: :mod:`~rocmflash.tuning.spec` (what is asked),
 :mod:`~rocmflash.tuning.static` (compile, prune, rank), :mod:`~rocmflash.tuning.strategies`
 (what is timed, in which rounds), :mod:`~rocmflash.tuning.runners` (what times it: replay;
-the live GPU runner is :class:`rocmflash.live.LiveRunner`), :mod:`~rocmflash.tuning.entries`
+the live GPU runner is :class:`rocmflash.tuning.live.LiveRunner`), :mod:`~rocmflash.tuning.entries`
 (database entries), :mod:`~rocmflash.tuning.output` (console observer) and
 :mod:`~rocmflash.tuning.run` (the tune). ``rocmflash.tune`` re-exports them.
 """

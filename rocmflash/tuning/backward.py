@@ -4,7 +4,7 @@ The backward is two independent launches (:mod:`rocmflash.kernels.backward`): ``
 (which also writes ``delta``) and ``_bwd_dkdv``. Each gets its own config space -- the
 block a program owns, the block it loops over, warps, stages and, on AMD, ``waves_per_eu``
 -- and the same static phase as the forward: cross-compiled for the target arch on the
-CPU, read by :mod:`isa_tools`, pruned by :mod:`rocmflash.prune` (spills, LDS, occupancy,
+CPU, read by :mod:`isa_tools`, pruned by :mod:`rocmflash.static.prune` (spills, LDS, occupancy,
 cliffs, duplicate binaries), with a reason per verdict. Only on the live GPU are the
 survivors gated against an fp32 reference gradient and timed, each kernel on its own
 (their times add up: the best pair is the best of each), the dK/dV kernel at every
@@ -42,14 +42,14 @@ HEAD_SPLIT_CHOICES = (1, 2, 4, 8)
 # ----------------------------------------------------------------------------- keys
 def bwd_key(head_dim: int, dtype, causal: bool, group: int, seqlen: int) -> str:
     """``bwd-d128-bf16-causal-gqa1-s4096``: ``bwd-`` and the forward's key of the same problem."""
-    from rocmflash.db import problem_key, seqlen_bucket
+    from rocmflash.store.db import problem_key, seqlen_bucket
 
     return f"{PREFIX}-{problem_key(head_dim, dtype, causal, group, seqlen_bucket(seqlen))}"
 
 
 def parse_bwd_key(key: str) -> Optional[dict]:
     """Inverse of :func:`bwd_key` (None for any other key)."""
-    from rocmflash.db import parse_key
+    from rocmflash.store.db import parse_key
 
     if not key.startswith(PREFIX + "-"):
         return None
@@ -110,7 +110,7 @@ def task_compile_options(config: dict, backend: str) -> dict:
 
 
 def compile_task(target, config: dict, problem: dict):
-    """Family entry for :func:`rocmflash.compile.sweep_family`: the named backward kernel for ``target``."""
+    """Family entry for :func:`rocmflash.static.compile.sweep_family`: the named backward kernel for ``target``."""
     from rocmflash.kernels.backward import compile_kernel_for
 
     return (compile_kernel_for(target, config["kernel"], kernel_config(config), Problem.from_dict(problem)),)
@@ -147,10 +147,10 @@ class BwdStatic:
 
 
 def rank_each_kernel(gpu, configs: list, observations: list, settings=None) -> list:
-    """The static phase's rows of a backward space (:func:`rocmflash.families.family_rows`): each kernel's
+    """The static phase's rows of a backward space (:func:`rocmflash.static.families.family_rows`): each kernel's
     configs pruned and ranked on their own, so "every config pruned" falls back per kernel."""
-    from rocmflash.families import family_rows
-    from rocmflash.prune import PruneSettings, prune
+    from rocmflash.static.families import family_rows
+    from rocmflash.static.prune import PruneSettings, prune
 
     amd = gpu.arch.startswith("gfx")
     rows = []
@@ -168,7 +168,7 @@ def rank_each_kernel(gpu, configs: list, observations: list, settings=None) -> l
 def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=None,
                  configs: Optional[list] = None) -> BwdStatic:
     """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU)."""
-    from rocmflash.compile import sweep_family
+    from rocmflash.static.compile import sweep_family
 
     configs = configs if configs is not None else bwd_space(gpu.arch, problem.head_dim)
     observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers)
@@ -203,7 +203,7 @@ def lookup_bwd(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, se
     ``head_splits`` is kept only for its own bucket: elsewhere it is 0 (chosen per call),
     since a split that fills the GPU at one length floods it at another.
     """
-    from rocmflash.db import iter_database_entries, seqlen_bucket, servable
+    from rocmflash.store.db import iter_database_entries, seqlen_bucket, servable
 
     want = seqlen_bucket(seqlen).bit_length()
     best = None
@@ -281,7 +281,7 @@ def _bwd_inputs(shape, device):
     import rocmflash
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import torch_backend
-    from rocmflash.live_gate import flush_buffer
+    from rocmflash.tuning.live_gate import flush_buffer
 
     if _INPUTS.get("shape") != shape:
         _INPUTS.clear()
@@ -322,12 +322,12 @@ def measure_bwd(task: dict) -> dict:
     """
     import torch
 
+    from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import interpreting, torch_backend
-    from rocmflash.live import error_line, interpreted_shape
-    from rocmflash.live_gate import TOLERANCE
-    from rocmflash.roofline import Shape
     from rocmflash.tuning.isolated import back_to_back_ms, time_flushed
+    from rocmflash.tuning.live import error_line, interpreted_shape
+    from rocmflash.tuning.live_gate import TOLERANCE
 
     shape = Shape.from_dict(task["shape"])
     kernel = task["config"]["kernel"]
@@ -384,8 +384,8 @@ def measure_bwd(task: dict) -> dict:
 def prewarm_specs(shape) -> tuple[dict, dict]:
     """The pre-warm launch's stand-ins ``(half-precision, fp32)``, each ``{name: (dims, bytes of the timed
     tensor)}``: batch 1 of the shape's heads, lengths and head dim, each standing for the tensor of the
-    whole batch (:func:`rocmflash.live_gate.stand_ins` keeps its side of the 2 GiB line)."""
-    from rocmflash.live_gate import tensor_bytes
+    whole batch (:func:`rocmflash.tuning.live_gate.stand_ins` keeps its side of the 2 GiB line)."""
+    from rocmflash.tuning.live_gate import tensor_bytes
 
     q_real, kv_real = tensor_bytes(shape)
     q_dims = (1, shape.heads_q, shape.seqlen_q, shape.head_dim)
@@ -403,11 +403,11 @@ def prewarm_bwd(task: dict) -> Optional[str]:
     head splits (Triton makes ``== 1`` a constant). Returns None or the error."""
     import torch
 
+    from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import torch_backend
-    from rocmflash.live import error_line
-    from rocmflash.live_gate import pads_storage, stand_ins
-    from rocmflash.roofline import Shape
+    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     try:
         shape = Shape.from_dict(task["shape"])

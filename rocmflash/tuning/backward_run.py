@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Callable, Optional
 
-from rocmflash.families import timed_line
+from rocmflash.static.families import timed_line
 from rocmflash.tuning.backward import KERNELS, clear_cache
 from rocmflash.tuning.items_bwd import (NEAR_BEST_PCT, BwdOutcome, _auto_splits, measured_entry,  # noqa: F401
                                         static_entry, to_time)
@@ -40,8 +40,8 @@ def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]
 
     ``pool`` (a :class:`rocmflash.tuning.pool.WorkerPool` of GPUs of ``spec.gpu``'s kind) times on all of
     its GPUs at once instead of the current device."""
-    from rocmflash import selection
-    from rocmflash.db import default_db_path, tune_lock
+    from rocmflash.api import selection
+    from rocmflash.store.db import default_db_path, tune_lock
     from rocmflash.tuning.items import backward_items, open_context, run_items, timing_workers
     from rocmflash.tuning.items_base import current_device_runner
     from rocmflash.tuning.run import _no_live_reason, resolve_gpu

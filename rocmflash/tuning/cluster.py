@@ -2,7 +2,7 @@
 
 ``rocmflash tune ... --cluster ray://HOST:PORT`` (or ``auto``: the cluster this machine
 belongs to; ``local``: start a Ray instance on this machine) needs the optional extra
-``pip install rocmflash[ray]``. Each actor holds one :class:`rocmflash.live.LiveRunner`
+``pip install rocmflash[ray]``. Each actor holds one :class:`rocmflash.tuning.live.LiveRunner`
 on the GPU Ray assigns it (``num_gpus=1``: Ray sets the device visibility variable, and
 the runner's isolated worker inherits it), so a config that crashes or hangs costs that
 config only, exactly as on one GPU. The driver runs the static phase (CPU), keeps the
@@ -38,7 +38,7 @@ class TimingActor:
 
     def __init__(self, settings: Optional[dict] = None, replay: Optional[str] = None, cache_dir: Optional[str] = None,
                  fail_after: Optional[int] = None):
-        from rocmflash.live import LiveSettings
+        from rocmflash.tuning.live import LiveSettings
 
         self.calls = 0
         self.fail_after = fail_after  #: test hook: the actor's process exits at this call (a node leaving)
@@ -47,8 +47,8 @@ class TimingActor:
 
             self.runner = ReplayRunner.from_journal(replay)
         else:
-            from rocmflash.compile import triton_cache_dir
-            from rocmflash.live import LiveRunner
+            from rocmflash.static.compile import triton_cache_dir
+            from rocmflash.tuning.live import LiveRunner
 
             self.runner = LiveRunner(LiveSettings(**(settings or {})), triton_cache_dir=triton_cache_dir(cache_dir),
                                      device_index=0)
@@ -62,14 +62,14 @@ class TimingActor:
         """``{"host", "pid", "device", "gpu", "visible", "device_ids"}``: where this actor runs and on what.
 
         ``visible``: the device visibility variables Ray (or the user) set here; ``device_ids``:
-        the node's ids of the devices they leave this actor (:func:`rocmflash.platform.visible_device_ids`:
+        the node's ids of the devices they leave this actor (:func:`rocmflash.hw.platform.visible_device_ids`:
         Ray pins an actor with ``CUDA_VISIBLE_DEVICES`` on NVIDIA, ``HIP_VISIBLE_DEVICES`` or, in older
         releases, ``ROCR_VISIBLE_DEVICES`` on AMD), None when nothing narrows them.
         """
         import socket
 
-        from rocmflash.detect import identify_live_device
-        from rocmflash.platform import VISIBILITY_VARS, is_rocm, visible_device_ids
+        from rocmflash.hw.detect import identify_live_device
+        from rocmflash.hw.platform import VISIBILITY_VARS, is_rocm, visible_device_ids
 
         match = None if self.runner.device == "replay" else identify_live_device(0)
         gpu = match.gpu.name if match is not None and match.gpu is not None else None
@@ -79,7 +79,7 @@ class TimingActor:
 
     def measure(self, config: dict, shape: dict, inject=None, budget=None) -> dict:
         from rocmflash.config import KernelConfig
-        from rocmflash.roofline import Shape
+        from rocmflash.hw.roofline import Shape
 
         self._tick()
         kwargs = {"budget": budget} if budget else {}
@@ -91,7 +91,7 @@ class TimingActor:
 
     def prewarm(self, configs: list, shape: dict) -> dict:
         from rocmflash.config import KernelConfig
-        from rocmflash.roofline import Shape
+        from rocmflash.hw.roofline import Shape
 
         return self.runner.prewarm([KernelConfig.from_dict(c) for c in configs], Shape.from_dict(shape))
 
@@ -211,7 +211,7 @@ def actor_label(info: dict, index: int) -> str:
 
 def cluster_gpu(pool: WorkerPool):
     """The catalog GPU of a cluster pool's actors."""
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
 
     return get_gpu(pool.runners[0].info["gpu"])
 

@@ -2,7 +2,7 @@
 
 Same shape as the forward tune: the config space (``BLOCK_N``, warps, stages, AMD
 ``waves_per_eu``) is cross-compiled for the target arch on the CPU and pruned on compiler
-truth (:mod:`rocmflash.prune`: spills, LDS, occupancy, duplicate binaries); only on the
+truth (:mod:`rocmflash.static.prune`: spills, LDS, occupancy, duplicate binaries); only on the
 live GPU are the survivors gated against an fp32 reference and timed, each at every split
 count of :func:`split_choices` (a launch argument: one binary serves all). Decode problems
 are small and cheap to time, so every survivor is measured -- no ranking decides alone.
@@ -24,7 +24,7 @@ import math
 from typing import Optional
 
 from rocmflash.config import normalize_dtype
-from rocmflash.families import FamilyStatic, family_rows
+from rocmflash.static.families import FamilyStatic, family_rows
 
 #: key prefix of decode entries in a config database
 PREFIX = "decode"
@@ -121,11 +121,11 @@ def task_compile_options(config: dict, backend: str) -> dict:
 
 
 def compile_task(target, config: dict, problem: dict):
-    """Family entry for :func:`rocmflash.compile.sweep_family`: both decode kernels for ``target``, told the
+    """Family entry for :func:`rocmflash.static.compile.sweep_family`: both decode kernels for ``target``, told the
     storage of the problem's cache (or page pool) and queries where it is past the 2 GiB line (on AMD
     those are read with global loads, not buffer loads: another binary)."""
     from rocmflash.kernels.kv_decode import DecodeConfig, compile_for
-    from rocmflash.live_gate import build_bytes
+    from rocmflash.tuning.live_gate import build_bytes
 
     p = DecodeProblem(**problem)
     return compile_for(target, DecodeConfig.from_dict(config), p.head_dim, p.dtype, p.group, p.seqlen_q,
@@ -147,8 +147,8 @@ def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, sett
                  configs: Optional[list] = None) -> FamilyStatic:
     """Cross-compile the decode space for ``gpu``'s arch, prune, rank (no GPU). Rows also carry the
     combine kernel's summary (``"combine"``)."""
-    from rocmflash.compile import sweep_family
-    from rocmflash.prune import PruneSettings, prune
+    from rocmflash.static.compile import sweep_family
+    from rocmflash.static.prune import PruneSettings, prune
 
     configs = configs if configs is not None else decode_space(gpu.arch)
     observations, stats = sweep_family("decode", configs, problem.to_dict(), gpu, cache_dir, workers)
@@ -170,7 +170,7 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
     used only when none of this page size exists. None when the GPU's databases hold no
     measured decode entry of this head dim, dtype and GQA ratio.
     """
-    from rocmflash.db import iter_database_entries, servable
+    from rocmflash.store.db import iter_database_entries, servable
     from rocmflash.kernels.kv_decode import DecodeConfig
 
     want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
@@ -223,7 +223,7 @@ def _decode_inputs(p: DecodeProblem, device):
     """q, caches (with a shuffled block table when paged), lengths and a cache flush buffer; kept per problem."""
     import torch
 
-    from rocmflash.live_gate import flush_buffer
+    from rocmflash.tuning.live_gate import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -250,9 +250,9 @@ MAX_COLD_COPIES = 64
 
 def _cold_copies(inp) -> list:
     """``[(k, v), ...]``: the problem's caches plus copies, together at least the cache flush of the device
-    (:func:`rocmflash.live_gate.device_flush_bytes`: twice its largest cache; each copy a layer's own
+    (:func:`rocmflash.tuning.live_gate.device_flush_bytes`: twice its largest cache; each copy a layer's own
     cache in a model: a timed call never finds the previous call's keys in the cache)."""
-    from rocmflash.live_gate import device_flush_bytes
+    from rocmflash.tuning.live_gate import device_flush_bytes
 
     k, v = inp["k"], inp["v"]
     if "copies" not in inp:
@@ -287,7 +287,7 @@ def measure_decode(task: dict) -> dict:
     import torch
 
     from rocmflash.kernels import kv_decode as KD
-    from rocmflash.live import error_line
+    from rocmflash.tuning.live import error_line
     from rocmflash.kernels.common import interpreting, num_compute_units
     from rocmflash.tuning.isolated import graph_replay_ms, time_flushed
 
@@ -333,7 +333,7 @@ def measure_decode(task: dict) -> dict:
 def prewarm_specs(p: DecodeProblem) -> dict:
     """The pre-warm's stand-ins ``{"q", "out", "k", "v": (dims, bytes of the timed tensor)}``: one sequence
     with the problem's cache strides (paged: its own pages), each standing for the tensor of the whole
-    batch, whose side of the 2 GiB line it keeps (:func:`rocmflash.live_gate.stand_ins`)."""
+    batch, whose side of the 2 GiB line it keeps (:func:`rocmflash.tuning.live_gate.stand_ins`)."""
     q = ((1, p.seqlen_q, p.heads_q, p.head_dim), p.q_bytes())
     rows = (-(-p.seqlen_k // p.page_size), p.page_size) if p.page_size else (1, p.seqlen_k)
     kv = ((*rows, p.heads_kv, p.head_dim), p.cache_bytes())
@@ -353,7 +353,7 @@ def prewarm_launches(p: DecodeProblem, call, splits) -> list:
     """``[(num_splits, real split count), ...]``: one pre-warm launch per binary the timed split counts
     run -- per specialisation of the count (Triton makes ``== 1`` a constant and marks multiples of
     16) and, with partial buffers, per side of the 2 GiB line the timed buffers are on."""
-    from rocmflash.live_gate import beyond_32bit_range
+    from rocmflash.tuning.live_gate import beyond_32bit_range
 
     launches = {}
     for s in sorted(splits):
@@ -375,8 +375,8 @@ def prewarm_decode(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.kernels import kv_decode as KD
-    from rocmflash.live import error_line
-    from rocmflash.live_gate import pads_storage, stand_ins
+    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     p = DecodeProblem(**task["problem"])
     try:

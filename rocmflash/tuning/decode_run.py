@@ -10,7 +10,7 @@ import dataclasses
 import time
 from typing import Callable, Optional
 
-from rocmflash.families import FamilyTuneResult, timed_line
+from rocmflash.static.families import FamilyTuneResult, timed_line
 from rocmflash.tuning.decode import DecodeProblem
 from rocmflash.tuning.items_decode import measured_entry, static_entry  # noqa: F401  (public here, as before)
 
@@ -33,10 +33,10 @@ def tune_one(gpu_name: str, problem, make_item: Callable, db_path: Optional[str]
     """Tune one problem of a worker-task family through the pipeline: on ``pool``'s workers, else on the
     current device when it is ``gpu_name`` (else the static phase only); the entry stored under the tune
     lock. ``make_item(ctx)`` -> the :class:`TaskItem`. Returns its FamilyTuneResult."""
-    from rocmflash.db import default_db_path, tune_lock
-    from rocmflash.live import LiveSettings
+    from rocmflash.store.db import default_db_path, tune_lock
     from rocmflash.tuning.items import open_context, run_items, timing_workers
     from rocmflash.tuning.items_base import current_device_runner
+    from rocmflash.tuning.live import LiveSettings
     from rocmflash.tuning.run import _no_live_reason, resolve_gpu
 
     start = time.perf_counter()

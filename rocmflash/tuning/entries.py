@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Optional
 
 from rocmflash.config import KernelConfig
-from rocmflash.db import now_iso, problem_key, seqlen_bucket
-from rocmflash.gpus import GPU
-from rocmflash.roofline import Shape, roofline
+from rocmflash.store.db import now_iso, problem_key, seqlen_bucket
+from rocmflash.hw.gpus import GPU
+from rocmflash.hw.roofline import Shape, roofline
 from rocmflash.tuning.spec import NEAR_BEST_PCT, STATIC_SCORE_DOC
 from rocmflash.tuning.static import StaticResult
 

@@ -1,6 +1,6 @@
 """The incumbent in a tune: time the platform's SDPA backends beside a problem's Triton winner.
 
-:func:`time_incumbent` runs :func:`rocmflash.incumbent.measure` in the tune's own timing worker (same
+:func:`time_incumbent` runs :func:`rocmflash.api.incumbent.measure` in the tune's own timing worker (same
 device, inputs, flush and repetitions as the Triton configs) and returns the entry's ``incumbent``
 field. :func:`refresh` does it for every measured forward entry of a database: the stored winner is
 timed again in the same worker, so both sides of the comparison come from one run on one GPU
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from rocmflash.roofline import Shape
+from rocmflash.hw.roofline import Shape
 
 #: seconds the worker may take for one problem's backends (gate + forward + training steps of each)
 TIMEOUT_S = 600.0
@@ -20,7 +20,7 @@ TIMEOUT_S = 600.0
 def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms: Optional[float]) -> Optional[dict]:
     """The ``incumbent`` field for ``shape`` (None where SDPA computes another function or the runner
     cannot run worker tasks, e.g. a replay)."""
-    from rocmflash import incumbent
+    from rocmflash.api import incumbent
 
     if not incumbent.applies(shape.causal, shape.seqlen_q, shape.seqlen_k) or not _runs_tasks(runner):
         return None
@@ -30,15 +30,15 @@ def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms
 
 def incumbent_task(shape: Shape, config: dict, settings: dict) -> dict:
     """The worker task that times the platform's backends beside ``config`` on ``shape``
-    (:func:`rocmflash.incumbent.measure`; a tune pipeline's incumbent job runs it on a timing worker)."""
-    from rocmflash import incumbent
+    (:func:`rocmflash.api.incumbent.measure`; a tune pipeline's incumbent job runs it on a timing worker)."""
+    from rocmflash.api import incumbent
 
     return {"shape": shape.to_dict(), "settings": settings, "config": config, "backends": incumbent.candidates()}
 
 
 def incumbent_result_field(result: dict, triton_ms: Optional[float]) -> Optional[dict]:
     """The entry's ``incumbent`` field from the worker's result (a failed run says why)."""
-    from rocmflash import incumbent
+    from rocmflash.api import incumbent
 
     if result.get("status") != "ok":
         return {"backend": None, "time_ms": None, "triton_ms": triton_ms,

@@ -39,9 +39,9 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
     they run worker tasks: the incumbent). ``device`` names the timing device in the environment
     fingerprint; ``measuring=False`` gives items that write static entries. The caller holds the
     database's tune lock. ``ctx``: an open :class:`TuneContext` to use instead."""
-    from rocmflash.db import default_db_path
-    from rocmflash.live import LiveSettings
-    from rocmflash.space import default_space
+    from rocmflash.store.db import default_db_path
+    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.static.space import default_space
     from rocmflash.tuning.decode import DecodeProblem
     from rocmflash.tuning.spec import TuneSpec
 

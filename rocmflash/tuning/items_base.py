@@ -11,7 +11,7 @@ import json
 import threading
 from typing import Callable, Optional
 
-from rocmflash.db import ConfigDB, Journal, env_id, environment, journal_path, now_iso
+from rocmflash.store.db import ConfigDB, Journal, env_id, environment, journal_path, now_iso
 from rocmflash.tuning.output import _Output
 
 
@@ -170,8 +170,8 @@ class FamilyTiming:
 
 def cached_compile_seconds(family_name: str, configs: list, problem: dict, gpu, cache_dir: Optional[str]) -> list:
     """Compile seconds of a family's configs from the compile cache's records (uncached: left out)."""
-    from rocmflash.compile import ObservationCache, default_cache_dir, family_fingerprint
-    from rocmflash.families import get_family
+    from rocmflash.static.compile import ObservationCache, default_cache_dir, family_fingerprint
+    from rocmflash.static.families import get_family
 
     family = get_family(family_name)
     cache = ObservationCache(cache_dir or default_cache_dir())
@@ -190,11 +190,11 @@ def _task_label(task: dict) -> str:
 
 
 def current_device_runner(settings):
-    """A :class:`~rocmflash.live.LiveRunner` on the current device with Triton's own cache: the isolated
+    """A :class:`~rocmflash.tuning.live.LiveRunner` on the current device with Triton's own cache: the isolated
     worker the backward, decode and varlen tunes time their tasks in (a crash or hang costs that task only)."""
     import torch
 
-    from rocmflash.live import LiveRunner
+    from rocmflash.tuning.live import LiveRunner
 
     return LiveRunner(settings, device_index=torch.cuda.current_device())
 

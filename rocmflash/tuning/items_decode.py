@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from rocmflash.families import FamilyStatic
+from rocmflash.static.families import FamilyStatic
 from rocmflash.tuning.items_tasks import TaskItem
 from rocmflash.tuning.spec import NEAR_BEST_PCT
 
@@ -56,7 +56,7 @@ class DecodeItem(TaskItem):
         return static_entry(self.problem, self.static_result, self.ctx.why, self.ctx.env)
 
     def stored(self) -> None:
-        from rocmflash.decode import clear_cache
+        from rocmflash.api.decode import clear_cache
         from rocmflash.tuning.decode import lookup_decode
 
         lookup_decode.cache_clear()

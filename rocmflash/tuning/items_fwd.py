@@ -2,8 +2,8 @@
 
 :class:`ForwardItem` keeps the strategies' semantics (:mod:`rocmflash.tuning.strategies`):
 a race's first round times every static survivor and the pruned seeds with a short budget,
-each next round the configs :func:`rocmflash.race.advancing` keeps from the previous round's
-journaled results, the last round in :data:`~rocmflash.race.FINAL_PASSES` passes with the full
+each next round the configs :func:`rocmflash.tuning.race.advancing` keeps from the previous round's
+journaled results, the last round in :data:`~rocmflash.tuning.race.FINAL_PASSES` passes with the full
 live settings; ``pruned`` / ``exhaustive`` time their chosen configs once. Each round is one
 batch of jobs; each result is journaled as it arrives, and configs the journal already holds
 (for that round, in this environment) are skipped. After a complete tune, the platform's SDPA
@@ -16,8 +16,8 @@ import dataclasses
 import time
 from typing import Optional
 
-from rocmflash.race import DEFAULT_ROUNDS as RACE_ROUNDS
-from rocmflash.race import FINAL_PASSES, advancing, final_round_records, merge_final_passes
+from rocmflash.tuning.race import DEFAULT_ROUNDS as RACE_ROUNDS
+from rocmflash.tuning.race import FINAL_PASSES, advancing, final_round_records, merge_final_passes
 from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
 from rocmflash.tuning.strategies import choose, journal_record, race_field
 from rocmflash.tuning.spec import static_problem
@@ -163,7 +163,7 @@ class ForwardItem:
     def _incumbent_job(self):
         """The platform's SDPA backends timed beside the winner, on a timing worker (None where that does
         not apply: no winner, SDPA computes another function, or the workers run no tasks)."""
-        from rocmflash import incumbent
+        from rocmflash.api import incumbent
         from rocmflash.tuning.incumbents import incumbent_task
         from rocmflash.tuning.pipeline import Job
 

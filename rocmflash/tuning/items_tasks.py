@@ -21,7 +21,7 @@ class TaskItem:
     """One problem of a worker-task family (see the module docstring); subclasses fill in the hooks."""
 
     family = ""
-    compile_family = ""  #: the compile cache's family name (:mod:`rocmflash.families`)
+    compile_family = ""  #: the compile cache's family name (:mod:`rocmflash.static.families`)
     strategy = "all-survivors"
 
     def __init__(self, ctx, key: str, problem, timeout_s: float = 120.0, on_result=None):
@@ -57,7 +57,7 @@ class TaskItem:
 
     def stored(self) -> None:
         """After the entry is written: forget this process's run-time lookups of the family."""
-        from rocmflash import selection
+        from rocmflash.api import selection
 
         selection.clear_cache()
 
@@ -98,8 +98,8 @@ class TaskItem:
         self.seconds = time.perf_counter() - (self._start or time.perf_counter())
 
     def result(self, db_path: str):
-        """Today's :class:`~rocmflash.families.FamilyTuneResult` of this problem."""
-        from rocmflash.families import FamilyTuneResult
+        """Today's :class:`~rocmflash.static.families.FamilyTuneResult` of this problem."""
+        from rocmflash.static.families import FamilyTuneResult
 
         return FamilyTuneResult(self.ctx.gpu, self.problem, self.static_result, self.key, self.entry, db_path,
                                 self.ctx.measuring, self.ctx.why, self.timing.results(), self.seconds)

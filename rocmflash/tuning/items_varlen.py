@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from rocmflash.families import FamilyStatic
+from rocmflash.static.families import FamilyStatic
 from rocmflash.tuning import items_bwd
 from rocmflash.tuning.items_tasks import TaskItem
 from rocmflash.tuning.spec import NEAR_BEST_PCT
@@ -107,7 +107,7 @@ STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
 def dense_choice(gpu, problem: VarlenProblem) -> dict:
     """What ``flash_attn_varlen_func`` ran on ``gpu`` without a varlen entry: the measured dense entry of
     the longest sequence's bucket (online variant), else the per-arch default. ``{"config", "source"}``."""
-    from rocmflash import db
+    from rocmflash.store import db
     from rocmflash.config import default_config
 
     match = db.lookup_match(gpu.name, problem.head_dim, problem.dtype, problem.causal, problem.group,
@@ -159,7 +159,7 @@ def static_entry(problem: VarlenProblem, static: FamilyStatic, why: str, env: di
 # ----------------------------------------------------------------------------- the backward's entries
 def backward_baseline(gpu, problem: VarlenProblem) -> dict:
     """What ``flash_attn_varlen_func``'s backward ran on ``gpu`` without a ``varlen-bwd-`` entry, as
-    :func:`rocmflash.selection.select_varlen_bwd_config` chooses it: the measured dense ``bwd-`` entry of the
+    :func:`rocmflash.api.selection.select_varlen_bwd_config` chooses it: the measured dense ``bwd-`` entry of the
     longest sequence's bucket (each kernel that does not build as the varlen kernel replaced by the per-arch
     default's), else the per-arch default. ``{"config": {"dq", "dkdv"}: space points, "source"}``."""
     from rocmflash.kernels.backward import default_bwd_config

@@ -36,7 +36,7 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
                on_stage=None) -> ModelTuneResult:
     """Run ``plan`` through one pipeline; ``pool`` (a :class:`~rocmflash.tuning.pool.WorkerPool`) times on
     its workers, None times on the current device when it is the plan's GPU (else the static phase only)."""
-    from rocmflash.db import default_db_path, tune_lock
+    from rocmflash.store.db import default_db_path, tune_lock
     from rocmflash.tuning.items import items_for_plan, run_items, timing_workers
 
     start = time.perf_counter()
@@ -84,8 +84,8 @@ def _model_runner(gpu, pool, timeout_s, cache_dir, workers):
 def _live_runner(timeout_s, cache_dir, workers):
     import torch
 
-    from rocmflash.compile import triton_cache_dir
-    from rocmflash.live import LiveRunner, LiveSettings
+    from rocmflash.static.compile import triton_cache_dir
+    from rocmflash.tuning.live import LiveRunner, LiveSettings
 
     return LiveRunner(LiveSettings(timeout_s=timeout_s), triton_cache_dir=triton_cache_dir(cache_dir),
                       prewarm_workers=workers, device_index=torch.cuda.current_device())
@@ -114,7 +114,7 @@ def _results(plan, items, path, measuring, why) -> tuple:
 
 def _clear_lookups() -> None:
     """Run-time lookups read the new entries (the backward's and decode's caches, selection's)."""
-    from rocmflash import selection
+    from rocmflash.api import selection
     from rocmflash.tuning.backward import clear_cache
 
     clear_cache()

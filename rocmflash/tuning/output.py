@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from rocmflash.seeds import reference_seeds
+from rocmflash.static.seeds import reference_seeds
 from rocmflash.tuning.static import StaticResult, static_phase
 
 

@@ -57,7 +57,7 @@ class TunePlan:
     """What ``rocmflash tune --model`` will do; :func:`make_plan` builds it."""
 
     model: ModelAttention
-    gpu: object  #: rocmflash.gpus.GPU
+    gpu: object  #: rocmflash.hw.gpus.GPU
     dtypes: list
     seqlens: list
     passes: tuple  #: ("fwd",), ("bwd",) or ("fwd", "bwd"); () for decode only
@@ -99,8 +99,8 @@ def make_plan(model: ModelAttention, gpu, dtypes: Optional[list] = None, seqlens
     """Every problem ``model`` calls on ``gpu``: causal prefill forward/backward per dtype and bucket, and
     decode per dtype and KV-length bucket. Default dtypes: both fp16 and bf16; default buckets
     :data:`DEFAULT_SEQLENS` up to the model's context length."""
-    from rocmflash.db import problem_key, seqlen_bucket
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
+    from rocmflash.store.db import problem_key, seqlen_bucket
     from rocmflash.tuning.backward import bwd_space
     from rocmflash.tuning.decode import DecodeProblem, decode_space
 

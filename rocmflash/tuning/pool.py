@@ -10,7 +10,7 @@ runner once, so a lost node costs at most a repeat of what it had in flight. Cra
 hangs of a config are the runner's business (its isolated worker is replaced) and cost
 that config only, as on one GPU.
 
-:func:`node_pool` builds one :class:`rocmflash.live.LiveRunner` per local GPU, each with
+:func:`node_pool` builds one :class:`rocmflash.tuning.live.LiveRunner` per local GPU, each with
 its workers pinned through the platform's visibility variable.
 """
 
@@ -192,7 +192,7 @@ def parse_gpus(text: str, device_count: int) -> list:
 
 def node_gpu(indices: list, identify: Optional[Callable] = None):
     """The catalog GPU all ``indices`` are; refuses a mix of kinds (the database is per GPU)."""
-    from rocmflash.detect import identify_live_device
+    from rocmflash.hw.detect import identify_live_device
 
     identify = identify or identify_live_device
     kinds = {}
@@ -207,14 +207,14 @@ def node_gpu(indices: list, identify: Optional[Callable] = None):
         mix = "; ".join(f"{name} on {', '.join(map(str, idx))}" for name, idx in kinds.items())
         raise ValueError(f"--gpus mixes GPU kinds ({mix}); a config database is per GPU kind: tune each kind "
                          "in its own run with --gpus naming only its devices")
-    from rocmflash.gpus import get_gpu
+    from rocmflash.hw.gpus import get_gpu
 
     return get_gpu(next(iter(kinds)))
 
 
 def node_pool(indices: list, settings, triton_cache_dir: Optional[str], prewarm_workers: Optional[int] = None):
-    """One :class:`~rocmflash.live.LiveRunner` per device index, sharing one Triton cache."""
-    from rocmflash.live import LiveRunner
+    """One :class:`~rocmflash.tuning.live.LiveRunner` per device index, sharing one Triton cache."""
+    from rocmflash.tuning.live import LiveRunner
 
     runners = [LiveRunner(settings, triton_cache_dir=triton_cache_dir, prewarm_workers=prewarm_workers,
                           device_index=i) for i in indices]

@@ -6,9 +6,9 @@ import dataclasses
 import time
 from typing import Optional
 
-from rocmflash.db import default_db_path, journal_path, tune_lock
-from rocmflash.detect import identify_live_device
-from rocmflash.gpus import GPU, get_gpu
+from rocmflash.store.db import default_db_path, journal_path, tune_lock
+from rocmflash.hw.detect import identify_live_device
+from rocmflash.hw.gpus import GPU, get_gpu
 from rocmflash.tuning.items import forward_items, open_context, run_items, timing_workers
 from rocmflash.tuning.items_fwd import ProblemOutcome  # noqa: F401  (public here, as before)
 from rocmflash.tuning.spec import NoLiveGPUError, TuneSpec
@@ -65,7 +65,7 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
     tune pipeline (:func:`rocmflash.tuning.items.run_items`). ``runner`` overrides live detection (tests:
     ReplayRunner; several GPUs: a :class:`~rocmflash.tuning.pool.WorkerPool`, whose runners become the
     pipeline's timing workers)."""
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
 
     spec.validate()
     start = time.perf_counter()
@@ -121,11 +121,11 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
 
 
 def _own_runner(spec: TuneSpec):
-    """A :class:`~rocmflash.live.LiveRunner` on the current device, reading the static phase's builds."""
+    """A :class:`~rocmflash.tuning.live.LiveRunner` on the current device, reading the static phase's builds."""
     import torch
 
-    from rocmflash.compile import triton_cache_dir
-    from rocmflash.live import LiveRunner
+    from rocmflash.static.compile import triton_cache_dir
+    from rocmflash.tuning.live import LiveRunner
 
     # the device identify_live_device() resolved: the current one, pinned in the workers
     return LiveRunner(spec.live_settings, triton_cache_dir=triton_cache_dir(spec.cache_dir),

@@ -3,7 +3,7 @@
 A runner has ``measure(config, shape, inject=None, budget=None) -> result dict`` (status,
 median_ms, times_ms, tflops, rel_err, error; ``budget`` is a race round's timing budget
 and gate flag), optionally ``prewarm(configs, shape)`` and ``close()``, and ``device``
-(the name recorded in the database's fingerprint). :class:`rocmflash.live.LiveRunner`
+(the name recorded in the database's fingerprint). :class:`rocmflash.tuning.live.LiveRunner`
 times on the live GPU in isolated workers; :class:`ReplayRunner` serves recorded or
 computed results (tests, re-analysis of a device run).
 """
@@ -14,7 +14,7 @@ import inspect
 from typing import Callable, Optional
 
 from rocmflash.config import KernelConfig
-from rocmflash.roofline import Shape, tflops
+from rocmflash.hw.roofline import Shape, tflops
 
 class ReplayRunner:
     """Serves recorded results instead of a GPU (tests, and re-analysis of a device run).

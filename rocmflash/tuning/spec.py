@@ -6,9 +6,9 @@ import dataclasses
 from typing import Optional
 
 from rocmflash.config import Problem, normalize_dtype
-from rocmflash.live import LiveSettings
-from rocmflash.prune import PruneSettings
-from rocmflash.roofline import Shape
+from rocmflash.hw.roofline import Shape
+from rocmflash.static.prune import PruneSettings
+from rocmflash.tuning.live import LiveSettings
 
 STRATEGIES = ("race", "pruned", "exhaustive")
 NEAR_BEST_PCT = 3.0
@@ -51,8 +51,8 @@ class TuneSpec:
     live_settings: LiveSettings = LiveSettings()
     inject: dict = dataclasses.field(default_factory=dict)  #: test mode {mode: timed position}
     prewarm: bool = True
-    seeds: bool = True  #: always time the AMD-published configs of the GPU's arch (:mod:`rocmflash.seeds`)
-    incumbent: bool = True  #: also time the platform's SDPA backends (:mod:`rocmflash.incumbent`); --no-incumbent
+    seeds: bool = True  #: always time the AMD-published configs of the GPU's arch (:mod:`rocmflash.static.seeds`)
+    incumbent: bool = True  #: also time the platform's SDPA backends (:mod:`rocmflash.api.incumbent`); --no-incumbent
 
     def validate(self) -> "TuneSpec":
         self.dtype = normalize_dtype(self.dtype)
@@ -104,7 +104,7 @@ def static_problem(shape: Shape) -> Problem:
     with buffer loads): batch 1 and S 4096, unless the shape's tensors are larger than that
     (then its own sizes).
     """
-    from rocmflash.live_gate import beyond_32bit_range, tensor_bytes
+    from rocmflash.tuning.live_gate import beyond_32bit_range, tensor_bytes
 
     def canon(s):
         return 4096 if s % 16 == 0 else s

@@ -10,9 +10,9 @@ import math
 from typing import Callable, Optional
 
 from rocmflash.config import KernelConfig, Problem
-from rocmflash.dedupe import mark_candidates
-from rocmflash.gpus import GPU
-from rocmflash.prune import PruneSettings, prune
+from rocmflash.static.dedupe import mark_candidates
+from rocmflash.hw.gpus import GPU
+from rocmflash.static.prune import PruneSettings, prune
 from rocmflash.tuning.spec import DEFAULT_TOP_K_FRACTION
 
 def work_factor(cfg: KernelConfig) -> float:
@@ -55,7 +55,7 @@ class Candidate:
     reason: Optional[str]
     detail: str
     static_rank: Optional[int] = None  #: 0-based rank among survivors (None: pruned)
-    seed: Optional[str] = None  #: the AMD-published reference id this config is (always timed; :mod:`rocmflash.seeds`)
+    seed: Optional[str] = None  #: the AMD-published reference id this config is (always timed; :mod:`rocmflash.static.seeds`)
     duplicate_of: Optional[int] = None  #: index of the candidate with the same code object that is timed instead
 
     def summary(self) -> dict:
@@ -82,7 +82,7 @@ def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None
                  seeds: tuple = ()) -> StaticResult:
     """Compile and prune the space (plus ``seeds``: ``(reference id, config)`` pairs, added when
     the space lacks them) and rank the survivors by the static score."""
-    from rocmflash.compile import sweep
+    from rocmflash.static.compile import sweep
 
     configs = space.configs(problem, gpu)
     seed_of = {}
@@ -94,7 +94,7 @@ def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None
     verdicts = prune(observations, settings)
     cands = [Candidate(cfg, obs, v.kept, v.reason, v.detail, seed=seed_of.get(i))
              for i, (cfg, obs, v) in enumerate(zip(configs, observations, verdicts))]
-    mark_candidates(cands)  # byte-identical binaries: one representative each (rocmflash.dedupe)
+    mark_candidates(cands)  # byte-identical binaries: one representative each (rocmflash.static.dedupe)
     survivors = sorted((i for i, c in enumerate(cands) if c.kept),
                        key=lambda i: static_key(cands[i].config, cands[i].observation, i))
     for rank, i in enumerate(survivors):

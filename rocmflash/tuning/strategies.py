@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rocmflash.db import now_iso
-from rocmflash.dedupe import distinct
-from rocmflash.roofline import Shape
+from rocmflash.hw.roofline import Shape
+from rocmflash.static.dedupe import distinct
+from rocmflash.store.db import now_iso
 from rocmflash.tuning.static import StaticResult, default_top_k
 
 
@@ -24,7 +24,7 @@ def choose(strategy: str, static: StaticResult, top_k: Optional[int]) -> list:
 
 def seeded(static: StaticResult) -> list:
     """The seed candidates that compiled (kept or not): every strategy times them (a seed with the
-    binary of another candidate as that one, :func:`rocmflash.dedupe.distinct`)."""
+    binary of another candidate as that one, :func:`rocmflash.static.dedupe.distinct`)."""
     return distinct([c for c in static.candidates if c.seed and c.reason != "compile_failed"], static.candidates)
 
 

@@ -7,10 +7,10 @@ of shorter ones returning at once): on an H100, 8 prompts of 4096 ran at 356 TFL
 it against 451 through the dense kernel on the same tokens. This mode tunes it on its own.
 
 Same shape as the decode tune (:mod:`rocmflash.tuning.decode`): the dense forward's ``online``
-knobs for the arch (:func:`rocmflash.space.default_space`: BLOCK_M, BLOCK_N, warps, stages,
+knobs for the arch (:func:`rocmflash.static.space.default_space`: BLOCK_M, BLOCK_N, warps, stages,
 PRE_LOAD_V and, on AMD, ``waves_per_eu``, MFMA shape, ``kpack``) are cross-compiled for the
 target on the CPU as the varlen forward kernel and pruned on compiler truth
-(:mod:`rocmflash.prune`); only on the live GPU (:mod:`rocmflash.tuning.varlen_worker`,
+(:mod:`rocmflash.static.prune`); only on the live GPU (:mod:`rocmflash.tuning.varlen_worker`,
 :mod:`rocmflash.tuning.varlen_run`) is every survivor gated against an fp32 reference on a
 packed batch and timed.
 
@@ -31,7 +31,7 @@ import functools
 from typing import NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, Problem, normalize_dtype
-from rocmflash.families import FamilyStatic, family_rows
+from rocmflash.static.families import FamilyStatic, family_rows
 
 #: key prefix of varlen entries in a config database
 PREFIX = "varlen"
@@ -103,7 +103,7 @@ class VarlenProblem:
         that a packed batch whose largest tensor (``q``: ``T x Hq x D``) is past the 2 GiB line adds its
         token count ``"tokens"`` (on AMD such tensors are read with global loads, not buffer loads: another
         build, and another cache entry); under it every batch shares one build."""
-        from rocmflash.live_gate import build_bytes
+        from rocmflash.tuning.live_gate import build_bytes
 
         out = {"head_dim": self.head_dim, "dtype": self.dtype, "group": self.group, "heads_kv": self.heads_kv,
                "causal": self.causal}
@@ -157,7 +157,7 @@ def varlen_space(gpu, problem: VarlenProblem) -> list:
     """The varlen forward's configs for ``gpu``: the dense ``online`` space (same knobs and restrictions),
     as KernelConfig dicts. The varlen kernel takes every knob of it (tiles, warps, stages, PRE_LOAD_V and
     AMD's compile options); it has no other variant, no ``num_splits`` and always pads the head dim."""
-    from rocmflash.space import default_space
+    from rocmflash.static.space import default_space
 
     return [cfg.to_dict() for cfg in default_space(gpu, ["online"]).configs(problem.dense_problem(), gpu)]
 
@@ -177,7 +177,7 @@ def task_compile_options(config: dict, backend: str) -> dict:
 
 
 def compile_task(target, config: dict, problem: dict):
-    """Family entry for :func:`rocmflash.compile.sweep_family`: the varlen forward kernel for ``target``
+    """Family entry for :func:`rocmflash.static.compile.sweep_family`: the varlen forward kernel for ``target``
     (``problem``: :meth:`VarlenProblem.compile_dict`; its ``tokens``, when there, size the tensors)."""
     from rocmflash.kernels.varlen import compile_forward_for
 
@@ -196,8 +196,8 @@ def _static_key(config: dict, obs: dict, index: int) -> tuple:
 def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, settings=None,
                  configs: Optional[list] = None) -> FamilyStatic:
     """Cross-compile the varlen space for ``gpu``'s arch, prune, rank by the dense forward's static score."""
-    from rocmflash.compile import sweep_family
-    from rocmflash.prune import PruneSettings, prune
+    from rocmflash.static.compile import sweep_family
+    from rocmflash.static.prune import PruneSettings, prune
 
     configs = configs if configs is not None else varlen_space(gpu, problem)
     observations, stats = sweep_family("varlen", configs, problem.compile_dict(), gpu, cache_dir, workers)
@@ -225,7 +225,7 @@ def nearest_entry(gpu_name: str, prefix: str, head_dim: int, dtype, group: int, 
     powers of two (ties: the larger, then the user's file). Entries not measured on a GPU, and
     entries ``read_config`` cannot read (TypeError/ValueError/KeyError), are skipped.
     """
-    from rocmflash.db import iter_database_entries, servable
+    from rocmflash.store.db import iter_database_entries, servable
 
     want = _bucket(max_seqlen).bit_length()
     asked = (int(head_dim), normalize_dtype(dtype), int(group), bool(causal))

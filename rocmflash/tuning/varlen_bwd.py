@@ -61,7 +61,7 @@ def varlen_bwd_space(arch: str, head_dim: int) -> list:
 
 
 def compile_task(target, config: dict, problem: dict):
-    """Family entry for :func:`rocmflash.compile.sweep_family`: the named varlen backward kernel for ``target``
+    """Family entry for :func:`rocmflash.static.compile.sweep_family`: the named varlen backward kernel for ``target``
     (``problem``: :meth:`VarlenProblem.compile_dict`, optionally with ``softcap``/``window`` flags for the
     builds a soft-capped or left-windowed call runs; its ``tokens``, when there, size the tensors)."""
     from rocmflash.kernels.varlen import compile_backward_kernel_for
@@ -76,7 +76,7 @@ def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, sett
                  configs: Optional[list] = None) -> BwdStatic:
     """Cross-compile the space for ``gpu``'s arch as the varlen dQ and dK/dV kernels, prune and rank each
     kernel's configs as the dense backward tune does (no GPU). ``configs`` replaces the default space."""
-    from rocmflash.compile import sweep_family
+    from rocmflash.static.compile import sweep_family
 
     configs = configs if configs is not None else varlen_bwd_space(gpu.arch, problem.head_dim)
     observations, stats = sweep_family("varlen_bwd", configs, problem.compile_dict(), gpu, cache_dir, workers)
@@ -120,8 +120,8 @@ def build_rejection(gpu, kernel: str, cfg, problem: dict, cache_dir=None) -> Opt
     """Why ``cfg`` (a :class:`KernelConfig`) must not run as the varlen ``kernel`` (``"dq"``/``"dkdv"``) on
     ``gpu``'s arch for ``problem`` (:func:`build_problem`), or None: cross-compiled in this process (or read
     from the static phase's cache) and judged by :data:`BUILD_RULES`."""
-    from rocmflash import prune
-    from rocmflash.compile import observe_family_config
+    from rocmflash.static import prune
+    from rocmflash.static.compile import observe_family_config
     from rocmflash.tuning.backward import space_point
 
     obs = observe_family_config("varlen_bwd", space_point(kernel, cfg), problem, gpu, cache_dir)
@@ -141,8 +141,8 @@ def usable_config(gpu_name: str, cfg, fallback, problem: dict, cache_dir=None) -
     only configs known to build are served."""
     import dataclasses
 
-    from rocmflash.gpus import get_gpu
-    from rocmflash.live import error_line
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.tuning.live import error_line
 
     gpu = get_gpu(gpu_name)
     replaced = {}

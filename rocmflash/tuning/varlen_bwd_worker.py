@@ -41,7 +41,7 @@ def backward_inputs(p: VarlenProblem, device) -> dict:
     import torch
 
     import rocmflash
-    from rocmflash.live_gate import flush_buffer
+    from rocmflash.tuning.live_gate import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -116,10 +116,10 @@ def measure_varlen_bwd(task: dict) -> dict:
     import torch
 
     from rocmflash.kernels.common import interpreting
-    from rocmflash.live import error_line
-    from rocmflash.live_gate import TOLERANCE
     from rocmflash.tuning.backward import kernel_config
     from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_gate import TOLERANCE
 
     p = VarlenProblem.from_dict(task["problem"])
     kernel = task["config"]["kernel"]
@@ -159,9 +159,9 @@ def prewarm_varlen_bwd(task: dict) -> Optional[str]:
     """
     import torch
 
-    from rocmflash.live import error_line
-    from rocmflash.live_gate import pads_storage, stand_ins
     from rocmflash.tuning.backward import kernel_config
+    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_gate import pads_storage, stand_ins
     from rocmflash.tuning.varlen_worker import PREWARM_TOKENS, prewarm_specs
 
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rocmflash.families import FamilyTuneResult, timed_line
+from rocmflash.static.families import FamilyTuneResult, timed_line
 from rocmflash.tuning.items_varlen import (STATUSES, _varlen_bwd_entry, backward_baseline,  # noqa: F401
                                            dense_choice, measured_entry, static_entry)
 from rocmflash.tuning.varlen import VarlenProblem, config_label
@@ -73,7 +73,7 @@ def tune_varlen_backward(gpu_name: str, problem: VarlenProblem, db_path: Optiona
                     db_path, timeout_s)
 
 def print_varlen_bwd_summary(result: FamilyTuneResult, console) -> None:
-    from rocmflash.bwd_report import label
+    from rocmflash.static.bwd_report import label
 
     e, s, p = result.entry, result.static, result.problem
     console.print(f"varlen backward tune {result.gpu.name} ({result.gpu.arch}) {result.key}: {len(p.lengths)} "

@@ -56,7 +56,7 @@ def packed_inputs(p: VarlenProblem, device) -> dict:
     buffer; kept per problem (every config of a tune reuses them)."""
     import torch
 
-    from rocmflash.live_gate import flush_buffer
+    from rocmflash.tuning.live_gate import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -110,9 +110,9 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.kernels.common import interpreting
-    from rocmflash.live import error_line
-    from rocmflash.live_gate import TOLERANCE
     from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_gate import TOLERANCE
 
     p = VarlenProblem.from_dict(task["problem"])
     result = {"config": task["config"], "status": "failed", "error": None, "rel_err": None, "time_ms": None}
@@ -170,8 +170,8 @@ def prewarm_varlen(task: dict) -> Optional[str]:
 
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
-    from rocmflash.live import error_line
-    from rocmflash.live_gate import pads_storage, stand_ins
+    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     try:
         full = VarlenProblem.from_dict(task["problem"])

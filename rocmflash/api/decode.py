@@ -1,0 +1,542 @@
+"""``flash_attn_with_kvcache``: attention of a few new tokens over a KV cache (decode), flash-attn's conventions.
+
+::
+
+    from rocmflash import flash_attn_with_kvcache
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lens, causal=True)
+
+``q (B, Sq, Hq, D)``; the cache is contiguous ``(B, S_max, Hkv, D)`` or paged
+``(num_blocks, page_size, Hkv, D)`` with ``block_table (B, max_blocks)`` int32. New
+``k``/``v`` ``(B, Sk_new, Hkv, D)`` are written into the cache in place at
+``cache_seqlens[b]`` (torch indexing: no host sync), then attention runs over
+``cache_seqlens[b] + Sk_new`` keys per sequence (from key ``cache_leftpad[b]`` on, when given:
+a left-padded batch), through the split-KV decode kernels of
+:mod:`rocmflash.kernels.kv_decode`. ``num_splits=0`` takes the split count from the tuned
+database (``rocmflash tune --mode decode``) or a CU-count heuristic.
+
+An fp8 cache (the arch's format) takes fp32 ``k_descale``/``v_descale`` ``(B, Hkv)`` (flash-attn 3's
+names): new keys are quantised into it, the kernel reads half the bytes (:mod:`rocmflash.api.decode_fp8`).
+
+Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs
+and before anything is written to the cache. Checking the *values* of ``cache_seqlens``
+and ``block_table`` reads them on the host (one small copy); while a CUDA/HIP graph is
+being captured only shapes and dtypes are checked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+from rocmflash.hw.compat import require_supported_versions
+
+require_supported_versions()
+
+import torch  # noqa: E402
+
+from rocmflash.api import decode_fp8 as F8D  # noqa: E402
+from rocmflash.api.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
+from rocmflash.api.varlen import _capturing, check_options  # noqa: E402
+from rocmflash.kernels import common as C  # noqa: E402
+from rocmflash.kernels import kv_decode as KD  # noqa: E402
+from rocmflash.kernels import kv_quant as KQ  # noqa: E402
+from rocmflash.kernels import launch as L  # noqa: E402
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check4(name: str, t, layout: str, like=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != 4:
+        raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {t.dtype}")
+    if like is not None:
+        if t.dtype != like.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must match q.dtype ({like.dtype})")
+        if t.device != like.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {like.device}; all must share a device")
+
+
+def _int_tensor(name: str, t, ndim: int, device, dtypes=(torch.int32,)) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}; all must share a device")
+
+
+def _interpreting() -> bool:
+    """Whether CPU tensors are accepted (Triton's interpreter); a hook ``bench/host_profile.py --cpu-stub`` replaces."""
+    return C.interpreting()
+
+
+def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, cache_leftpad=None,
+              k_descale=None, v_descale=None) -> tuple:
+    """Every check but the options' and those of tensor values; returns ``(paged, page_size, capacity, new, fp8)``.
+
+    It reads only metadata (types, dtypes, shapes, devices) and the value of an int
+    ``cache_seqlens``: what :func:`_signature` keys, so a call of a known signature passes it.
+    """
+    _check4("q", q, "(B, Sq, Hq, D)")
+    paged = block_table is not None
+    layout = "(num_blocks, page_size, Hkv, D)" if paged else "(B, S_max, Hkv, D)"
+    fp8 = F8D.check_caches(q, k_cache, v_cache, layout)
+    if not fp8:
+        _check4("k_cache", k_cache, layout, q)
+        _check4("v_cache", v_cache, layout, q)
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
+        L.check_device("q", q)  # raises: names the device (meta: no data) and what is needed
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        raise ValueError(f"q and k_cache must share the head dim: q has {D}, the cache has {k_cache.shape[3]}")
+    if not 16 <= D <= 256:
+        raise ValueError(f"head dim must be in 16..256, got {D}")
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"number of query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    F8D.check_descales(fp8, q, B, Hkv, k_descale, v_descale)
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (new keys and values to append), or both None")
+    new = 0
+    if k is not None:
+        _check4("k", k, "(B, Sk_new, Hkv, D)", q)
+        _check4("v", v, "(B, Sk_new, Hkv, D)", q)
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.shape[0] != B or k.shape[2] != Hkv or k.shape[3] != D:
+            raise ValueError(f"k must be (B={B}, Sk_new, Hkv={Hkv}, D={D}), got {tuple(k.shape)}")
+        new = k.shape[1]
+    if paged:
+        _int_tensor("block_table", block_table, 2, q.device)
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table has {block_table.shape[0]} rows but q has batch {B}")
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+    else:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_cache has batch {k_cache.shape[0]} but q has {B} (a paged cache needs block_table)")
+        page_size, capacity = 0, k_cache.shape[1]
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 128:
+        raise ValueError(f"num_splits must be an int in 0..128 (0 = automatic), got {num_splits!r}")
+
+    if cache_seqlens is None:
+        if paged:
+            raise ValueError("cache_seqlens is required with a paged cache (block_table)")
+        if new:
+            raise ValueError("cache_seqlens is required to append k/v (where do the new keys go?)")
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity - new:
+            raise ValueError(f"cache_seqlens={cache_seqlens} plus {new} new key(s) does not fit the cache "
+                             f"(capacity {capacity})")
+    else:
+        _int_tensor("cache_seqlens", cache_seqlens, 1, q.device, (torch.int32, torch.int64))
+        if cache_seqlens.shape[0] != B:
+            raise ValueError(f"cache_seqlens must be (B={B},), got shape {tuple(cache_seqlens.shape)}")
+    if cache_leftpad is not None:
+        _int_tensor("cache_leftpad", cache_leftpad, 1, q.device, (torch.int32, torch.int64))
+        if cache_leftpad.shape[0] != B:
+            raise ValueError(f"cache_leftpad must be (B={B},), got shape {tuple(cache_leftpad.shape)}")
+    return paged, page_size, capacity, new, fp8
+
+
+def _lengths(cache_seqlens, batch: int, capacity: int, device):
+    """The validated ``cache_seqlens`` as an int32 ``(B,)`` tensor (None: the whole cache)."""
+    if isinstance(cache_seqlens, torch.Tensor):
+        return cache_seqlens.to(torch.int32)
+    fill = capacity if cache_seqlens is None else cache_seqlens
+    return torch.full((batch,), fill, dtype=torch.int32, device=device)
+
+
+def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device,
+                  starts=None, descales=None) -> None:
+    """Values that need a host read: tensor lengths within the cache, start keys (``cache_leftpad``,
+    as int32 ``starts``) within their sequences, used pages inside the cache (skipped while a graph is
+    captured; a plain int length was checked on the host already), an fp8 cache's ``descales``
+    ``(k_descale, v_descale)`` finite and > 0. The checks run on the device and come back as flags in
+    one small copy; details are looked up only on failure."""
+    if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None
+                                  or starts is not None or descales is not None):
+        return
+    bad_len = (lens < 0) | (lens + new > capacity)
+    checks = [bad_len.any()]
+    if starts is not None:
+        bad_start = (starts < 0) | (starts > lens + new)
+        checks.append(bad_start.any())
+    page_flag = len(checks)  # where the block-table flag lands, if there is one
+    if block_table is not None:
+        num_blocks = k_cache.shape[0]
+        pages = torch.arange(block_table.shape[1], device=device)[None, :]
+        used = pages < ((lens.clamp(min=0) + new + page_size - 1) // page_size)[:, None]
+        if starts is not None:  # pages wholly before a sequence's start are never read
+            used &= pages >= (starts.clamp(min=0) // page_size)[:, None]
+        bad_page = used & ((block_table < 0) | (block_table >= num_blocks))
+        checks.append(bad_page.any())
+    if descales is not None:
+        bad_scales = F8D.descale_flags(*descales)
+        checks += [bad.any() for bad in bad_scales]
+    flags = torch.stack(checks).tolist()
+    if descales is not None and (flags[-1] or flags[-2]):
+        F8D.raise_bad_descale(*bad_scales, *descales)
+    if flags[0]:
+        b = int(bad_len.nonzero()[0, 0])
+        raise ValueError(f"cache_seqlens[{b}]={int(lens[b])} plus {new} new key(s) is outside the cache "
+                         f"(capacity {capacity} keys per sequence)")
+    if starts is not None and flags[1]:
+        b = int(bad_start.nonzero()[0, 0])
+        raise ValueError(f"cache_leftpad[{b}]={int(starts[b])} must be in 0..{int(lens[b]) + new} (the "
+                         f"sequence's keys end there: cache_seqlens[{b}] plus {new} new key(s))")
+    if block_table is not None and flags[page_flag]:
+        b, p = (int(x) for x in bad_page.nonzero()[0])
+        raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
+                         f"(the cache has {num_blocks} blocks)")
+
+
+def _append(k_cache, v_cache, k, v, lens, block_table, page_size, capacity: int) -> None:
+    """Write the new keys/values at positions ``lens[b] + t`` (in place, no host sync).
+
+    Unchecked values never address outside the cache: a length outside ``0..capacity - new`` is
+    clamped into it (the write lands in that sequence's own rows) and a page number outside the pool
+    into it; the kernel reports both (:func:`check_errors`).
+
+    Each tensor op here is a kernel launch on a GPU (several µs of host time each), so the
+    indices are built with as few as give the same writes: one new token needs no ``arange``,
+    one sequence of a contiguous cache is written through a view (no batch index), the batch
+    index otherwise broadcasts against the positions instead of being expanded, and the
+    in-page offset is computed once for K and V.
+    """
+    B, new = k.shape[0], k.shape[1]
+    start = lens.to(torch.int64).clamp_(0, capacity - new)  # (B,)
+    if block_table is None and B == 1:
+        pos = start + torch.arange(new, device=k.device) if new > 1 else start  # (new,)
+        k_cache[0, pos] = k[0]
+        v_cache[0, pos] = v[0]
+        return
+    pos = start[:, None]
+    if new > 1:
+        pos = pos + torch.arange(new, device=k.device)  # (B, new)
+    if block_table is None:
+        rows = torch.arange(B, device=k.device)[:, None]  # (B, 1), broadcast against pos
+        k_cache[rows, pos] = k
+        v_cache[rows, pos] = v
+    else:
+        blocks = torch.gather(block_table.to(torch.int64), 1, pos // page_size).clamp_(0, k_cache.shape[0] - 1)
+        offs = pos % page_size
+        k_cache[blocks, offs] = k
+        v_cache[blocks, offs] = v
+
+
+def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,
+                  page_size: int = 0, kv_fp8: bool = False) -> "KD.DecodeConfig":
+    """The decode config for this problem: the tuned database entry (``rocmflash tune --mode decode``) of the
+    nearest KV-length and batch buckets, else the per-arch default. An fp8 cache (``kv_fp8``) takes the
+    per-arch fp8 default: database entries are tuned for 16-bit caches (twice the bytes per key block).
+
+    Kept per bucket, not per length: the lookup reads the KV length and batch only through their
+    next powers of two (``tuning.decode._bucket``), so a cache one key longer each call
+    (transformers' generate) finds its config kept instead of looking it up anew every step.
+    """
+    key = (device, head_dim, dtype, group, C.next_pow2(max_seqlen_k), C.next_pow2(batch), page_size, kv_fp8)
+    cfg = _DECODE_CONFIGS.get(key)
+    if cfg is None:
+        from rocmflash.api.selection import device_identity
+        from rocmflash.tuning.decode import lookup_decode
+
+        gpu_name, arch = device_identity(device)
+        hit = None
+        if gpu_name is not None and not kv_fp8:
+            hit = lookup_decode(gpu_name, int(head_dim), dtype, int(group), int(max_seqlen_k), int(batch),
+                                int(page_size))
+        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim), kv_fp8)
+    return cfg
+
+
+_DECODE_CONFIGS: dict = {}  #: per (device, problem) choice; cleared with :func:`clear_cache`
+
+
+def clear_cache() -> None:
+    """Forget cached decode choices (after a new tune in this process): configs, database lookups and call plans."""
+    from rocmflash.tuning.decode import lookup_decode
+
+    _DECODE_CONFIGS.clear()
+    _CALL_PLANS.clear()
+    _SEEN.clear()
+    _CALLS.clear()
+    lookup_decode.cache_clear()
+
+
+# ----------------------------------------------------------------------------- per-signature plans
+# Eager decode at small batch is host-bound: the GPU work is a few µs, so the Python around two
+# launches is what a call costs. Everything that depends on metadata only -- the checks of types,
+# dtypes, shapes, devices and options, the DecodeCall, the config (a database lookup), the split
+# count and the two launch keys -- is kept in a _Plan once a signature repeats (:func:`_seen_before`).
+# Later calls of the same signature redo only what reads tensor values or allocates: the length /
+# block-table value checks (check_values), the append, the buffers and the launches.
+
+class _Plan(NamedTuple):
+    """What a call signature (:func:`_signature`) decides; made by a call that passed the checks."""
+
+    backend: str  #: ``"cuda"`` or ``"hip"`` (part of the signature: torch's build decides it)
+    on_gpu: bool  #: q on a CUDA/ROCm device (CPU tensors pass only while the interpreter is on: rechecked)
+    paged: bool
+    page_size: int
+    capacity: int
+    new: int  #: keys appended per sequence
+    lse_shape: Optional[tuple]  #: ``(B, Hq, Sq)`` when the LSE is returned
+    nonempty: bool  #: q has elements (else nothing is launched)
+    call: "KD.DecodeCall"
+    cfg: "KD.DecodeConfig"
+    splits: int
+    launch_keys: Optional[dict]  #: ``kv_decode.launch``'s kept launch keys for this signature (None: not kept)
+
+
+_CALL_PLANS: dict = {}  #: signature -> _Plan; cleared with :func:`clear_cache`
+_MAX_CALL_PLANS = 1024  #: a full table is emptied (a cache one key longer each call makes a new signature per call)
+_CALLS: dict = {}  #: DecodeCall -> the same (:func:`_interned`)
+_SEEN: set = set()  #: hashes of signatures seen once (:func:`_seen_before`)
+_SCALARS = (type(None), bool, int, float)  #: kinds of non-tensor inputs a signature holds as ``(type, value)``
+
+
+def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Optional[tuple]:
+    """A hashable key of everything the metadata checks and the launch keys read, or None when an
+    input is of a kind it does not cover (that call takes the checked path, uncached).
+
+    Per tensor: dtype, shape, strides, device and, on ROCm, whether its storage fits 2 GiB
+    (Triton's buffer-load specialisation). Alignment is not in it: ``kv_decode.launch`` checks it
+    per call. Other inputs (options, an int ``cache_seqlens``, None) as ``(type, value)``, so
+    ``True`` never stands for ``1`` nor ``1`` for ``1.0``: a key equal to a known good one is
+    one that passed :func:`_validate` and ``check_options``. Exact ``torch.Tensor`` only; a
+    subclass is checked on every call. NaN options are never equal to anything, so they always
+    reach the checks (which reject them).
+    """
+    parts = [backend]
+    for x in options:
+        kind = type(x)
+        if kind not in _SCALARS:
+            return None
+        parts.append((kind, x))
+    if type(window_size) not in (tuple, list) or len(window_size) != 2:
+        return None
+    for x in window_size:
+        kind = type(x)
+        if kind not in _SCALARS:
+            return None
+        parts.append((kind, x))
+    hip = backend == "hip"
+    for t in tensors:
+        kind = type(t)
+        if kind is torch.Tensor:
+            parts.append((t.dtype, t.shape, t.stride(), t.device,
+                          hip and t.untyped_storage().nbytes() <= L.MAX_INT32))
+        elif kind in _SCALARS:
+            parts.append((kind, t))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+               num_splits, want_lse: bool, backend: str, keep: bool = False, cache_leftpad=None, k_descale=None,
+               v_descale=None) -> _Plan:
+    """Check every input's metadata and the options (raising before anything runs), choose the config and
+    split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys."""
+    paged, page_size, capacity, new, fp8 = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                                     num_splits, cache_leftpad, k_descale, v_descale)
+    if fp8:
+        F8D.check_arch(q.device, k_cache.dtype)
+    left, right = check_options(softmax_scale, causal, window_size, softcap)
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right,
+                                   cache_leftpad is not None, fp8))
+    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size, fp8)
+    splits = num_splits or cfg.num_splits
+    if not splits:
+        splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, C.num_compute_units(q.device),
+                                      KD.programs_per_cu(cfg, fp8))
+    splits = max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
+    return _Plan(backend, q.device.type == "cuda", paged, page_size, capacity, new, (B, Hq, Sq) if want_lse else None,
+                 q.numel() > 0, call, cfg, splits, {} if keep else None)
+
+
+def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
+    """One DecodeCall object per distinct value: launch keys holding it then compare by identity
+    (a dataclass's ``__eq__`` runs in Python) when a kept plan's key meets an earlier plan's equal one."""
+    hit = _CALLS.get(call)
+    if hit is None:
+        if len(_CALLS) >= _MAX_CALL_PLANS:
+            _CALLS.clear()
+        hit = _CALLS[call] = call
+    return hit
+
+
+def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+          num_splits, want_lse: bool, cache_leftpad=None, out=None, k_descale=None, v_descale=None) -> _Plan:
+    """The kept plan of this call's signature, or a new one (checked; kept when the signature is known).
+    ``out``: the caller's output buffer when it is not ``empty_like(q)`` (its layout joins the signature)."""
+    backend = C.torch_backend()
+    sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, out, k_descale,
+                               v_descale),
+                     (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
+    plan = _CALL_PLANS.get(sig) if sig is not None else None
+    if plan is not None and (plan.on_gpu or _interpreting()):
+        return plan
+    keep = sig is not None and _seen_before(sig)
+    plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
+                      softcap, num_splits, want_lse, backend, keep, cache_leftpad, k_descale, v_descale)
+    if keep:
+        if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
+            _CALL_PLANS.clear()
+        _CALL_PLANS[sig] = plan
+    return plan
+
+
+def _seen_before(sig: tuple) -> bool:
+    """Whether ``sig`` was seen on an earlier call (by hash); remembers it otherwise.
+
+    Plans are kept from a signature's second call on. A cache one key longer each call
+    (transformers' generate without ``cache_seqlens``) makes a new signature per call: keeping
+    a plan for each would only add objects that live long enough for the garbage collector to
+    scan them again and again (``bench/host_profile.py --cpu-stub --case decode``, that row:
+    about 100 µs a call instead of 50). Hashes are ints, which it never scans; a collision only
+    keeps a plan early (the plans' dict compares whole signatures).
+    """
+    h = hash(sig)
+    if h in _SEEN:
+        return True
+    if len(_SEEN) >= _MAX_CALL_PLANS:
+        _SEEN.clear()
+    _SEEN.add(h)
+    return False
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            window_size: tuple = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
+                            return_lse: bool = False, *, check_values: bool = False, cache_leftpad=None,
+                            k_descale=None, v_descale=None):
+    """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
+
+    Returns ``(B, Sq, Hq, D)`` in q's dtype, or ``(out, lse)`` with ``lse`` fp32 ``(B, Hq, Sq)``
+    (natural log; rows that see no key: output 0, LSE ``-inf``). Causal masking is bottom-right
+    aligned: new token ``t`` sits at position ``L - Sq + t`` of its sequence's ``L`` keys.
+    Not differentiable (inference).
+
+    **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
+    *values* of ``cache_seqlens``, ``cache_leftpad`` and ``block_table`` live on the GPU, and reading
+    them would make every call wait for it. So the kernels check them instead: a length outside
+    ``0..capacity - Sk_new``, a start outside its sequence or a used page outside the pool is
+    clamped into the cache (no memory outside the cache is ever read or written; that sequence's
+    output is wrong) and sets a bit of a per-device error word. The error reaches you as a
+    ``ValueError`` naming what was out of range: from :func:`check_errors` (waits for the GPU; call
+    it where a step may wait, e.g. once per generated token batch or in tests), and on its own from a
+    later call on that device -- every call looks at the word's last copy without waiting, and a
+    copy is started every :data:`ERROR_POLL_CALLS` calls. ``check_values=True`` (keyword only, not in
+    flash-attn) checks the values on the host before anything runs, as earlier releases did by
+    default: the exact value and index in the message, at the price of one wait per call (skipped
+    while a graph is captured).
+
+    ``cache_leftpad`` (keyword only; flash-attn's argument of that name): int32 ``(B,)``, the
+    key each sequence starts at -- a left-padded batch, whose keys before it are ignored (not
+    read). Sequence ``b`` is keys ``[cache_leftpad[b], cache_seqlens[b] + Sk_new)``; causal
+    masks and windows keep counting positions in the cache, so the new tokens stay aligned to
+    its end. Each value must be in ``0..cache_seqlens[b] + Sk_new`` (checked with the values).
+
+    **fp8 cache** (keyword-only ``k_descale``/``v_descale``, flash-attn 3's names): ``k_cache``/``v_cache``
+    of the arch's fp8 format (``float8_e4m3fnuz``/``e5m2fnuz`` on gfx942; ``float8_e4m3fn``/``e5m2`` on
+    gfx950 and sm_89+; none on gfx90a: a ``TypeError`` naming arch and format), holding
+    ``k / k_descale[b, h]``; the descales are fp32 ``(B, Hkv)``, required, finite and > 0. ``q`` and the
+    new ``k``/``v`` stay bf16/fp16: the new keys are written as ``k / k_descale`` rounded to nearest (ties
+    to even) and **saturated** to the format's largest finite value (448, 240 or 57344; NaN stays NaN),
+    the bytes of torch's ``(k.float() / k_descale[:, None, :, None]).clamp(-max, max).to(k_cache.dtype)``.
+    The kernel reads half the bytes, widens K/V to fp16 in registers (exactly) and runs both dots in fp16
+    (q scaled by a power of two into fp16's range); the scales multiply the scores and the output. A
+    scale not finite and > 0 is a value: checked on the GPU (reported like the others above; that call
+    writes nothing to the cache) or on the host with ``check_values=True`` (raises before anything is
+    written).
+
+    The metadata checks, config and split count are worked out once per call signature
+    (dtypes, shapes, strides, devices, options) and kept; :func:`clear_cache` forgets them.
+    """
+    want_lse = bool(return_lse)
+    plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
+                 num_splits, want_lse, cache_leftpad, None, k_descale, v_descale)
+    device = q.device
+    fp8 = plan.call.kv_fp8
+    lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
+    new = plan.new
+    starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
+    if check_values:
+        _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts,
+                      (k_descale, v_descale) if fp8 else None)
+        check_errors(device)
+    else:
+        _poll_errors(device)
+    if new and fp8:  # quantise (one launch; a bad scale writes nothing and sets BAD_DESCALE)
+        KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale, v_descale,
+                            KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
+    elif new:
+        _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.capacity)
+    seqlens = lens + new if new else lens
+    out = torch.empty_like(q)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
+    if plan.nonempty:
+        with L.on_device(q):
+            KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
+                      plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
+                      new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
+    return (out, lse) if want_lse else out
+
+
+#: a short query over many keys runs this module's split-KV kernel from every entry point
+#: (:func:`is_decode_shaped`): at most this many query tokens and (token, query head) rows per K/V head ...
+DECODE_MAX_QUERIES = 16
+DECODE_MAX_ROWS = 64
+#: ... and at least this many keys (fewer: the dense kernel has work enough for the whole GPU)
+DECODE_MIN_KEYS = 256
+
+
+def is_decode_shaped(seqlen_q: int, seqlen_k: int, group: int) -> bool:
+    """Whether attention of ``seqlen_q`` queries over ``seqlen_k`` keys (GQA ``group``) is a decode step.
+
+    The dense kernels tile queries by ``BLOCK_M >= 16`` rows per query head: a step of one token
+    leaves most of each tile empty and launches ``B * Hq`` programs -- too few to read a long K/V
+    at the memory's speed. The decode kernel holds every query row of a K/V head in one tile and
+    splits the keys across programs instead.
+    """
+    return (seqlen_q <= DECODE_MAX_QUERIES and seqlen_q * group <= DECODE_MAX_ROWS
+            and seqlen_k >= max(DECODE_MIN_KEYS, 4 * seqlen_q))
+
+
+_FULL_LENGTHS: dict = {}  #: (batch, length, device) -> int32 (batch,) tensor of ``length``
+
+
+def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None) -> None:
+    """Attention of ``q (B, Sq, Hq, D)`` over every key of ``k``/``v`` ``(B, Sk, Hkv, D)`` into ``out``
+    (``q``'s shape) and, when given, ``lse`` ``(B, Hq, Sq)`` fp32: the decode kernel serving a dense call
+    (``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa`` route decode-shaped
+    calls here, :func:`is_decode_shaped`). Any strides; inputs validated by the caller (checked again
+    once per signature); no host read, no copy."""
+    B, Sk = k.shape[0], k.shape[1]
+    plan = _plan(q, k, v, None, None, Sk, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None, out)
+    key = (B, Sk, q.device)
+    lens = _FULL_LENGTHS.get(key)
+    if lens is None:
+        if len(_FULL_LENGTHS) >= _MAX_CALL_PLANS:
+            _FULL_LENGTHS.clear()
+        lens = _FULL_LENGTHS[key] = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
+    with L.on_device(q):
+        KD.launch(plan.call, q, k, v, lens, lens, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
+                  backend=plan.backend)
+
+
+__all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache", "check_errors", "attend_whole_cache",
+           "is_decode_shaped"]

@@ -1,0 +1,211 @@
+"""``rocmflash explain``: which config run-time selection picks for a problem, and why.
+
+No GPU needed: the GPU is named, and its databases (yours, then the shipped one) are
+read exactly as :func:`rocmflash.api.selection.select_config` reads them on that GPU. The
+answer shows
+
+* every database entry of the same head dim, dtype, causal flag and GQA ratio, its
+  sequence-length bucket and distance from the asked one, whether it is measured (only
+  measured entries are served), and which one wins;
+* entries of *other* head dims or GQA ratios that exist but are not used (another head
+  dim or group size builds another kernel: their winners do not carry over);
+* what the chosen config compiles to on the GPU's arch for the asked problem
+  (cross-compiled on this CPU, cached) and the pruner's verdict: a config that spills or
+  fails to compile there is flagged, and the first candidate that does not is named.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from rocmflash.api.selection import NO_DB_ENV, db_disabled
+from rocmflash.config import KernelConfig, Problem, default_config, normalize_dtype
+from rocmflash.hw.gpus import GPU, get_gpu
+
+
+def _entry_row(path: str, bucket: int, entry: dict, target_bits: int, variant: str) -> dict:
+    from rocmflash.store.db import _pick, servable
+
+    cfg = _pick(entry, variant)
+    served = servable(entry)
+    why_not = None
+    if not entry.get("measured"):
+        why_not = "unmeasured (static ranking): never served at run time"
+    elif entry.get("timing") == "interpreter":
+        why_not = "timed in the CPU interpreter: never served"
+    elif cfg is None:
+        why_not = f"no {variant} config in this entry"
+    return {"path": path, "bucket": bucket, "distance": abs(bucket.bit_length() - target_bits),
+            "measured": bool(entry.get("measured")), "served": served and cfg is not None, "why_not": why_not,
+            "config": cfg, "tflops": entry.get("tflops"), "strategy": entry.get("strategy"), "when": entry.get("when")}
+
+
+def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int, seqlen_k: Optional[int] = None,
+            gqa_ratio: int = 1, variant: str = "online", db_path: Optional[str] = None, check: bool = True,
+            cache_dir: Optional[str] = None) -> dict:
+    """The selection for one problem on ``gpu_name`` and the evidence for it (a JSON-able dict)."""
+    from rocmflash.store import db
+
+    gpu = get_gpu(gpu_name)
+    dtype = normalize_dtype(dtype)
+    if type(seqlen) is not int or seqlen < 1:
+        raise ValueError(f"--seqlen {seqlen!r} is invalid; expected a positive int")
+    seqlen_k = seqlen if seqlen_k is None else seqlen_k
+    if type(seqlen_k) is not int or seqlen_k < 1:
+        raise ValueError(f"--seqlen-k {seqlen_k!r} is invalid; expected a positive int")
+    if type(gqa_ratio) is not int or gqa_ratio < 1:
+        raise ValueError(f"--gqa {gqa_ratio!r} is invalid; expected a positive int")
+    Problem(head_dim=head_dim, dtype=dtype)  # validates the head dim
+    bucket = db.seqlen_bucket(seqlen_k)
+    asked = db.problem_key(head_dim, dtype, causal, gqa_ratio, bucket)
+    target_bits = bucket.bit_length()
+    rows = [_entry_row(p, b, e, target_bits, variant)
+            for p, b, e in db.entries_for(gpu.name, head_dim, dtype, causal, gqa_ratio, db_path)]
+    rows.sort(key=lambda r: (r["distance"], -r["bucket"]))
+    match = None if db_disabled() else \
+        db.lookup_match(gpu.name, head_dim, dtype, causal, gqa_ratio, seqlen_k, variant=variant, measured_only=True,
+                        db_path=db_path)
+    if match is not None:
+        choice = {"source": "db", "entry": match.key, "bucket_distance": match.bucket_distance, "path": match.path,
+                  "config": match.config.to_dict()}
+        for r in rows:
+            r["chosen"] = r["path"] == match.path and r["bucket"] == match.bucket
+    else:
+        cfg = default_config(gpu.arch, head_dim, variant)
+        choice = {"source": "default", "entry": None, "bucket_distance": None, "path": None, "config": cfg.to_dict(),
+                  "why": f"{NO_DB_ENV} is set" if db_disabled() else
+                  f"no measured {gpu.name} entry for {asked.rsplit('-s', 1)[0]}"}
+    others = [{"head_dim": g[0], "dtype": g[1], "causal": g[2], "gqa_ratio": g[3], "buckets": sorted(set(bs))}
+              for g, bs in db.groups_for(gpu.name, db_path).items()
+              if g != (head_dim, dtype, bool(causal), gqa_ratio)]
+    others.sort(key=lambda o: (o["dtype"] != dtype, o["causal"] != bool(causal), abs(o["head_dim"] - head_dim),
+                               abs(o["gqa_ratio"] - gqa_ratio)))
+    result = {"gpu": gpu.name, "arch": gpu.arch, "asked": asked, "seqlen_q": seqlen, "seqlen_k": seqlen_k,
+              "variant": variant, "databases": [db_path] if db_path else db.database_paths(gpu.name),
+              "candidates": rows, "choice": choice, "other_groups": others[:6],
+              "runs": _what_runs(gpu.name, head_dim, dtype, bool(causal), seqlen, seqlen_k, gqa_ratio, variant,
+                                 match)}
+    if check:
+        problem = Problem(head_dim=head_dim, dtype=dtype, causal=bool(causal), heads_q=8 * gqa_ratio, heads_kv=8,
+                          seqlen_q=seqlen, seqlen_k=seqlen_k)
+        result["verdict"] = _verdict(gpu, problem, KernelConfig.from_dict(choice["config"]), cache_dir)
+        if not result["verdict"]["kept"]:
+            result["fallback"] = _first_clean(gpu, problem, rows, result["choice"], cache_dir, variant)
+    return result
+
+
+def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q: int, seqlen_k: int,
+               gqa_ratio: int, variant: str, match) -> dict:
+    """What a call without ``config=`` runs, forward alone and with gradients: rocmflash's kernel or the
+    platform's SDPA backend the entry measured faster (:mod:`rocmflash.api.incumbent`), with both times and why
+    -- decided by the functions run-time dispatch uses."""
+    from rocmflash.api.incumbent import shape_excludes, winner
+    from rocmflash.api.selection import incumbent_timing
+
+    field, why = incumbent_timing(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
+    if variant != "online":
+        why = f"variant {variant} asked for: rocmflash's kernel"
+    else:
+        why = shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) or why
+    out = {"incumbent": field}
+    for side, train in (("forward", False), ("forward+backward", True)):
+        times = (field.get("train") if train else field) if field else None
+        backend = None if why else winner(field, train)
+        out[side] = {"runs": f"SDPA ({backend})" if backend else "rocmflash",
+                     "sdpa_ms": times.get("time_ms") if times else None,
+                     "sdpa_backend": times.get("backend") if times else None,
+                     "rocmflash_ms": times.get("triton_ms") if times else None,
+                     "why": why or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
+    return out
+
+
+def _verdict(gpu: GPU, problem: Problem, cfg: KernelConfig, cache_dir: Optional[str]) -> dict:
+    """Cross-compile ``cfg`` for the GPU's arch at the problem and judge it with the pruner's rules."""
+    from rocmflash.static.compile import sweep
+    from rocmflash.static.prune import judge
+
+    (obs,), _ = sweep([cfg], problem, gpu, cache_dir=cache_dir, workers=1)
+    verdict = judge(obs)
+    kernels = obs.get("kernels") or []
+    k = kernels[0] if kernels else {}
+    return {"kept": verdict.kept, "reason": verdict.reason, "detail": verdict.detail,
+            "vgprs": k.get("vgpr_count"), "agprs": k.get("agpr_count"), "spills": k.get("vgpr_spill_count"),
+            "sgpr_spills": k.get("sgpr_spill_count"),
+            "scratch_bytes": k.get("scratch_bytes"), "waves_per_simd": k.get("waves_per_simd")}
+
+
+def _first_clean(gpu, problem, rows, choice, cache_dir, variant) -> Optional[dict]:
+    """The first served candidate after the chosen one (then the default) that compiles without a rejection."""
+    tried = [KernelConfig.from_dict(choice["config"])]
+    for r in rows:
+        if r["served"] and not r.get("chosen"):
+            tried.append(KernelConfig.from_dict(r["config"]))
+    tried.append(default_config(gpu.arch, problem.head_dim, variant))
+    for cfg in tried[1:]:
+        v = _verdict(gpu, problem, cfg, cache_dir)
+        if v["kept"]:
+            return {"config": cfg.to_dict(), "verdict": v}
+    return None
+
+
+def _label(cfg: Optional[dict]) -> str:
+    if not cfg:
+        return "-"
+    from rocmflash.tune import _label as tune_label
+
+    return tune_label(cfg)
+
+
+def print_explanation(result: dict, console) -> None:
+    """Human-readable form of :func:`explain`'s result."""
+    from rich.table import Table
+
+    c = result["choice"]
+    console.print(f"[bold]{result['asked']}[/bold] on {result['gpu']} ({result['arch']}), "
+                  f"Sq={result['seqlen_q']} Sk={result['seqlen_k']}, variant {result['variant']}", highlight=False)
+    if c["source"] == "db":
+        off = "the asked bucket" if c["bucket_distance"] == 0 else \
+            f"{c['bucket_distance']} bucket(s) away ({2 ** c['bucket_distance']}x in sequence length)"
+        console.print(f"chosen: database entry {c['entry']} ({off}) from {c['path']}", highlight=False)
+    else:
+        console.print(f"chosen: the per-arch default for {result['arch']} ({c['why']})", highlight=False)
+    console.print(f"config: {_label(c['config'])}", highlight=False)
+    for side in ("forward", "forward+backward"):
+        r = result["runs"][side]
+        times = ""
+        if r["sdpa_ms"] is not None and r["rocmflash_ms"] is not None:
+            times = f" (SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
+        console.print(f"{side} runs: {r['runs']}{times}: {r['why']}", highlight=False)
+    table = Table(title="entries of this head dim, dtype, causal flag and GQA ratio")
+    for col in ("bucket", "distance", "measured", "served", "best config", "TFLOP/s", "file", "note"):
+        table.add_column(col)
+    for r in result["candidates"]:
+        table.add_row(f"s{r['bucket']}", str(r["distance"]), "yes" if r["measured"] else "no",
+                      "CHOSEN" if r.get("chosen") else ("yes" if r["served"] else "no"), _label(r["config"]),
+                      f"{r['tflops']:.1f}" if r.get("tflops") else "-", os.path.basename(r["path"]),
+                      r["why_not"] or "")
+    if result["candidates"]:
+        console.print(table)
+    else:
+        console.print("no entry of this head dim, dtype, causal flag and GQA ratio in " +
+                      ", ".join(result["databases"]), highlight=False)
+    if result["other_groups"]:
+        console.print("not used (another head dim, dtype, causal flag or GQA ratio builds another kernel): " +
+                      "; ".join(f"d{o['head_dim']}-{o['dtype']}-{'causal' if o['causal'] else 'full'}-gqa"
+                                f"{o['gqa_ratio']} (s{', s'.join(map(str, o['buckets']))})"
+                                for o in result["other_groups"]), highlight=False)
+    v = result.get("verdict")
+    if v:
+        console.print(f"on {result['arch']} at this problem: {v['vgprs']} VGPRs ({v['agprs'] or 0} AGPRs), "
+                      f"{v['spills'] or 0} VGPR / {v['sgpr_spills'] or 0} SGPR spills, {v['scratch_bytes'] or 0} B scratch, "
+                      f"{v['waves_per_simd']} waves/SIMD; pruner: "
+                      f"{'kept' if v['kept'] else 'REJECTED'} ({v['reason'] or 'clean'})", highlight=False)
+        if not v["kept"]:
+            console.print(f"  {v['detail']}", highlight=False)
+            fb = result.get("fallback")
+            console.print("  first candidate that compiles clean: " +
+                          (_label(fb["config"]) if fb else "none (every candidate is rejected)"), highlight=False)
+
+
+__all__ = ["explain", "print_explanation"]

@@ -1,0 +1,279 @@
+"""fp8 attention inputs: which fp8 formats each arch computes in, the descale checks, and the error report.
+
+**Formats per arch.** The matrix units read one family of fp8 encodings each:
+
+* gfx940/gfx941/gfx942 (MI300A/MI300X/MI325X, CDNA3): the *FNUZ* formats, ``torch.float8_e4m3fnuz``
+  and ``torch.float8_e5m2fnuz`` (exponent bias 8/16, no negative zero, no infinities, one NaN: 0x80).
+  Triton compiles OCP fp8 there too, but by converting it in software (no fp8 MFMA).
+* gfx950 (MI355X, CDNA4) and NVIDIA sm_89+ (Ada, Hopper, Blackwell): the *OCP* formats,
+  ``torch.float8_e4m3fn`` and ``torch.float8_e5m2`` (bias 7/15).
+* gfx90a (MI250) and older, RDNA, NVIDIA before sm_89: no fp8 matrix instructions: no fp8 path.
+
+Bit patterns differ between the families (the same byte is half or twice the value), so a tensor
+in the other family is a one-line ``TypeError`` naming the arch and the dtypes it expects, never a
+silent reinterpretation. Where the arch is unknown (the CPU interpreter with no GPU) all four
+dtypes run: the kernels are the same source for both families.
+
+**Descales** (flash-attn 3's ``q_descale``/``k_descale``/``v_descale``): fp32 tensors of shape
+``(batch, kv_heads)`` on q's device, any strides (an ``expand``-ed scalar is fine); the true
+values are ``q_fp8 * q_descale[b, h // group]`` etc. Type, dtype, shape and device are checked on
+the host. **Finiteness is checked on the GPU**, because reading a device tensor on the host
+waits for the GPU: each program of the kernel checks its ``q_descale * k_descale * softmax_scale``
+and ``v_descale`` and sets a bit of a per-device error word when one is NaN or infinite (its rows
+are then NaN). The word is read without waiting: every call polls an asynchronous copy started
+every :data:`ERROR_POLL_CALLS` calls, so a later call raises the ``ValueError``;
+:func:`check_errors` reads it at once (it waits for the GPU). With CPU tensors (the interpreter)
+the word is read right after the launch, so the offending call itself raises.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+#: torch fp8 dtype -> (family, Triton element type, largest finite value, mantissa bits)
+FP8_DTYPES = {
+    torch.float8_e4m3fn: ("ocp", "fp8e4nv", 448.0, 3),
+    torch.float8_e5m2: ("ocp", "fp8e5", 57344.0, 2),
+    torch.float8_e4m3fnuz: ("fnuz", "fp8e4b8", 240.0, 3),
+    torch.float8_e5m2fnuz: ("fnuz", "fp8e5b16", 57344.0, 2),
+}
+FAMILY_DTYPES = {family: tuple(d for d, info in FP8_DTYPES.items() if info[0] == family) for family in ("ocp", "fnuz")}
+_FAMILY_NAMES = {"ocp": "OCP", "fnuz": "FNUZ"}
+FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def is_fp8(dtype) -> bool:
+    """Whether ``dtype`` is one of torch's four fp8 dtypes."""
+    return dtype in FP8_DTYPES
+
+
+def fp8_family(arch: Optional[str]) -> Optional[str]:
+    """``"fnuz"`` (gfx940-942), ``"ocp"`` (gfx950, sm_89+) or None (no fp8 matrix instructions) for an arch
+    such as ``gfx942``, ``gfx942:sramecc+:xnack-`` or ``sm_90``."""
+    arch = str(arch or "").split(":", 1)[0].strip().lower()
+    if arch in FNUZ_ARCHS:
+        return "fnuz"
+    if arch == "gfx950":
+        return "ocp"
+    if arch.startswith("sm_"):
+        digits = "".join(c for c in arch[3:] if c.isdigit())
+        return "ocp" if digits and int(digits) >= 89 else None
+    return None
+
+
+def _names(dtypes) -> str:
+    return " or ".join(str(d) for d in dtypes)
+
+
+def check_format(dtype, arch: Optional[str], name: str = "q") -> None:
+    """Raise a one-line ``TypeError`` unless the fp8 ``dtype`` is the family ``arch`` computes in.
+
+    ``arch`` None (unknown: the interpreter without a GPU) accepts every fp8 dtype."""
+    if not is_fp8(dtype):
+        raise TypeError(f"{name}.dtype must be an fp8 dtype ({_names(FP8_DTYPES)}), got {dtype}")
+    if arch is None:
+        return
+    want = fp8_family(arch)
+    if want is None:
+        raise TypeError(f"{name}.dtype is {dtype}, but {arch} has no fp8 matrix instructions: fp8 attention needs "
+                        f"gfx942 (FNUZ: {_names(FAMILY_DTYPES['fnuz'])}) or gfx950/sm_89+ "
+                        f"(OCP: {_names(FAMILY_DTYPES['ocp'])}); pass float16 or bfloat16 on {arch}")
+    have = FP8_DTYPES[dtype][0]
+    if have != want:
+        raise TypeError(f"{name}.dtype is {dtype} ({_FAMILY_NAMES[have]} fp8), but {arch} computes in "
+                        f"{_FAMILY_NAMES[want]} fp8: expected {_names(FAMILY_DTYPES[want])}")
+
+
+def fp8_max(dtype) -> float:
+    """The largest finite value of an fp8 dtype (448 e4m3fn, 240 e4m3fnuz, 57344 e5m2/e5m2fnuz)."""
+    return FP8_DTYPES[dtype][2]
+
+
+def triton_type(dtype) -> str:
+    """Triton's name of an fp8 element type (``fp8e4nv``, ``fp8e5``, ``fp8e4b8``, ``fp8e5b16``)."""
+    return FP8_DTYPES[dtype][1]
+
+
+def unit_roundoff(dtype) -> float:
+    """``2**-(mantissa bits + 1)``: the relative error of rounding to nearest in the dtype's normal range
+    (2**-4 for the e4m3 formats, 2**-3 for e5m2)."""
+    return 2.0 ** -(FP8_DTYPES[dtype][3] + 1)
+
+
+def check_out_dtype(out_dtype):
+    """``torch.bfloat16`` (the default, for None) or ``torch.float16``; ``TypeError`` otherwise."""
+    if out_dtype is None:
+        return torch.bfloat16
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16 (or None: bfloat16), got {out_dtype!r}")
+    return out_dtype
+
+
+def check_descales(q, batch: int, kv_heads: int, q_descale, k_descale, v_descale) -> None:
+    """Raise ``TypeError``/``ValueError`` unless each descale is an fp32 ``(batch, kv_heads)`` tensor on q's device.
+
+    Values are not read here (that would wait for the GPU): the kernel checks finiteness."""
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is None:
+            raise ValueError(f"{name} is required with fp8 inputs: an fp32 tensor of shape (batch, kv_heads) = "
+                             f"({batch}, {kv_heads}) (torch.ones for unscaled inputs)")
+        if not isinstance(d, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape ({batch}, {kv_heads}), got {type(d).__name__}")
+        if d.dtype != torch.float32:
+            raise TypeError(f"{name}.dtype must be torch.float32, got {d.dtype}")
+        if tuple(d.shape) != (batch, kv_heads):
+            raise ValueError(f"{name} must have shape (batch, kv_heads) = ({batch}, {kv_heads}), got {tuple(d.shape)}")
+        if d.device != q.device:
+            raise ValueError(f"{name} is on {d.device} but q is on {q.device}; descales must be on q's device")
+
+
+def refuse_descales(q_descale, k_descale, v_descale, out_dtype, dtype) -> None:
+    """Raise ``TypeError`` when fp8-only arguments come with non-fp8 inputs (they would be ignored)."""
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale),
+                        ("out_dtype", out_dtype)):
+        if value is not None:
+            raise TypeError(f"{name} applies to fp8 inputs only; q is {dtype} (pass {name}=None)")
+
+
+# ----------------------------------------------------------------------------- the call
+def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool, q_descale, k_descale, v_descale,
+                  out_dtype=None, out_bshd: bool = False):
+    """fp8 attention on shape-checked ``(B, H, S, D)`` views (:mod:`rocmflash.api.attention` checks types and shapes).
+
+    Checks the format against the live arch, the descales and the options, allocates the output
+    (``out_dtype``, bf16 by default; its memory ``(B, S, H, D)`` when ``out_bshd``), launches
+    :mod:`rocmflash.kernels.fp8_forward` and polls the error word. Inference only: with autograd
+    recording, the output's backward raises. Returns ``(out (B, Hq, Sq, D), lse or None)``."""
+    from rocmflash.api.selection import device_identity
+
+    arch = device_identity(q.device)[1]
+    check_format(q.dtype, arch, "q")
+    B, Hq, Sq, D = q.shape
+    check_descales(q, B, k.shape[1], q_descale, k_descale, v_descale)
+    out_dtype = check_out_dtype(out_dtype)
+    cfg = _fp8_config(config, arch, D)
+    shape = (B, Sq, Hq, D) if out_bshd else (B, Hq, Sq, D)
+    out = torch.empty(shape, dtype=out_dtype, device=q.device)
+    out = out.transpose(1, 2) if out_bshd else out
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
+    if out.numel() == 0 or k.shape[2] == 0:  # no rows, or no keys: output 0, LSE -inf
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+    else:
+        from rocmflash.kernels import fp8_forward
+        from rocmflash.kernels.launch import on_device
+
+        with on_device(q):
+            fp8_forward.launch(q, k, v, q_descale, k_descale, v_descale, cfg, causal, scale, out, lse, arch=arch)
+        poll_errors(q.device)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_descale, k_descale, v_descale)):
+        out = _InferenceOnly.apply(out, q, k, v)
+    return out, lse
+
+
+def _fp8_config(config, arch: Optional[str], head_dim: int):
+    """The caller's config (a KernelConfig or its dict, variant ``online``) or the fp8 kernel's default for the arch
+    (:func:`rocmflash.kernels.fp8_forward.default_config`)."""
+    from rocmflash.config import KernelConfig
+    from rocmflash.kernels.fp8_forward import check_config, default_config
+
+    if config is None:
+        return default_config(arch, head_dim)
+    if isinstance(config, dict):
+        config = KernelConfig.from_dict(config)
+    if not isinstance(config, KernelConfig):
+        raise TypeError(f"config must be a KernelConfig, a dict or None, got {type(config).__name__}")
+    if config.variant != "online":
+        raise ValueError(f"fp8 attention runs the online kernel only; got a config for variant={config.variant!r}")
+    return check_config(config)
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """Passes the fp8 output through; its backward is a clear error (there is no fp8 backward kernel)."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("fp8 attention is inference-only: rocmflash has no fp8 backward; run the "
+                                  "training step in bfloat16/float16, or call under torch.no_grad()")
+
+
+# ----------------------------------------------------------------------------- device error word
+#: a call starts an asynchronous copy of its device's error word every this many calls
+ERROR_POLL_CALLS = 16
+BAD_DESCALE = 1  #: error-word bit: a program met a non-finite descale product
+_ERROR_WORDS: dict = {}  #: device -> int32 (1,) tensor the kernel sets bits in
+_WATCHES: dict = {}  #: device -> _Watch
+
+
+def error_word(device) -> torch.Tensor:
+    """The int32 ``(1,)`` word the fp8 forward kernels on ``device`` set :data:`BAD_DESCALE` in (zero until then)."""
+    word = _ERROR_WORDS.get(device)
+    if word is None:
+        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return word
+
+
+class _Watch:
+    """One device's pending read of its error word: pinned host copy, the event completing it, calls since."""
+
+    __slots__ = ("calls", "event", "host")
+
+    def __init__(self):
+        self.calls, self.event = 0, None
+        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+
+
+def _raise_for(device, how: str) -> None:
+    raise ValueError(f"fp8 attention on {device}: {how} got a non-finite q_descale * k_descale * softmax_scale or "
+                     "v_descale (NaN or inf) for some (batch, kv_head); those rows of its output are not finite")
+
+
+def check_errors(device=None) -> None:
+    """Raise ``ValueError`` if an fp8 attention call on ``device`` (None: every device used) met a non-finite
+    descale since the last report, and reset the report. Waits for the GPU (reads the device-side word)."""
+    devices = list(_ERROR_WORDS) if device is None else [torch.device(device)]
+    for dev in devices:
+        word = _ERROR_WORDS.get(dev)
+        if word is not None and int(word[0]):
+            word.zero_()
+            _raise_for(dev, "a call since the last check")
+
+
+def poll_errors(device) -> None:
+    """After a launch: raise what the error word shows without waiting for a GPU (CPU tensors: read now)."""
+    if device.type != "cuda":
+        word = _ERROR_WORDS.get(device)
+        if word is not None and int(word[0]):
+            word.zero_()
+            _raise_for(device, "this call")
+        return
+    watch = _WATCHES.get(device)
+    if watch is None:
+        watch = _WATCHES[device] = _Watch()
+    if watch.event is not None and watch.event.query():
+        watch.event = None
+        if int(watch.host[0]):
+            error_word(device).zero_()
+            _raise_for(device, "an earlier call")
+    watch.calls += 1
+    if watch.calls >= ERROR_POLL_CALLS and watch.event is None:
+        with torch.cuda.device(device):
+            if torch.cuda.is_current_stream_capturing():  # a graph replays launches only: no copy to record
+                return
+            watch.calls = 0
+            watch.host.copy_(error_word(device), non_blocking=True)
+            watch.event = torch.cuda.Event()
+            watch.event.record()
+
+
+__all__ = ["attention_fp8", "FP8_DTYPES", "FAMILY_DTYPES", "is_fp8", "fp8_family", "check_format", "fp8_max", "triton_type",
+           "unit_roundoff", "check_out_dtype", "check_descales", "refuse_descales", "error_word", "check_errors",
+           "poll_errors", "ERROR_POLL_CALLS"]

@@ -1,0 +1,204 @@
+"""The platform's own attention as one more timed candidate, and the run-time dispatch to it where it won.
+
+Importing rocmflash must never make a model slower. On CUDA, PyTorch's SDPA runs FlashAttention-2,
+cuDNN's or the memory-efficient kernel; on ROCm, AOTriton's or CK's -- each a tuned kernel. So a tune
+times them too, as production autotuners keep the vendor kernel among their choices: for each tuned
+forward problem the live phase gates and times every SDPA backend this torch offers (``default``:
+SDPA's own choice, then ``flash``, ``cudnn``, ``efficient`` where the platform has them) in the same
+worker, on the same rotating inputs, with the same cache flush and repetitions as the Triton configs,
+forward alone and forward+backward (a backend's backward needs its own forward, so training compares
+whole steps: SDPA's forward+backward against rocmflash's served forward+backward). The entry keeps
+the best as ``incumbent``::
+
+    "incumbent": {"backend": "cudnn", "time_ms": 0.41, "triton_ms": 0.52,
+                  "train": {"backend": "cudnn", "time_ms": 1.30, "triton_ms": 1.61},
+                  "backends": {"default": {...}, "flash": {...}, ...}}
+
+At run time (:func:`serving_backend`) a call whose entry says the incumbent was faster runs it
+(``F.scaled_dot_product_attention`` with that backend; no copies, ``enable_gqa`` for GQA), a
+forward-only call by the forward times, a call that needs gradients by the training times.
+Only where SDPA computes the same function: no LSE wanted, and causal only with ``Sq == Sk`` (SDPA's
+causal mask is top-left aligned, rocmflash's bottom-right).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+#: the candidate that is SDPA's own backend choice (no ``sdpa_kernel`` context: the cheapest call)
+DEFAULT = "default"
+
+
+def candidates() -> list[str]:
+    """Backend names a tune times on this platform: ``default`` first, then the named ones torch has here."""
+    from rocmflash.hw.platform import sdpa_backends
+
+    return [DEFAULT, *sdpa_backends()]
+
+
+def applies(causal: bool, seqlen_q: int, seqlen_k: int, need_lse: bool = False) -> bool:
+    """Whether SDPA computes what rocmflash would: no LSE, causal only when the mask alignments agree."""
+    return not need_lse and (not causal or seqlen_q == seqlen_k)
+
+
+def shape_excludes(causal: bool, seqlen_q: int, seqlen_k: int, group: int) -> Optional[str]:
+    """Why a call of this shape never runs the incumbent, or None: the call is decode-shaped (the decode
+    kernel serves it), or SDPA computes another function (causal with ``Sq != Sk``). Run-time dispatch and
+    ``rocmflash explain`` both ask this."""
+    from rocmflash.api.decode import is_decode_shaped
+
+    if is_decode_shaped(seqlen_q, seqlen_k, group):
+        return "decode-shaped (a few queries over many keys): rocmflash's split-KV decode kernel"
+    if not applies(causal, seqlen_q, seqlen_k):
+        return "causal with Sq != Sk: SDPA's causal mask is top-left aligned, rocmflash's bottom-right"
+    return None
+
+
+_SDPA: list = []  #: torch's own scaled_dot_product_attention, bound on first use
+
+
+def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float, gqa: Optional[bool] = None):
+    """``softmax(scale * q kᵀ) v`` of ``(B, H, S, D)`` tensors by SDPA's ``backend`` (differentiable).
+    ``gqa``: whether ``q`` has more heads than ``k`` (None: compared here)."""
+    if not _SDPA:
+        import torch
+
+        # torch's own function, not the attribute F.scaled_dot_product_attention: under patch_sdpa that
+        # attribute is rocmflash's wrapper, which would route the call back here
+        _SDPA.append(torch._C._nn.scaled_dot_product_attention)
+    sdpa = _SDPA[0]
+    if gqa is None:
+        gqa = q.shape[1] != k.shape[1]
+    if backend == DEFAULT:
+        return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+    from torch.nn.attention import sdpa_kernel
+
+    from rocmflash.hw.platform import sdpa_backend_enum
+
+    with sdpa_kernel([sdpa_backend_enum(backend)]):
+        return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+class SdpaKernel:
+    """A kernel-variant look-alike (``launch(q, k, v, cfg, causal, scale, out)``) running an SDPA backend,
+    so the live runner's gate and timing loop take it as they take a Triton config. ``write_out``: copy
+    into ``out`` (the gate checks ``out``); the timed launches skip the copy, which SDPA does not pay."""
+
+    def __init__(self, backend: str, write_out: bool):
+        self.backend, self.write_out = backend, write_out
+
+    def launch(self, q, k, v, cfg, causal: bool, scale: float, out=None, lse=None):
+        o = sdpa_attention(self.backend, q, k, v, causal, scale)
+        if self.write_out and out is not None:
+            out.copy_(o)
+
+
+# ----------------------------------------------------------------------------- worker side
+def measure(task: dict) -> dict:
+    """Worker entry (:meth:`rocmflash.tuning.live.LiveRunner.call`): every backend of ``task["backends"]`` gated and
+    timed on ``task["shape"]`` with ``task["settings"]``, forward and forward+backward, and rocmflash's served
+    forward+backward with ``task["config"]`` beside them. Never raises for a backend that refuses the shape."""
+    from rocmflash.config import KernelConfig
+    from rocmflash.hw.roofline import Shape
+    from rocmflash.tuning.live import LiveSettings, _median, _time, error_line
+    from rocmflash.tuning.live_gate import gate, interpreting
+
+    shape, settings = Shape.from_dict(task["shape"]), LiveSettings(**task["settings"])
+    cfg = KernelConfig.from_dict(task["config"])
+    results, start = {}, time.perf_counter()
+    for backend in task["backends"]:
+        r = {"status": None, "time_ms": None, "train_ms": None, "rel_err": None, "error": None}
+        try:
+            ok, err, why = gate(SdpaKernel(backend, write_out=True), cfg, shape)
+            r["rel_err"] = None if math.isnan(err) else err
+            if not ok:
+                r.update(status="incorrect", error=why)
+            elif interpreting():
+                r.update(status="skipped", error="interpreter: SDPA is not timed on the CPU")
+            else:
+                r["time_ms"] = _median(_time(SdpaKernel(backend, write_out=False), cfg, shape, settings))
+                r["train_ms"] = _train_ms(lambda q, k, v, b=backend: sdpa_attention(b, q, k, v, shape.causal,
+                                                                                      _scale(shape)), shape, settings)
+                r["status"] = "ok"
+        except Exception as exc:  # a backend that does not take this shape, dtype or GQA on this GPU
+            r.update(status="failed", error=error_line(exc))
+        results[backend] = r
+    triton_train = None
+    if not interpreting():
+        import rocmflash
+
+        triton_train = _train_ms(lambda q, k, v: rocmflash.attention(q, k, v, causal=shape.causal, config=cfg),
+                                 shape, settings)
+    return {"status": "ok", "backends": results, "triton_train_ms": triton_train,
+            "worker_s": round(time.perf_counter() - start, 3)}
+
+
+def _scale(shape) -> float:
+    return 1.0 / math.sqrt(shape.head_dim)
+
+
+def _train_ms(forward, shape, settings) -> float:
+    """Median ms of one forward+backward step (``torch.autograd.grad`` of all three inputs) on the live
+    runner's rotating inputs, cache flushed before each timed step."""
+    import torch
+
+    from rocmflash.tuning.live import _inputs
+
+    sets, flush = _inputs(shape, settings)
+    leaves = [tuple(t.detach().requires_grad_(True) for t in s[:3]) for s in sets]
+    dout = torch.randn_like(sets[0][0])  # one output gradient serves every input set
+
+    def step(i):
+        q, k, v = leaves[i % len(leaves)]
+        torch.autograd.grad(forward(q, k, v), (q, k, v), dout)
+
+    for i in range(3):
+        step(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(max(5, min(settings.max_reps, 20))):
+        if flush is not None:
+            flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step(i)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def incumbent_field(result: dict, triton_ms: Optional[float]) -> Optional[dict]:
+    """The entry's ``incumbent`` from a :func:`measure` result and the Triton winner's forward time: the
+    fastest gated backend forward and forward+backward, with every backend's outcome; None when none ran."""
+    backends = result.get("backends") or {}
+    ok = {name: r for name, r in backends.items() if r.get("status") == "ok" and r.get("time_ms")}
+    summary = {name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if v is not None}
+               for name, r in backends.items()}
+    if not ok:
+        return {"backend": None, "time_ms": None, "triton_ms": triton_ms, "backends": summary}
+    fwd = min(ok, key=lambda n: ok[n]["time_ms"])
+    field = {"backend": fwd, "time_ms": round(ok[fwd]["time_ms"], 5), "triton_ms": triton_ms, "backends": summary}
+    trained = {n: r for n, r in ok.items() if r.get("train_ms")}
+    if trained:
+        best = min(trained, key=lambda n: trained[n]["train_ms"])
+        field["train"] = {"backend": best, "time_ms": round(trained[best]["train_ms"], 5),
+                          "triton_ms": result.get("triton_train_ms") and round(result["triton_train_ms"], 5)}
+    return field
+
+
+def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
+    """The backend an entry's ``incumbent`` field says to serve (None: rocmflash's kernel is as fast or faster)."""
+    if not incumbent:
+        return None
+    side = incumbent.get("train") if train else incumbent
+    if not side or not side.get("backend") or side.get("time_ms") is None or side.get("triton_ms") is None:
+        return None
+    return side["backend"] if side["time_ms"] < side["triton_ms"] else None
+
+
+__all__ = ["DEFAULT", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "measure", "incumbent_field",
+           "winner"]

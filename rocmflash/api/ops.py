@@ -1,0 +1,374 @@
+"""rocmflash attention as ``torch.library`` custom ops: fake impls, autograd, torch.compile.
+
+Two ops, both functional (no input is mutated, outputs never alias inputs):
+
+``torch.ops.rocmflash.attn_fwd(q, k, v, causal, scale, variant, config) -> (out, lse)``
+    ``q (B, Hq, Sq, D)``, ``k/v (B, Hkv, Sk, D)`` (any strides), ``config`` a
+    :class:`~rocmflash.config.KernelConfig` as JSON, or ``""`` to select one at run time
+    (:func:`rocmflash.api.selection.select_config`: the live GPU's database entry, else the
+    per-arch default). ``out`` is ``(B, Hq, Sq, D)``; its memory is ``(B, S, H, D)`` when q
+    is a transposed view of a contiguous ``(B, S, H, D)`` tensor (HF and flash-attn
+    layouts: transposing back is free), else contiguous. ``lse`` is fp32 ``(B, Hq, Sq)``.
+
+``torch.ops.rocmflash.attn_bwd(dout, q, k, v, out, lse, dlse, causal, scale) -> (dq, dk, dv)``
+    The Triton backward (:mod:`rocmflash.kernels.backward`); ``dlse`` is optional.
+
+The forward op has an autograd formula (``register_autograd``) that calls the backward op,
+so both eager autograd and ``torch.compile`` (AOTAutograd) see a differentiable op. Fake
+implementations allocate outputs with the same layout rule, so ``torch.compile(...,
+fullgraph=True)`` traces through without graph breaks; Inductor treats the ops as opaque
+calls and runs the real kernels (which pick their config at run time).
+
+Input validation lives in :mod:`rocmflash.api.attention` (the public functions); :func:`attention_op`
+here is the thin differentiable entry used by the API, :mod:`rocmflash.api.sdpa` and
+:mod:`rocmflash.integrations.hf`. A default call (online variant, no config) is decided once per
+signature -- output layout, decode or not, the entry's incumbent, the forward and backward configs --
+in a :class:`_Call` found by one dict lookup, so a repeat call's host time between its arguments and
+its launch (or the incumbent SDPA) is a few attribute reads (``bench/host_profile.py --cpu-stub``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+from rocmflash.config import KernelConfig
+from rocmflash.kernels import get_variant
+from rocmflash.kernels.backward import backward, empty_like_layout
+from rocmflash.kernels import launch as L
+from rocmflash.api.decode import attend_whole_cache, is_decode_shaped
+from rocmflash.api.scale import fold_scale_sign
+from rocmflash.api.incumbent import sdpa_attention, shape_excludes
+from rocmflash.api.selection import entry_incumbent, incumbent_disabled, register_clear, select_bwd_config, select_config
+
+
+def _fresh_out(q: torch.Tensor) -> torch.Tensor:
+    return empty_like_layout(q)
+
+
+def _lse_empty(q: torch.Tensor) -> torch.Tensor:
+    B, H, S, _ = q.shape
+    return torch.empty((B, H, S), dtype=torch.float32, device=q.device)
+
+
+def _device_ctx(t):
+    """Make ``t``'s GPU current for the launch (a no-op when it is): :func:`rocmflash.kernels.launch.on_device`."""
+    return L.on_device(t)
+
+
+# ----------------------------------------------------------------------------- per-call plans
+class _Call:
+    """Everything a default call (``variant="online"``, no config) decides from its shapes, dtype, device and
+    causal flag, made once per such signature (:func:`_call_plan`) so that a repeat call pays one dict lookup
+    between its arguments and its launch (or the incumbent SDPA). ``cfg`` and ``bwd_cfg`` are filled on the
+    first launch and the first backward (:func:`select_config` is never asked for a call SDPA serves)."""
+
+    __slots__ = ("device", "out_stride", "lse_shape", "lse_stride", "empty", "decode", "gqa", "incumbent",
+                 "incumbent_train", "cfg", "bwd_cfg", "kv_layout")
+
+    def __init__(self, device, out_stride: tuple, lse_shape: tuple, empty: bool, decode: bool, gqa: bool,
+                 incumbent: Optional[str], incumbent_train: Optional[str]):
+        self.device = device
+        self.gqa = gqa
+        self.out_stride = out_stride  #: the strides of ``empty_like_layout(q)``, allocated by ``torch.empty_strided``
+        self.lse_shape, self.lse_stride = lse_shape, (lse_shape[1] * lse_shape[2], lse_shape[2], 1)
+        self.empty = empty  #: no output rows or no keys: nothing to launch
+        self.decode = decode  #: decode-shaped: the split-KV decode kernel
+        self.incumbent = incumbent  #: the SDPA backend the entry says won the forward (None: rocmflash's kernel)
+        self.incumbent_train = incumbent_train  #: ... and forward+backward; ROCMFLASH_NO_INCUMBENT is read per call
+        self.cfg: Optional[KernelConfig] = None
+        self.bwd_cfg = None
+        self.kv_layout: Optional[tuple] = None  #: (k's strides, v's, v's shape, dk's strides, dv's) of the last backward
+
+
+_CALLS: dict = {}  #: :func:`_call_plan`'s key -> _Call; cleared with the selection caches (register_clear)
+_MAX_CALLS = 4096
+register_clear(_CALLS.clear)
+
+
+def _layout_strides(shape, bshd: bool) -> tuple:
+    """Strides of a new contiguous ``(B, H, S, D)`` tensor, or of a ``(B, S, H, D)`` one viewed as
+    ``(B, H, S, D)`` (``bshd``): torch's rule, a size-0 extent counting as 1."""
+    _, H, S, D = shape
+    inner = (S, H) if bshd else (H, S)
+    s3 = 1
+    s2 = max(D, 1)
+    s1 = s2 * max(inner[1], 1)
+    s0 = s1 * max(inner[0], 1)
+    return (s0, s2, s1, s3) if bshd else (s0, s1, s2, s3)
+
+
+def _is_bshd(t) -> bool:
+    """Whether ``empty_like_layout(t)`` is ``(B, S, H, D)`` in memory: ``t`` is a transposed contiguous one.
+    From sizes and strides (torch's contiguity rule), so a plan is made without a tensor op."""
+    shape, stride = tuple(t.shape), t.stride()
+    if len(shape) != 4 or _contiguous(shape, stride):
+        return False
+    swap = (0, 2, 1, 3)
+    return _contiguous(tuple(shape[i] for i in swap), tuple(stride[i] for i in swap))
+
+
+def _contiguous(shape: tuple, stride: tuple) -> bool:
+    """``Tensor.is_contiguous()`` of these sizes and strides: size-1 extents' strides do not matter, nor
+    does anything of an empty tensor."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1:
+            if step != expected:
+                return False
+            expected *= size
+    return True
+
+
+def _call_plan(q, k, causal: bool) -> _Call:
+    """The :class:`_Call` of a default call: one dict lookup keyed by what decides it (q's shape and strides,
+    k's shape, dtype, device, causal flag and, for CPU tensors, the interpreter switch)."""
+    # the interpreter switch only where it can change a selection: CPU tensors are served the live GPU's
+    # entries under TRITON_INTERPRET=1 only; a GPU tensor's selection never depends on it (no env read)
+    key = (q.shape, q.stride(), k.shape, q.dtype, q.device, causal, q.is_cuda or L.interpreting())
+    call = _CALLS.get(key)
+    return call if call is not None else _new_call(key, q, k, causal)
+
+
+def _new_call(key: tuple, q, k, causal: bool) -> _Call:
+    """Decide a new signature (allocation strides, empty, decode-shaped, the entry's incumbent) and keep it."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    empty = B * Hq * Sq * D == 0 or Sk == 0
+    group = 0 if empty else Hq // Hkv
+    decode = not empty and is_decode_shaped(Sq, Sk, group)
+    fwd = train = None
+    if not empty and shape_excludes(causal, Sq, Sk, group) is None:
+        fwd = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, False)
+        train = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, True)
+    call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train)
+    if len(_CALLS) >= _MAX_CALLS:  # a new shape every call (a growing cache): start over, never grow unbounded
+        _CALLS.clear()
+    _CALLS[key] = call
+    return call
+
+
+def _call_cfg(call: _Call, q, k, causal: bool) -> KernelConfig:
+    """The call's forward config: :func:`select_config` on its first launch, then kept in the plan."""
+    cfg = call.cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], q.shape[2],
+                                   k.shape[2], "online")
+    return cfg
+
+
+def _alloc(call: _Call, q, need_lse: bool):
+    """``(out, lse or None)`` of a default call: ``empty_like_layout(q)`` and the fp32 LSE, by their strides."""
+    out = torch.empty_strided(q.shape, call.out_stride, dtype=q.dtype, device=call.device)
+    if not need_lse:
+        return out, None
+    return out, torch.empty_strided(call.lse_shape, call.lse_stride, dtype=torch.float32, device=call.device)
+
+
+# ----------------------------------------------------------------------------- implementations
+@functools.lru_cache(maxsize=1024)
+def _config_from_json(config: str) -> KernelConfig:
+    return KernelConfig.from_json(config)
+
+
+def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Optional[KernelConfig],
+                  need_lse: bool = True, call: Optional[_Call] = None):
+    """Allocate, select a config if none is given, launch; ``(out, lse or None)``.
+
+    A default call (online variant, no config) runs from its :class:`_Call` (``call``, or looked up here);
+    any other allocates and launches as asked."""
+    if cfg is None and variant == "online":
+        if call is None:
+            call = _call_plan(q, k, causal)
+        out, lse = _alloc(call, q, need_lse)
+        empty = call.empty
+    else:
+        out = _fresh_out(q)
+        lse = _lse_empty(q) if need_lse else None
+        empty = out.numel() == 0 or k.shape[2] == 0
+    if empty:  # nothing to launch: no rows, or no keys to attend
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+    if scale <= 0:  # legal but odd: the forward kernels need a positive scale (rocmflash/api/scale.py); the
+        q, scale = fold_scale_sign(q, scale)  # backward recomputes exp(scale * q·k - lse), exact for any sign
+    if call is not None:
+        if call.decode:
+            # a few query tokens over a long key set: the split-KV decode kernel, on (B, S, H, D) views
+            attend_whole_cache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal,
+                               out.transpose(1, 2), lse)
+            return out, lse
+        cfg = call.cfg or _call_cfg(call, q, k, causal)
+    elif cfg is None:  # another variant, no config: that variant's selection
+        cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], q.shape[2], k.shape[2],
+                            variant)
+    switch = L.on_device(q)
+    if switch is L.NO_SWITCH:  # the common case: no context manager to enter and leave
+        get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse)
+    else:
+        with switch:
+            get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse)
+    return out, lse
+
+
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, call: Optional[_Call] = None):
+    """dq, dk, dv by the Triton backward; ``call``: the forward's plan, which keeps the backward config and
+    allocates the gradients (``empty_like_layout``'s layouts, by their strides)."""
+    if call is None:
+        cfg = select_bwd_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], k.shape[2])
+        with _device_ctx(q):
+            return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
+    cfg = call.bwd_cfg
+    if cfg is None:
+        cfg = call.bwd_cfg = select_bwd_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1],
+                                               k.shape[2])
+    dq, dk, dv = _grad_buffers(call, q, k, v)
+    switch = L.on_device(q)
+    if switch is L.NO_SWITCH:
+        return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg, dq=dq, dk=dk,
+                        dv=dv)
+    with switch:
+        return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg, dq=dq, dk=dk,
+                        dv=dv)
+
+
+def _grad_buffers(call: _Call, q, k, v) -> tuple:
+    """New dq, dk, dv laid out as ``empty_like_layout`` lays them out; k's and v's layouts are kept in the
+    plan (its key holds q's strides but not theirs) and recomputed when their strides change."""
+    device = call.device
+    dq = torch.empty_strided(q.shape, call.out_stride, dtype=q.dtype, device=device)
+    ks, vs, v_shape = k.stride(), v.stride(), v.shape
+    kv = call.kv_layout
+    if kv is None or kv[0] != ks or kv[1] != vs or kv[2] != v_shape:
+        kv = call.kv_layout = (ks, vs, v_shape, _layout_strides(k.shape, _is_bshd(k)),
+                               _layout_strides(v_shape, _is_bshd(v)))
+    return (dq, torch.empty_strided(k.shape, kv[3], dtype=k.dtype, device=device),
+            torch.empty_strided(v_shape, kv[4], dtype=v.dtype, device=device))
+
+
+# ----------------------------------------------------------------------------- forward op
+@torch.library.custom_op("rocmflash::attn_fwd", mutates_args=())
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+             variant: str, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, scale, variant, _config_from_json(config) if config else None)
+
+
+@attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, causal, scale, variant, config):
+    return _fresh_out(q), _lse_empty(q)
+
+
+# ----------------------------------------------------------------------------- backward op
+@torch.library.custom_op("rocmflash::attn_bwd", mutates_args=())
+def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, dlse: Optional[torch.Tensor], causal: bool,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale)
+
+
+@attn_bwd.register_fake
+def _attn_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale):
+    return empty_like_layout(q), empty_like_layout(k), empty_like_layout(v)
+
+
+# ----------------------------------------------------------------------------- autograd
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, variant, config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal = causal
+    ctx.scale = scale  # lse stays differentiable: its gradient enters the backward as dlse
+
+
+def _input_grads(ctx, dout, dlse, backward_fn):
+    """dq, dk, dv (and None for the non-tensor inputs) from the saved forward, by ``backward_fn``."""
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = backward_fn(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+def _backward(ctx, dout, dlse):
+    return _input_grads(ctx, dout, dlse, attn_bwd)  # the op: what torch.compile's AOTAutograd traces
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- eager fast path
+class _EagerAttention(torch.autograd.Function):
+    """The op's autograd formula without the dispatcher, for plain tensors in eager mode. ``call``: the
+    default call's :class:`_Call` (None with a config or another variant), kept for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, variant, cfg, call=None):
+        out, lse = _forward_impl(q, k, v, causal, scale, variant, cfg, True, call)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale, ctx.call = causal, scale, call
+        ctx.set_materialize_grads(False)  # an unused LSE gives dlse=None, not a tensor of zeros
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, ctx.call)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _needs_dispatcher(q, k, v) -> bool:
+    """Whether this call must go through the torch op: tracing, tensor subclasses, modes, functorch.
+
+    Everything else (plain tensors in eager mode, the common case) skips the dispatcher,
+    which costs more host time per call than rocmflash's own launch path.
+    """
+    if torch.compiler.is_compiling() or not (type(q) is torch.Tensor and type(k) is torch.Tensor
+                                             and type(v) is torch.Tensor):
+        return True
+    if torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
+        return True
+    return torch._C._len_torch_dispatch_stack() > 0  # _get_current_dispatch_mode() is not None, without a call
+
+
+def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "online",
+                      config: Optional[KernelConfig] = None, need_lse: bool = True):
+    """``(out, lse)`` of validated tensors, differentiable; ``lse`` is None when not needed and no grad flows.
+
+    A default call (online variant, no config) whose database entry says the platform's SDPA won
+    (:mod:`rocmflash.api.incumbent`) runs SDPA -- not while torch.compile traces (the op keeps the graph whole),
+    not when the LSE is wanted, never where SDPA computes another function (causal with ``Sq != Sk``) or
+    for a decode-shaped call (the decode kernel has its own entries). Otherwise plain eager calls run the
+    implementation directly (an autograd Function when a gradient is needed); traced, subclassed or
+    mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``.
+    """
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    call = None
+    if config is None and variant == "online" and not torch.compiler.is_compiling():
+        call = _call_plan(q, k, causal)
+        backend = call.incumbent_train if grad else call.incumbent
+        if backend is not None and not need_lse and not incumbent_disabled():
+            return sdpa_attention(backend, q, k, v, bool(causal), float(scale), call.gqa), None
+    if _needs_dispatcher(q, k, v):
+        return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
+                                            config.to_json() if config is not None else "")
+    if grad:
+        return _EagerAttention.apply(q, k, v, bool(causal), float(scale), variant, config, call)
+    return _forward_impl(q, k, v, bool(causal), float(scale), variant, config, need_lse, call)
+
+
+# ----------------------------------------------------------------------------- entry point
+def attention_op(q, k, v, causal: bool = False, scale: Optional[float] = None, variant: str = "online",
+                 config: Optional[KernelConfig] = None, need_lse: bool = True):
+    """``(out, lse)`` (differentiable; no input validation here); see :func:`attention_forward`."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return attention_forward(q, k, v, causal, scale, variant, config, need_lse)
+
+
+__all__ = ["attn_fwd", "attn_bwd", "attention_op", "attention_forward"]

@@ -1,0 +1,372 @@
+"""``flash_attn_varlen_func``: packed (variable-length) attention, flash-attn's argument conventions.
+
+Packed training and the prefill of many prompts hand attention one ``(total, H, D)``
+tensor per operand plus cumulative sequence lengths instead of a padded batch: no padding
+is stored or computed. Code written for flash-attn switches by changing the import::
+
+    from rocmflash import flash_attn_varlen_func
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 causal=True)
+
+Forward and backward (autograd), GQA/MQA, bottom-right causal per sequence, sliding
+windows ``(left, right)``, tanh soft-capping, head dims 16..256, zero-length sequences.
+Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs.
+The *values* of ``cu_seqlens`` are checked by the kernels, not on the host (a host read
+waits for the GPU): wrong ones are clamped into the packed tensors and reported by
+:func:`check_errors` or a later call (see :func:`flash_attn_varlen_func`);
+``check_values=True`` checks them on the host first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from rocmflash.hw.compat import require_supported_versions
+
+require_supported_versions()
+
+import torch  # noqa: E402
+
+from rocmflash.kernels import masks as M  # noqa: E402
+from rocmflash.kernels import varlen as VK  # noqa: E402
+from rocmflash.kernels import varlen_checks as VC  # noqa: E402
+from rocmflash.kernels import launch as L  # noqa: E402
+from rocmflash.kernels.launch import check_device  # noqa: E402
+from rocmflash.api.scale import check_softmax_scale  # noqa: E402
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- validation
+def _check_tensor(name: str, t, ndim: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+
+
+def check_qkv(q, k, v, layout_q: str = "(total_q, Hq, D)", layout_kv: str = "(total_k, Hkv, D)") -> None:
+    """Types, ranks, dtypes, devices, head dim (16..256) and the GQA ratio of packed q/k/v."""
+    _check_tensor("q", q, 3, layout_q)
+    _check_tensor("k", k, 3, layout_kv)
+    _check_tensor("v", v, 3, layout_kv)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must match q.dtype ({q.dtype})")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share a device")
+    check_device("q", q)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    D = q.shape[2]
+    if k.shape[2] != D:
+        raise ValueError(f"q, k and v must share the head dim: q has {D}, k/v have {k.shape[2]}")
+    if not 16 <= D <= 256:
+        raise ValueError(f"head dim must be in 16..256, got {D}")
+    Hq, Hkv = q.shape[1], k.shape[1]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"number of query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+
+
+def check_options(softmax_scale, causal, window_size, softcap) -> tuple[int, int]:
+    """Validate the scalar options; returns the band ``(left, right)`` for the kernels."""
+    check_softmax_scale(softmax_scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1, got {window_size!r}")
+    for side, w in zip(("left", "right"), window_size):
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise TypeError(f"window_size {side} must be an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"window_size {side} must be >= -1 (-1 = unbounded), got {w}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not math.isfinite(float(softcap)) or softcap < 0:
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap}")
+    return M.band_offsets(causal, tuple(window_size))
+
+
+def _capturing(device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optional[int] = None,
+                     read_values: bool = True) -> int:
+    """Check a cumulative-lengths tensor against its packed operand; returns the batch size.
+
+    Shape and dtype always; values (starts at 0, non-decreasing, ends at ``total``, no
+    sequence longer than ``max_seqlen``) when ``read_values`` and no graph is being captured.
+    """
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.ndim != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; all must share a device")
+    if batch is not None and cu.shape[0] != batch + 1:
+        raise ValueError(f"{name} has {cu.shape[0]} entries but cu_seqlens_q has {batch + 1}; "
+                         "both must be (batch + 1,)")
+    mname = name.replace("cu_seqlens", "max_seqlen")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"{mname} must be an int >= 0, got {max_seqlen!r}")
+    if not read_values or _capturing(device):
+        return cu.shape[0] - 1
+    values = cu.tolist()
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {values[0]}")
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1] ({values[-1]}) must equal the number of packed tokens ({total})")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if any(n < 0 for n in lengths):
+        bad = next(i for i, n in enumerate(lengths) if n < 0)
+        raise ValueError(f"{name} must be non-decreasing; it drops at index {bad + 1} ({values[bad]} -> {values[bad + 1]})")
+    if lengths and max(lengths) > max_seqlen:
+        raise ValueError(f"{mname}={max_seqlen} is smaller than the longest sequence in {name} ({max(lengths)})")
+    return cu.shape[0] - 1
+
+
+# ----------------------------------------------------------------------------- device-side value checks
+#: a default call starts an asynchronous copy of its device's error word every this many calls
+ERROR_POLL_CALLS = 64
+_ERROR_TEXT = ((VC.BAD_FIRST.value, "cu_seqlens_{s} must start at 0"),
+               (VC.BAD_LAST.value, "cu_seqlens_{s}[-1] must equal the number of packed tokens ({s}.shape[0])"),
+               (VC.BAD_ORDER.value, "cu_seqlens_{s} must be non-decreasing"),
+               (VC.BAD_LONG.value, "a sequence of cu_seqlens_{s} is longer than max_seqlen_{s}"))
+
+
+class _ErrorWatch:
+    """One device's watch on its error word: on a GPU, a pinned host copy, the event that completes it, calls
+    since the last copy started."""
+
+    __slots__ = ("calls", "event", "gpu", "host")
+
+    def __init__(self, gpu: bool):
+        self.gpu, self.calls, self.event = gpu, 0, None
+        self.host = None  # pinned when the first copy starts (never while a graph is captured)
+
+
+_WATCHES: dict = {}  #: device -> _ErrorWatch
+
+
+def _raise_for(bits: int, device, how: str) -> None:
+    what = "; ".join(text.format(s=side) for side, shift in (("q", 0), ("k", VC.K_SHIFT.value))
+                     for bit, text in _ERROR_TEXT if (bits >> shift) & bit)
+    raise ValueError(f"flash_attn_varlen_func on {device}: {how} got {what} (clamped into the packed tensors, so "
+                     "no memory outside them was touched, but those sequences' outputs are wrong); pass "
+                     "check_values=True to have each call checked on the host, with the index and value")
+
+
+def _device_key(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_errors(device=None) -> None:
+    """Raise ``ValueError`` if a ``flash_attn_varlen_func`` call on ``device`` (None: every device used) met
+    out-of-range ``cu_seqlens`` values since the last report, and reset the report. Waits for the GPU (reads
+    the device-side error word): call it where a step may wait, e.g. once per training step or in tests."""
+    devices = list(VC._ERROR_WORDS) if device is None else [_device_key(device)]
+    for dev in devices:
+        _read_and_report(dev, "a call since the last check")
+
+
+def _read_and_report(device, how: str) -> None:
+    """Read ``device``'s error word (a wait on a GPU) and, when a bit is set, reset it and raise."""
+    word = VC._ERROR_WORDS.get(device)
+    bits = int(word.item()) if word is not None else 0
+    watch = _WATCHES.get(device)
+    if watch is not None:
+        watch.event = None  # a copy in flight holds nothing newer than this read
+    if bits:
+        word.zero_()
+        _raise_for(bits, device, how)
+
+
+def _poll_errors(device) -> None:
+    """On a GPU, raise what an earlier, finished copy of the error word shows and start a copy every
+    :data:`ERROR_POLL_CALLS` calls -- never waiting for the GPU. (On the CPU, under Triton's interpreter,
+    :func:`flash_attn_varlen_func` reads the word right after its launch: there is no GPU to wait for.)"""
+    watch = _WATCHES.get(device)
+    if watch is None:
+        watch = _WATCHES[device] = _ErrorWatch(device.type == "cuda")
+    watch.calls += 1
+    if (watch.calls < ERROR_POLL_CALLS and watch.event is None) or not watch.gpu:  # the common case: nothing to do
+        return
+    if _capturing(device):  # no event query and no copy while a graph is captured (replays still set bits)
+        return
+    if watch.event is not None and watch.event.query():
+        watch.event = None
+        bits = int(watch.host[0])  # pinned host memory the finished copy wrote: no GPU wait
+        if bits:
+            VC.error_word(device).zero_()
+            _raise_for(bits, device, "an earlier call")
+    if watch.calls >= ERROR_POLL_CALLS and watch.event is None:
+        watch.calls = 0
+        if watch.host is None:
+            watch.host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        with L.on_device(VC.error_word(device)):
+            watch.host.copy_(VC.error_word(device), non_blocking=True)
+            watch.event = torch.cuda.Event()
+            watch.event.record()
+
+
+# ----------------------------------------------------------------------------- configs
+def _forward_config(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, softcap: float,
+                    window_left: int):
+    """The forward config, cached per problem and bucket: the measured varlen entry of the nearest bucket
+    (``rocmflash tune --mode varlen``), else the dense problem's (database entry or per-arch default). On
+    AMD the tile becomes the one the varlen kernel needs when a cap or a left window adds registers (the
+    tune measured neither)."""
+    from rocmflash.api.selection import device_identity, select_varlen_config
+
+    fwd = select_varlen_config(device, head_dim, dtype, causal, group, max(1, max_seqlen_k))
+    _, arch = device_identity(device)
+    return VK.amd_forward_tile(fwd, arch, head_dim, softcap > 0, window_left < M.UNBOUNDED)
+
+
+def _backward_config(device, dtype, call: VK.VarlenCall):
+    """The backward config, chosen when a backward runs (a forward-only call never reads a backward entry
+    nor builds one): :func:`rocmflash.api.selection.select_varlen_bwd_config` -- the measured ``varlen-bwd-``
+    entry of the nearest bucket (``rocmflash tune --mode varlen --pass bwd``), else the dense ``bwd-``
+    entry, else the per-arch default, each kernel checked to build as the varlen kernel with this call's
+    cap and window. Cached per problem, bucket and flags."""
+    from rocmflash.api.selection import select_varlen_bwd_config
+
+    return select_varlen_bwd_config(device, call.head_dim, dtype, call.win_right == 0, call.group,
+                                    max(1, call.max_seqlen_k), call.softcap > 0, call.win_left < M.UNBOUNDED)
+
+
+# ----------------------------------------------------------------------------- autograd
+class _VarlenAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, call, fwd_cfg, need_lse):
+        # rows after the last sequence (call.strict_end False) are never written: zero, not garbage
+        out = torch.empty_like(q) if call.strict_end else torch.zeros_like(q)
+        needs_grad = any(ctx.needs_input_grad[:3])
+        lse = None
+        if need_lse or needs_grad:
+            lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+        if q.shape[0]:
+            with L.on_device(q):
+                VK.launch_forward(call, q, k, v, cu_q, cu_k, fwd_cfg, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if q.shape[0] == 0 or k.shape[0] == 0:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None
+        bwd_cfg = _backward_config(q.device, q.dtype, ctx.call)
+        with L.on_device(q):
+            dq, dk, dv = VK.launch_backward(ctx.call, dout, q, k, v, out, lse,
+                                            dlse.contiguous() if dlse is not None else None, cu_q, cu_k, bwd_cfg)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- public
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                           dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: tuple = (-1, -1), softcap: float = 0.0, return_lse: bool = False, *,
+                           check_values: bool = False):
+    """Attention over packed variable-length sequences (flash-attn's ``flash_attn_varlen_func``).
+
+    Args:
+        q: ``(total_q, Hq, D)`` fp16/bf16; sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
+        k, v: ``(total_k, Hkv, D)``; ``Hq % Hkv == 0`` (query head ``h`` uses K/V head ``h // (Hq // Hkv)``).
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)``, from 0 to the packed length, non-decreasing
+            (zero-length sequences allowed).
+        max_seqlen_q, max_seqlen_k: the longest sequence of each (sizes the grid).
+        dropout_p: must be 0 (dropout is not implemented).
+        softmax_scale: defaults to ``1/sqrt(D)``.
+        causal: bottom-right aligned per sequence (query ``i`` sees key ``j <= i + Sk_b - Sq_b``).
+        window_size: ``(left, right)`` sliding window, ``-1`` = unbounded on that side; query ``i``
+            sees keys ``[i + shift - left, i + shift + right]``; ``causal`` sets ``right = 0``.
+        softcap: ``> 0`` caps scores as ``softcap * tanh(scale * q·k / softcap)`` (Gemma 2).
+        return_lse: also return the fp32 natural-log LSE, ``(Hq, total_q)``.
+
+    Returns:
+        ``(total_q, Hq, D)`` in q's dtype (rows that see no key are 0 with LSE ``-inf``), or
+        ``(out, lse)``. Differentiable in q, k and v (and through the LSE).
+
+    **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
+    *values* of ``cu_seqlens_q``/``cu_seqlens_k`` live on the GPU, and reading them would make every
+    call wait for it. So the kernels check them instead: a sequence's rows are clamped into the
+    packed tensors (no memory outside q, k, v, the output or the gradients is ever read or written;
+    that sequence's output is wrong), and an entry list that does not start at 0, does not end at
+    the packed length, decreases, or holds a sequence longer than ``max_seqlen_*`` sets a bit of a
+    per-device error word. The error reaches you as a ``ValueError`` naming what was wrong: from
+    :func:`check_errors` (waits for the GPU; call it where a step may wait, e.g. once per training
+    step or in tests), and on its own from a later call on that device -- every call looks at the
+    word's last copy without waiting, and a copy is started every :data:`ERROR_POLL_CALLS` calls.
+    On the CPU (Triton's interpreter) the call itself raises: there is no GPU to wait for.
+    ``check_values=True`` (keyword only, not in flash-attn) checks the values on the host before
+    anything runs, as earlier releases did by default: the index and value in the message, at
+    the price of two waits per call (skipped while a graph is captured).
+    """
+    check_qkv(q, k, v)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash does not implement attention dropout; "
+                                  "use dropout_p=0.0")
+    left, right = check_options(softmax_scale, causal, window_size, softcap)
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be a bool, got {type(check_values).__name__}")
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device,
+                             read_values=check_values)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,
+                     read_values=check_values)
+    device = q.device
+    if check_values:
+        check_errors(device)  # what earlier unchecked calls on this device left (this call waits anyway)
+    else:
+        _poll_errors(device)
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                (left, right), return_lse, True, device)
+
+
+def packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                  causal: bool, window_left: int, softcap: float):
+    """:func:`flash_attn_varlen_func` over a packing built on the device (the HF integration): the last
+    ``cu_seqlens`` entries may stop short of the packed rows -- the rows after them are unused, zero in the
+    output and in the gradients -- so the caller never needs the number of real tokens on the host.
+    Values are never read on the host; wrong ones are reported as :func:`flash_attn_varlen_func` says."""
+    check_qkv(q, k, v)
+    left, right = check_options(softmax_scale, causal, (window_left, -1), softcap)
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device, read_values=False)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch, read_values=False)
+    device = q.device
+    _poll_errors(device)
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                (left, right), False, False, device)
+
+
+def _run(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, softmax_scale, softcap, band: tuple,
+         return_lse, strict_end: bool, device):
+    """Launch a validated call (autograd); on the CPU, report what its kernel found wrong at once."""
+    D = q.shape[2]
+    left, right = band
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_q), int(max_k), scale, float(softcap), left, right,
+                         strict_end)
+    fwd_cfg = _forward_config(device, D, q.dtype, right == 0, call.group, int(max_k), float(softcap), left)
+    out, lse = _VarlenAttention.apply(q, k, v, cu_q, cu_k, call, fwd_cfg, bool(return_lse))
+    if device.type != "cuda" and q.shape[0]:  # Triton's interpreter: reading the word waits for nothing
+        _read_and_report(device, "this call")
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["flash_attn_varlen_func", "check_errors", "ERROR_POLL_CALLS"]

@@ -1,0 +1,566 @@
+"""The config database (``configs/<gpu>.json``), its tuning journal, and run-time lookup.
+
+Files
+-----
+``<dir>/<gpu>.json`` -- the database a model reads at run time::
+
+    {"format": "rocmflash-config-db", "schema_version": 1, "gpu": "h100", "arch": "sm_90",
+     "fingerprint": {"rocmflash": ..., "triton": ..., "torch": ..., "runtime": ..., "device": ...},
+     "updated": "<UTC ISO time>",
+     "entries": {"d128-bf16-causal-gqa1-s2048": {<entry>}, ...}}
+
+  An entry (one per problem key) holds ``problem``, the ``shape`` that was tuned,
+  ``measured`` (true: timed on a live GPU; false: static ranking only, nothing was
+  benchmarked), ``best`` (a :class:`~rocmflash.config.KernelConfig` dict), ``tflops``
+  and ``time_ms`` of the best (None when unmeasured), ``near_best`` (the configs within
+  ``near_best_pct`` percent of the best time), ``best_per_variant``, ``roofline`` and
+  ``efficiency``, ``strategy``, ``counts``, ``complete`` (false after an interrupted
+  tune), ``when`` and the ``fingerprint`` of the environment that produced it.
+
+``<dir>/<gpu>.journal.jsonl`` -- the journal: a header line, then one JSON line per
+  measured config, appended (and fsynced) as each result arrives. It is the source of
+  truth of a tune: the database entries are rebuilt from it, a killed tune loses at
+  most the config that was running, and a re-run (or ``--resume``) skips every config
+  already in it for the same problem, shape and environment -- failed, incorrect,
+  timed-out and crashed configs included, so they are never retried. A torn last line
+  (a kill mid-write) is ignored on load.
+
+Both headers must match on reload (format and ``schema_version``; the journal's GPU);
+otherwise :class:`DBError` names the file and the mismatch. Database writes are atomic
+(temporary file + ``os.replace``) and a tune holds ``<gpu>.json.lock``
+(:mod:`filelock`) for its whole run, so a second concurrent tune of the same database
+fails at once with :class:`DBLockedError` instead of interleaving.
+
+Problem keys and sequence-length buckets
+----------------------------------------
+``d{D}-{dtype}-{causal|full}-gqa{ratio}-s{bucket}``, where ``bucket`` is the next power
+of two >= the sequence length (:func:`seqlen_bucket`). A tune at S=3000 lands in the
+4096 bucket; at run time :func:`lookup` returns the entry of the nearest bucket (in
+powers of two; ties go to the larger bucket), so a new sequence length never needs a
+new tune.
+
+Where the databases live
+------------------------
+Two places, read in this order at run time (:func:`database_paths`):
+
+1. the user's own tunes: ``$ROCMFLASH_CONFIG_DIR`` if set, else the user config
+   directory (``platformdirs.user_config_dir("rocmflash")``, e.g.
+   ``~/.config/rocmflash/<gpu>.json``). ``rocmflash tune`` writes here unless given ``--db``;
+2. the databases shipped with rocmflash (``rocmflash/configs/``, packaged in the wheel;
+   in a source checkout the same files as ``configs/``).
+
+A lookup takes the entry of the nearest sequence-length bucket among both files; at the
+same distance the user's file wins. ``lookup(..., db_path=...)`` reads one file only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import warnings
+from typing import Any, NamedTuple, Optional
+
+from rocmflash.config import KernelConfig, installed_triton_version, normalize_dtype
+
+DB_FORMAT = "rocmflash-config-db"
+JOURNAL_FORMAT = "rocmflash-tune-journal"
+SCHEMA_VERSION = 1
+CONFIG_DIR_ENV = "ROCMFLASH_CONFIG_DIR"
+
+
+class DBError(ValueError):
+    """A database or journal that cannot be used as it is (wrong schema, other GPU, corrupt)."""
+
+
+class DBLockedError(DBError):
+    """Another process holds the database's tune lock."""
+
+
+# ---------------------------------------------------------------------- keys and paths
+def seqlen_bucket(seqlen: int) -> int:
+    """The next power of two >= ``seqlen`` (1 -> 1, 1000 -> 1024, 2048 -> 2048, 3000 -> 4096)."""
+    s = int(seqlen)
+    if s < 1:
+        raise ValueError(f"sequence length must be >= 1, got {seqlen}")
+    return 1 << (s - 1).bit_length()
+
+
+def problem_key(head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, bucket: int) -> str:
+    """``d128-bf16-causal-gqa1-s2048`` (``full`` for non-causal)."""
+    return f"d{int(head_dim)}-{normalize_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(gqa_ratio)}-s{int(bucket)}"
+
+
+def parse_key(key: str) -> dict:
+    """Inverse of :func:`problem_key`."""
+    d, dtype, causal, gqa, s = key.split("-")
+    return {"head_dim": int(d[1:]), "dtype": dtype, "causal": causal == "causal", "gqa_ratio": int(gqa[3:]),
+            "seqlen_bucket": int(s[1:])}
+
+
+def user_config_dir() -> str:
+    """Where a user's tunes go: ``$ROCMFLASH_CONFIG_DIR``, else the platform's user config directory."""
+    env = os.environ.get(CONFIG_DIR_ENV)
+    if env:
+        return env
+    import platformdirs
+
+    return platformdirs.user_config_dir("rocmflash")
+
+
+def shipped_config_dir() -> str:
+    """The databases shipped with rocmflash (package data; ``configs/`` of a source checkout)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")  # rocmflash/configs
+
+
+def default_db_path(gpu_name: str) -> str:
+    """The database ``rocmflash tune`` writes by default: the user's, never the shipped one."""
+    return os.path.join(user_config_dir(), f"{gpu_name}.json")
+
+
+def shipped_db_path(gpu_name: str) -> str:
+    return os.path.join(shipped_config_dir(), f"{gpu_name}.json")
+
+
+def database_paths(gpu_name: str) -> list[str]:
+    """The files a run-time lookup reads for ``gpu_name``, in precedence order (user's, then shipped)."""
+    paths = [default_db_path(gpu_name)]
+    shipped = shipped_db_path(gpu_name)
+    if os.path.realpath(shipped) != os.path.realpath(paths[0]):
+        paths.append(shipped)
+    return paths
+
+
+def iter_database_entries(gpu_name: str):
+    """``(order, path, key, entry)`` of every entry in the files a lookup reads for ``gpu_name`` (the
+    user's first, ``order`` 0); a missing or unreadable file is skipped."""
+    for order, path in enumerate(database_paths(gpu_name)):
+        if not os.path.exists(path):
+            continue
+        try:
+            entries = ConfigDB.read(path)["entries"]
+        except (DBError, OSError):
+            continue
+        for key, entry in entries.items():
+            yield order, path, key, entry
+
+
+def database_summary(path: str) -> dict:
+    """``{"path", "exists", "entries", "measured", "error"}`` of one database file (for ``rocmflash doctor``)."""
+    info = {"path": path, "exists": os.path.exists(path), "entries": 0, "measured": 0, "error": None}
+    if info["exists"]:
+        try:
+            entries = ConfigDB.read(path)["entries"]
+        except (DBError, OSError) as err:
+            info["error"] = str(err)
+        else:
+            info["entries"] = len(entries)
+            info["measured"] = sum(1 for e in entries.values()
+                                   if isinstance(e, dict) and e.get("measured") and e.get("timing") != "interpreter")
+    return info
+
+
+def journal_path(db_path: str) -> str:
+    """``configs/h100.json`` -> ``configs/h100.journal.jsonl``."""
+    base = db_path[:-5] if db_path.endswith(".json") else db_path
+    return base + ".journal.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+# ---------------------------------------------------------------------- fingerprint
+def environment(device_name: Optional[str] = None) -> dict:
+    """rocmflash, Triton, torch and GPU-runtime versions, and the device name (None: no live device)."""
+    import rocmflash
+
+    env = {"rocmflash": rocmflash.__version__, "triton": None, "torch": None, "runtime": None,
+           "device": device_name}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        pass
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if getattr(torch.version, "hip", None):
+            env["runtime"] = f"hip {torch.version.hip}"
+        elif torch.version.cuda:
+            env["runtime"] = f"cuda {torch.version.cuda}"
+        else:
+            env["runtime"] = "cpu"
+    except ImportError:  # pragma: no cover
+        pass
+    return env
+
+
+def env_id(env: dict) -> str:
+    """Short hash of an environment: journal results are reused only under the same one."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- atomic writes
+def atomic_write_json(path: str, data: Any) -> None:
+    """Write JSON to a private temporary file beside ``path``, fsync it, rename it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a database is an ordinary shared file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------- the database
+class ConfigDB:
+    """An in-memory database bound to its path; :meth:`save` writes it atomically."""
+
+    def __init__(self, path: str, data: dict):
+        self.path = path
+        self.data = data
+        self._lock = threading.RLock()  # problems tuned in parallel threads share one writer
+
+    @staticmethod
+    def new_data(gpu_name: str, arch: str, fingerprint: dict, compute_units: Optional[int] = None) -> dict:
+        return {"format": DB_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name, "arch": arch,
+                "compute_units": compute_units, "fingerprint": fingerprint, "updated": now_iso(), "entries": {}}
+
+    @classmethod
+    def read(cls, path: str) -> dict:
+        """Parse and validate a database file; :class:`DBError` on any mismatch."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise DBError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}); move it away or pass --db") from None
+        except UnicodeDecodeError:
+            raise DBError(f"{path}: not a text file; move it away or pass --db") from None
+        if not isinstance(data, dict) or data.get("format") != DB_FORMAT:
+            raise DBError(f"{path}: not a rocmflash config database (format {data.get('format') if isinstance(data, dict) else None!r}, "
+                          f"expected {DB_FORMAT!r})")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise DBError(f"{path}: schema version {data.get('schema_version')!r}, this rocmflash reads "
+                          f"{SCHEMA_VERSION}; move it away or pass --db")
+        if not isinstance(data.get("entries"), dict):
+            raise DBError(f"{path}: 'entries' is missing or not an object")
+        return data
+
+    @classmethod
+    def open(cls, path: str, gpu_name: str, arch: str, fingerprint: dict,
+             compute_units: Optional[int] = None) -> "ConfigDB":
+        """Load ``path`` (or start an empty database); the header must name the same GPU and CU count.
+
+        The CU count tells a compute partition (``mi300x-cpx``, 38 CUs) from the whole GPU;
+        a database written before it was recorded gets it on its next save.
+        """
+        if os.path.isdir(path):
+            raise DBError(f"{path} is a directory; --db takes a database file such as {gpu_name}.json")
+        if os.path.exists(path):
+            data = cls.read(path)
+            if data.get("gpu") != gpu_name:
+                raise DBError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu_name!r}; pass --db for another file")
+            recorded = data.get("compute_units")
+            if recorded is not None and compute_units is not None and recorded != compute_units:
+                raise DBError(f"{path} was tuned on {recorded} CUs, this {gpu_name} has {compute_units}; "
+                              "pass --db for another file")
+            if compute_units is not None:
+                data["compute_units"] = compute_units
+            return cls(path, data)
+        return cls(path, cls.new_data(gpu_name, arch, fingerprint, compute_units))
+
+    @property
+    def entries(self) -> dict:
+        return self.data["entries"]
+
+    def put(self, key: str, entry: dict) -> None:
+        with self._lock:
+            self.entries[key] = entry
+
+    def save(self, fingerprint: Optional[dict] = None) -> None:
+        with self._lock:
+            if fingerprint is not None:
+                self.data["fingerprint"] = fingerprint
+            self.data["updated"] = now_iso()
+            self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
+            atomic_write_json(self.path, self.data)
+            clear_cache()
+
+
+def _key_order(key: str):
+    try:
+        p = parse_key(key)
+        return (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"], p["seqlen_bucket"])
+    except (ValueError, IndexError):
+        return (10**9, key, False, 0, 0)
+
+
+# ---------------------------------------------------------------------- the journal
+class Journal:
+    """Append-only JSON-lines results, one line per config, fsynced as each arrives."""
+
+    def __init__(self, path: str, gpu_name: str):
+        self.path = path
+        self.gpu_name = gpu_name
+        self.records: list[dict] = []
+        self.torn_lines = 0
+        self._lock = threading.Lock()  # one writer for every thread of a parallel tune
+        if os.path.exists(path):
+            self._load()
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._write_line({"format": JOURNAL_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name,
+                              "created": now_iso()})
+
+    def _load(self) -> None:
+        with open(self.path, "rb") as f:
+            raw = f.read()
+        lines = raw.split(b"\n")
+        try:
+            header = json.loads(lines[0]) if lines and lines[0].strip() else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT:
+            raise DBError(f"{self.path}: not a rocmflash tune journal; move it away or pass --db")
+        if header.get("schema_version") != SCHEMA_VERSION:
+            raise DBError(f"{self.path}: journal schema version {header.get('schema_version')!r}, this rocmflash "
+                          f"reads {SCHEMA_VERSION}; move it away or pass --db")
+        if header.get("gpu") != self.gpu_name:
+            raise DBError(f"{self.path} is a journal for {header.get('gpu')!r}, not {self.gpu_name!r}")
+        for line in lines[1:]:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                self.torn_lines += 1  # a kill mid-write: that config simply runs again
+                continue
+            if isinstance(record, dict) and "key" in record and "config" in record:
+                self.records.append(record)
+        if raw and not raw.endswith(b"\n"):
+            self._write_raw(b"\n")  # the next record must start on its own line
+
+    def _write_raw(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)  # one write call: a Ctrl-C cannot land in the middle of a line
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_line(self, obj: dict) -> None:
+        self._write_raw((json.dumps(obj, sort_keys=True) + "\n").encode())
+
+    def append(self, record: dict) -> None:
+        with self._lock:
+            self._write_line(record)
+            self.records.append(record)
+
+    def results(self, key: str, shape: dict, env: str, rnd: Optional[int] = None) -> dict:
+        """``{config json: record}`` for one problem key, shape and environment (the latest wins):
+        records of race round ``rnd``, or (None) those of single-round strategies."""
+        out = {}
+        for r in self.records:
+            if r["key"] == key and r.get("shape") == shape and r.get("env") == env and r.get("round") == rnd:
+                out[KernelConfig.from_dict(r["config"]).to_json()] = r
+        return out
+
+    def stale(self, key: str, shape: dict, env: str) -> int:
+        """Records of this problem and shape made under another environment (ignored)."""
+        return sum(1 for r in self.records if r["key"] == key and r.get("shape") == shape and r.get("env") != env)
+
+
+# ---------------------------------------------------------------------- the lock
+def tune_lock(db_path: str):
+    """Acquire ``<db>.lock`` without waiting; :class:`DBLockedError` when another tune holds it."""
+    import filelock
+
+    os.makedirs(os.path.dirname(os.path.abspath(db_path)), exist_ok=True)
+    lock = filelock.FileLock(db_path + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise DBLockedError(f"another rocmflash tune is writing {db_path} (lock {db_path}.lock is held); "
+                            "wait for it or pass another --db") from None
+    return lock
+
+
+def store_entry(db_path: str, gpu, fingerprint: dict, key: str, entry: dict, measured: bool) -> None:
+    """Write one tuned entry into ``db_path`` under the tune lock (atomic save).
+
+    ``measured``: the entry was timed on this machine, so the database's fingerprint becomes
+    this environment's; a static-only entry leaves the fingerprint as it was.
+    """
+    lock = tune_lock(db_path)
+    try:
+        db = ConfigDB.open(db_path, gpu.name, gpu.arch, fingerprint, gpu.compute_units)
+        db.put(key, entry)
+        db.save(fingerprint if measured else None)
+    finally:
+        lock.release()
+
+
+# ---------------------------------------------------------------------- run-time lookup
+_INDEX: dict = {}
+_ARCH: dict = {}  #: ``{path: arch}`` of each loaded database's header
+_WARNED: set = set()  #: ``(path, key, config json)`` of entries already reported as unusable
+
+
+def clear_cache() -> None:
+    """Forget every loaded database and cached lookup (called after every save in this process)."""
+    _INDEX.clear()
+    _ARCH.clear()
+    _WARNED.clear()
+    lookup_match.cache_clear()
+
+
+def _index(path: str) -> dict:
+    """``{(D, dtype, causal, gqa): [(bucket, entry), ...]}`` of one database (empty when missing/unreadable)."""
+    index = _INDEX.get(path)
+    if index is None:
+        index = {}
+        if os.path.exists(path):
+            try:
+                data = ConfigDB.read(path)
+            except (DBError, OSError) as err:
+                warnings.warn(f"rocmflash: ignoring config database: {err}", RuntimeWarning, stacklevel=3)
+                data = {"entries": {}}
+            _ARCH[path] = data.get("arch") if isinstance(data.get("arch"), str) else None
+            for key, entry in data["entries"].items():
+                try:
+                    p = parse_key(key)
+                except (ValueError, IndexError):
+                    continue
+                group = (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"])
+                index.setdefault(group, []).append((p["seqlen_bucket"], entry))
+        _INDEX[path] = index
+    return index
+
+
+def _pick(entry: dict, variant: Optional[str]) -> Optional[dict]:
+    if variant is None or entry.get("best", {}).get("variant", "online") == variant:
+        return entry.get("best")
+    per = entry.get("best_per_variant", {}).get(variant)
+    return per["config"] if per else None
+
+
+class DBMatch(NamedTuple):
+    """The entry a lookup chose: its config, key, bucket, distance from the asked bucket, file."""
+
+    config: KernelConfig
+    key: str
+    bucket: int
+    bucket_distance: int  #: |log2(entry bucket) - log2(asked bucket)|: 0 = the asked bucket itself
+    path: str
+    measured: bool
+
+
+def entries_for(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int,
+                db_path: Optional[str] = None) -> list:
+    """``[(path, bucket, entry), ...]`` of every entry with this head dim, dtype, causal flag and GQA
+    ratio, in the files a lookup reads (user's first)."""
+    paths = [db_path] if db_path else database_paths(gpu_name)
+    group_key = (int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio))
+    return [(path, bucket, entry) for path in paths for bucket, entry in _index(path).get(group_key, ())]
+
+
+def groups_for(gpu_name: str, db_path: Optional[str] = None) -> dict:
+    """``{(head_dim, dtype, causal, gqa_ratio): [bucket, ...]}`` held in the files a lookup reads."""
+    out: dict = {}
+    for path in ([db_path] if db_path else database_paths(gpu_name)):
+        for group, items in _index(path).items():
+            out.setdefault(group, []).extend(b for b, _ in items)
+    return out
+
+
+def servable(entry: dict) -> bool:
+    """Whether run-time selection may serve an entry: measured on a GPU (not static-ranked, not
+    timed in the CPU interpreter)."""
+    return bool(entry.get("measured")) and entry.get("timing") != "interpreter"
+
+
+@functools.lru_cache(maxsize=4096)
+def lookup_match(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,
+                 variant: Optional[str] = None, measured_only: bool = False,
+                 db_path: Optional[str] = None) -> Optional[DBMatch]:
+    """What :func:`lookup` chose and where from (None: no usable entry); same rules, same cache life."""
+    candidates = entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, db_path)  # user's file first
+    target = seqlen_bucket(seqlen).bit_length()
+    # nearest bucket first (ties: the larger), then the user's file before the shipped one (stable sort)
+    for path, bucket, entry in sorted(candidates, key=lambda c: (abs(c[1].bit_length() - target), -c[1])):
+        if measured_only and not servable(entry):
+            continue
+        cfg = _pick(entry, variant)
+        if cfg is not None:
+            key = problem_key(head_dim, dtype, causal, gqa_ratio, bucket)
+            config = entry_config(cfg, _ARCH.get(path) or _catalog_arch(gpu_name), path, key)
+            if config is None:
+                continue
+            return DBMatch(config, key, bucket,
+                           abs(bucket.bit_length() - target), path, bool(entry.get("measured")))
+    return None
+
+
+def _catalog_arch(gpu_name: str) -> Optional[str]:
+    """The catalog arch of ``gpu_name`` (for a database whose header names none); None if unknown."""
+    from rocmflash.hw.gpus import get_gpu
+
+    try:
+        return get_gpu(gpu_name).arch
+    except ValueError:
+        return None
+
+
+def entry_config(cfg: Any, arch: Optional[str], path: str = "", key: str = "") -> Optional[KernelConfig]:
+    """The :class:`KernelConfig` of a database entry's config dict, validated for the database's arch
+    and the installed Triton; None (with one warning per entry) when this rocmflash cannot use it.
+
+    One bad entry never makes the rest of a database unusable: e.g. ``kpack=2`` in a gfx950 file
+    (Triton 3.4 cannot build it, 3.5+ would silently build kpack=1) or a key an older rocmflash
+    does not know is skipped, and the lookup goes on to the next-nearest entry.
+    """
+    try:
+        if not isinstance(cfg, dict):
+            raise TypeError(f"expected a config object, got {type(cfg).__name__}")
+        return KernelConfig.from_dict(cfg).validate(arch=arch, triton_version=installed_triton_version())
+    except (TypeError, ValueError) as err:
+        if (path, key, json.dumps(cfg, sort_keys=True, default=str)) not in _WARNED:
+            _WARNED.add((path, key, json.dumps(cfg, sort_keys=True, default=str)))
+            warnings.warn(f"rocmflash: skipping entry {key or '?'} of {path or 'a config database'}: {err}",
+                          RuntimeWarning, stacklevel=3)
+        return None
+
+
+def lookup(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, seqlen: int,
+           variant: Optional[str] = None, measured_only: bool = False,
+           db_path: Optional[str] = None) -> Optional[KernelConfig]:
+    """The best :class:`KernelConfig` of the nearest sequence-length bucket, or None.
+
+    Head dim, dtype, causal and GQA ratio must match an entry exactly; among those, the
+    bucket nearest to ``seqlen_bucket(seqlen)`` in powers of two wins (ties: the larger),
+    searched in the user's database and the shipped one (:func:`database_paths`; at the
+    same distance the user's wins), or in ``db_path`` alone when given.
+    ``variant`` asks for the best config of that variant (None: the overall best);
+    ``measured_only`` skips static-ranked (unmeasured) entries. Results are cached per
+    argument tuple (a repeat call costs well under a microsecond); saving a database in
+    this process clears the cache, :func:`clear_cache` does it by hand.
+    """
+    match = lookup_match(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant, measured_only, db_path)
+    return match.config if match is not None else None
