@@ -52,7 +52,7 @@ def measure(entries: dict, rounds: int) -> dict:
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape, tflops
     from rocmflash.kernels import get_variant
-    from rocmflash.tuning.live import LiveSettings, _time
+    from rocmflash.tuning.live_worker import LiveSettings, _time
 
     settings = LiveSettings()
     out = {}

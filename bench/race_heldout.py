@@ -64,7 +64,8 @@ def run(args) -> int:
     from rocmflash.config import KernelConfig
     from rocmflash.static.compile import triton_cache_dir
     from rocmflash.tune import TuneSpec, shape_key, tune
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90)

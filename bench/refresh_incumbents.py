@@ -32,7 +32,8 @@ def main(argv=None) -> int:
 
     from rocmflash.store.db import ConfigDB, environment
     from rocmflash.tuning import incumbents
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     if not torch.cuda.is_available():
         print("bench/refresh_incumbents.py needs a GPU", file=sys.stderr)

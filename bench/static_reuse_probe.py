@@ -47,7 +47,7 @@ def main() -> int:
     from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import get_variant
     from rocmflash.static.space import default_space
-    from rocmflash.tuning.live import _launch_once
+    from rocmflash.tuning.live_worker import _launch_once
     from rocmflash.tuning.spec import static_problem
 
     gpu = detect_live_gpu()

@@ -64,7 +64,8 @@ def run(args) -> int:
     from rocmflash.static.compile import ObservationCache
     from rocmflash.static.space import default_space
     from rocmflash.tune import TuneSpec, shape_key, static_phase, static_problem, tune
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     os.makedirs(args.out, exist_ok=True)
     settings = LiveSettings(timeout_s=90, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=10, max_reps=100)

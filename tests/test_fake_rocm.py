@@ -137,7 +137,8 @@ def test_visible_devices_env_errors(index, environ, rocm, message):
 
 @pytest.mark.parametrize("fake_rocm", [{"device_count": 4}], indirect=True)
 def test_live_worker_is_pinned_and_measures_in_the_interpreter(fake_rocm, monkeypatch, tmp_path):
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.hw.roofline import Shape
 
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "2,3")  # HIP's list wins over CUDA's on ROCm

@@ -138,7 +138,7 @@ def test_winner_and_field_rules():
 def test_worker_task_gates_each_backend(interpret):
     """In the interpreter the task gates every backend against the fp32 reference (a backend torch cannot
     run on this device fails cleanly) and times none of them."""
-    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.hw.roofline import Shape
 
     shape = Shape(batch=1, heads_q=4, heads_kv=2, seqlen_q=64, seqlen_k=64, head_dim=32, dtype="fp16", causal=True)

@@ -6,7 +6,7 @@ from rocmflash.config import KernelConfig
 from rocmflash.hw.roofline import Shape
 from rocmflash.kernels import get_variant
 from rocmflash.kernels.common import specialise_int
-from rocmflash.tuning.live import prewarm_plan
+from rocmflash.tuning.live_worker import prewarm_plan
 
 SHAPES = [Shape(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, head_dim=128, dtype="bf16"),
           Shape(batch=1, heads_q=32, heads_kv=4, seqlen_q=16384, seqlen_k=16384, head_dim=128, dtype="fp16"),

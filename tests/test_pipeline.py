@@ -307,7 +307,8 @@ def _die(task):
 def test_live_runner_marks_a_dead_worker_process():
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     shape = Shape(batch=1, heads_q=1, heads_kv=1, seqlen_q=16, seqlen_k=16, head_dim=16, dtype="fp16", causal=False)
     with LiveRunner(LiveSettings(timeout_s=120)) as runner:
@@ -326,7 +327,8 @@ def test_live_runner_marks_a_broken_pool_as_a_dead_worker(monkeypatch):
 
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     class BrokenPool:
         def schedule(self, fn, args=(), timeout=None):
@@ -355,7 +357,8 @@ def _pid(task):
 def test_task_prewarms_reuse_one_pool_of_workers_for_the_whole_tune():
     """Each problem's pre-warm (backward, decode, varlen) used to spawn a fresh pool (torch imported again per
     problem: the 15-23 s idle gaps between problems of the 2-GPU cold run); the runner now keeps one."""
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     runner = LiveRunner(LiveSettings(timeout_s=120), prewarm_workers=1)
     try:

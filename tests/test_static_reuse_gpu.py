@@ -16,7 +16,8 @@ import pytest
 from rocmflash.hw.roofline import Shape
 from rocmflash.static.compile import sweep, triton_cache_dir
 from rocmflash.static.space import default_space
-from rocmflash.tuning.live import LiveRunner, LiveSettings
+from rocmflash.tuning.live import LiveRunner
+from rocmflash.tuning.live_worker import LiveSettings
 from rocmflash.tuning.spec import static_problem
 
 pytestmark = [pytest.mark.gpu]

@@ -20,7 +20,7 @@ from conftest import small_online_space
 
 from rocmflash.store.db import ConfigDB, Journal
 from rocmflash.tune import TuneSpec, tune
-from rocmflash.tuning.live import LiveSettings
+from rocmflash.tuning.live_worker import LiveSettings
 
 pytestmark = [pytest.mark.gpu]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,7 @@ from conftest import small_online_space
 
 from rocmflash.store.db import ConfigDB, Journal, journal_path
 from rocmflash.tune import TuneSpec, tune
-from rocmflash.tuning.live import LiveSettings
+from rocmflash.tuning.live_worker import LiveSettings
 from rocmflash.tuning.pool import node_gpu, node_pool
 
 pytestmark = [pytest.mark.gpu]

@@ -102,7 +102,7 @@ def measure(task: dict) -> dict:
     forward+backward with ``task["config"]`` beside them. Never raises for a backend that refuses the shape."""
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape
-    from rocmflash.tuning.live import LiveSettings, _median, _time, error_line
+    from rocmflash.tuning.live_worker import LiveSettings, _median, _time, error_line
     from rocmflash.tuning.live_gate import gate, interpreting
 
     shape, settings = Shape.from_dict(task["shape"]), LiveSettings(**task["settings"])
@@ -144,7 +144,7 @@ def _train_ms(forward, shape, settings) -> float:
     runner's rotating inputs, cache flushed before each timed step."""
     import torch
 
-    from rocmflash.tuning.live import _inputs
+    from rocmflash.tuning.live_worker import _inputs
 
     sets, flush = _inputs(shape, settings)
     leaves = [tuple(t.detach().requires_grad_(True) for t in s[:3]) for s in sets]

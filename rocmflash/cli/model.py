@@ -24,7 +24,7 @@ def _triton_cache(args) -> str:
 def make_pool(args: argparse.Namespace, gpu_name: str):
     """``(pool, catalog GPU)`` for ``--gpus`` or ``--cluster``; a named ``--gpu`` must be what they are."""
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.tuning.live_worker import LiveSettings
 
     settings = LiveSettings(timeout_s=args.timeout)
     if args.gpus and args.cluster:

@@ -276,7 +276,7 @@ def check_cache_dir(cache_dir) -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     from rocmflash.store.db import DBError
-    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.static.report import make_console
     from rocmflash.tune import INJECT_ENV, ReplayRunner, TuneInterrupted, TuneSpec, parse_inject, print_summary, tune
 

@@ -326,7 +326,7 @@ def measure_bwd(task: dict) -> dict:
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import interpreting, torch_backend
     from rocmflash.tuning.isolated import back_to_back_ms, time_flushed
-    from rocmflash.tuning.live import error_line, interpreted_shape
+    from rocmflash.tuning.live_worker import error_line, interpreted_shape
     from rocmflash.tuning.live_gate import TOLERANCE
 
     shape = Shape.from_dict(task["shape"])
@@ -406,7 +406,7 @@ def prewarm_bwd(task: dict) -> Optional[str]:
     from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import torch_backend
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     try:

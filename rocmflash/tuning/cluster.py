@@ -38,7 +38,7 @@ class TimingActor:
 
     def __init__(self, settings: Optional[dict] = None, replay: Optional[str] = None, cache_dir: Optional[str] = None,
                  fail_after: Optional[int] = None):
-        from rocmflash.tuning.live import LiveSettings
+        from rocmflash.tuning.live_worker import LiveSettings
 
         self.calls = 0
         self.fail_after = fail_after  #: test hook: the actor's process exits at this call (a node leaving)

@@ -287,7 +287,7 @@ def measure_decode(task: dict) -> dict:
     import torch
 
     from rocmflash.kernels import kv_decode as KD
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.kernels.common import interpreting, num_compute_units
     from rocmflash.tuning.isolated import graph_replay_ms, time_flushed
 
@@ -375,7 +375,7 @@ def prewarm_decode(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.kernels import kv_decode as KD
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     p = DecodeProblem(**task["problem"])

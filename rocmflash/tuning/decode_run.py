@@ -36,7 +36,7 @@ def tune_one(gpu_name: str, problem, make_item: Callable, db_path: Optional[str]
     from rocmflash.store.db import default_db_path, tune_lock
     from rocmflash.tuning.items import open_context, run_items, timing_workers
     from rocmflash.tuning.items_base import current_device_runner
-    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.tuning.run import _no_live_reason, resolve_gpu
 
     start = time.perf_counter()

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 def _device_env() -> dict:
     import torch
 
-    from rocmflash.tuning.live import worker_env
+    from rocmflash.tuning.live_worker import worker_env
 
     return worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
 
@@ -33,7 +33,7 @@ def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: i
     ``triton_cache_dir``: the Triton cache the timing worker will read (default: Triton's own)."""
     import pebble
 
-    from rocmflash.tuning.live import worker_init
+    from rocmflash.tuning.live_worker import worker_init
 
     if not tasks:
         return
@@ -63,7 +63,7 @@ class TaskPrewarmPool:
         (it fails again, isolated, when timed)."""
         import pebble
 
-        from rocmflash.tuning.live import worker_init
+        from rocmflash.tuning.live_worker import worker_init
 
         if not tasks:
             return []
@@ -98,7 +98,7 @@ def measure_isolated(tasks: list, fn: Callable, timeout_s: float, interpret: boo
     import pebble
     from pebble import ProcessExpired
 
-    from rocmflash.tuning.live import worker_init
+    from rocmflash.tuning.live_worker import worker_init
 
     env = _device_env()
     results, pool = [], None
@@ -176,7 +176,7 @@ def back_to_back_ms(fn: Callable[[], None], reps: int) -> float:
     user's loop sees, host cost included wherever the host is slower than the GPU work it launches."""
     import torch
 
-    from rocmflash.tuning.live import events_ms
+    from rocmflash.tuning.live_worker import events_ms
 
     fn()
     torch.cuda.synchronize()

@@ -40,7 +40,7 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
     fingerprint; ``measuring=False`` gives items that write static entries. The caller holds the
     database's tune lock. ``ctx``: an open :class:`TuneContext` to use instead."""
     from rocmflash.store.db import default_db_path
-    from rocmflash.tuning.live import LiveSettings
+    from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.static.space import default_space
     from rocmflash.tuning.decode import DecodeProblem
     from rocmflash.tuning.spec import TuneSpec

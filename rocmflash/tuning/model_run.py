@@ -85,7 +85,8 @@ def _live_runner(timeout_s, cache_dir, workers):
     import torch
 
     from rocmflash.static.compile import triton_cache_dir
-    from rocmflash.tuning.live import LiveRunner, LiveSettings
+    from rocmflash.tuning.live import LiveRunner
+    from rocmflash.tuning.live_worker import LiveSettings
 
     return LiveRunner(LiveSettings(timeout_s=timeout_s), triton_cache_dir=triton_cache_dir(cache_dir),
                       prewarm_workers=workers, device_index=torch.cuda.current_device())

@@ -8,7 +8,7 @@ from typing import Optional
 from rocmflash.config import Problem, normalize_dtype
 from rocmflash.hw.roofline import Shape
 from rocmflash.static.prune import PruneSettings
-from rocmflash.tuning.live import LiveSettings
+from rocmflash.tuning.live_worker import LiveSettings
 
 STRATEGIES = ("race", "pruned", "exhaustive")
 NEAR_BEST_PCT = 3.0

@@ -142,7 +142,7 @@ def usable_config(gpu_name: str, cfg, fallback, problem: dict, cache_dir=None) -
     import dataclasses
 
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
 
     gpu = get_gpu(gpu_name)
     replaced = {}

@@ -118,7 +118,7 @@ def measure_varlen_bwd(task: dict) -> dict:
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.backward import kernel_config
     from rocmflash.tuning.isolated import time_flushed
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import TOLERANCE
 
     p = VarlenProblem.from_dict(task["problem"])
@@ -160,7 +160,7 @@ def prewarm_varlen_bwd(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.tuning.backward import kernel_config
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
     from rocmflash.tuning.varlen_worker import PREWARM_TOKENS, prewarm_specs
 

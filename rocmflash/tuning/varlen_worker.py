@@ -111,7 +111,7 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.kernels import varlen as VK
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.isolated import time_flushed
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import TOLERANCE
 
     p = VarlenProblem.from_dict(task["problem"])
@@ -170,7 +170,7 @@ def prewarm_varlen(task: dict) -> Optional[str]:
 
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
-    from rocmflash.tuning.live import error_line
+    from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     try:
