@@ -53,15 +53,16 @@ class Family:
 _SHARED = ("config.py", "kernels/common.py", "kernels/build.py", "kernels/launch.py")
 FAMILIES = {
     "decode": Family("decode", "rocmflash.tuning.decode",
-                     _SHARED + ("kernels/masks.py", "kernels/kv_quant.py", "kernels/kv_decode.py", "tuning/decode.py")),
+                     _SHARED + ("kernels/masks.py", "kernels/kv_quant.py", "kernels/kv_decode_jit.py",
+                                "kernels/kv_decode.py", "tuning/decode.py")),
     "backward": Family("backward", "rocmflash.tuning.backward",
-                       _SHARED + ("kernels/backward.py", "tuning/backward.py")),
+                       _SHARED + ("kernels/backward_jit.py", "kernels/backward.py", "tuning/backward.py")),
     "varlen": Family("varlen", "rocmflash.tuning.varlen",
-                     _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen.py",
-                                "tuning/varlen.py")),
+                     _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen_jit.py",
+                                "kernels/varlen.py", "tuning/varlen.py")),
     "varlen_bwd": Family("varlen_bwd", "rocmflash.tuning.varlen_bwd",
-                         _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen.py",
-                                    "tuning/varlen_bwd.py")),
+                         _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen_jit.py",
+                                    "kernels/varlen.py", "tuning/varlen_bwd.py")),
 }
 
 
