@@ -1,0 +1,309 @@
+"""What a database file and a tuning journal are on disk: their formats and keys, the entry records
+(:class:`ConfigDB`), the append-only :class:`Journal`, atomic writes and the per-database tune lock.
+
+:mod:`rocmflash.store.db` (where the files are, and the run-time lookup) re-exports every public name here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from typing import Any, Optional
+
+from rocmflash.config import KernelConfig, normalize_dtype
+
+DB_FORMAT = "rocmflash-config-db"
+JOURNAL_FORMAT = "rocmflash-tune-journal"
+SCHEMA_VERSION = 1
+CONFIG_DIR_ENV = "ROCMFLASH_CONFIG_DIR"
+
+
+#: called after every save in this process: the run-time lookup (:mod:`rocmflash.store.db`, which imports
+#: this module, never the reverse) registers the clearing of its caches here
+AFTER_SAVE: list = []
+
+
+class DBError(ValueError):
+    """A database or journal that cannot be used as it is (wrong schema, other GPU, corrupt)."""
+
+
+class DBLockedError(DBError):
+    """Another process holds the database's tune lock."""
+
+
+# ---------------------------------------------------------------------- keys and paths
+def seqlen_bucket(seqlen: int) -> int:
+    """The next power of two >= ``seqlen`` (1 -> 1, 1000 -> 1024, 2048 -> 2048, 3000 -> 4096)."""
+    s = int(seqlen)
+    if s < 1:
+        raise ValueError(f"sequence length must be >= 1, got {seqlen}")
+    return 1 << (s - 1).bit_length()
+
+
+def problem_key(head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, bucket: int) -> str:
+    """``d128-bf16-causal-gqa1-s2048`` (``full`` for non-causal)."""
+    return f"d{int(head_dim)}-{normalize_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(gqa_ratio)}-s{int(bucket)}"
+
+
+def parse_key(key: str) -> dict:
+    """Inverse of :func:`problem_key`."""
+    d, dtype, causal, gqa, s = key.split("-")
+    return {"head_dim": int(d[1:]), "dtype": dtype, "causal": causal == "causal", "gqa_ratio": int(gqa[3:]),
+            "seqlen_bucket": int(s[1:])}
+
+def journal_path(db_path: str) -> str:
+    """``configs/h100.json`` -> ``configs/h100.journal.jsonl``."""
+    base = db_path[:-5] if db_path.endswith(".json") else db_path
+    return base + ".journal.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+# ---------------------------------------------------------------------- fingerprint
+def environment(device_name: Optional[str] = None) -> dict:
+    """rocmflash, Triton, torch and GPU-runtime versions, and the device name (None: no live device)."""
+    import rocmflash
+
+    env = {"rocmflash": rocmflash.__version__, "triton": None, "torch": None, "runtime": None,
+           "device": device_name}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        pass
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if getattr(torch.version, "hip", None):
+            env["runtime"] = f"hip {torch.version.hip}"
+        elif torch.version.cuda:
+            env["runtime"] = f"cuda {torch.version.cuda}"
+        else:
+            env["runtime"] = "cpu"
+    except ImportError:  # pragma: no cover
+        pass
+    return env
+
+
+def env_id(env: dict) -> str:
+    """Short hash of an environment: journal results are reused only under the same one."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- atomic writes
+def atomic_write_json(path: str, data: Any) -> None:
+    """Write JSON to a private temporary file beside ``path``, fsync it, rename it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a database is an ordinary shared file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------- the database
+class ConfigDB:
+    """An in-memory database bound to its path; :meth:`save` writes it atomically."""
+
+    def __init__(self, path: str, data: dict):
+        self.path = path
+        self.data = data
+        self._lock = threading.RLock()  # problems tuned in parallel threads share one writer
+
+    @staticmethod
+    def new_data(gpu_name: str, arch: str, fingerprint: dict, compute_units: Optional[int] = None) -> dict:
+        return {"format": DB_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name, "arch": arch,
+                "compute_units": compute_units, "fingerprint": fingerprint, "updated": now_iso(), "entries": {}}
+
+    @classmethod
+    def read(cls, path: str) -> dict:
+        """Parse and validate a database file; :class:`DBError` on any mismatch."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise DBError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}); move it away or pass --db") from None
+        except UnicodeDecodeError:
+            raise DBError(f"{path}: not a text file; move it away or pass --db") from None
+        if not isinstance(data, dict) or data.get("format") != DB_FORMAT:
+            raise DBError(f"{path}: not a rocmflash config database (format {data.get('format') if isinstance(data, dict) else None!r}, "
+                          f"expected {DB_FORMAT!r})")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise DBError(f"{path}: schema version {data.get('schema_version')!r}, this rocmflash reads "
+                          f"{SCHEMA_VERSION}; move it away or pass --db")
+        if not isinstance(data.get("entries"), dict):
+            raise DBError(f"{path}: 'entries' is missing or not an object")
+        return data
+
+    @classmethod
+    def open(cls, path: str, gpu_name: str, arch: str, fingerprint: dict,
+             compute_units: Optional[int] = None) -> "ConfigDB":
+        """Load ``path`` (or start an empty database); the header must name the same GPU and CU count.
+
+        The CU count tells a compute partition (``mi300x-cpx``, 38 CUs) from the whole GPU;
+        a database written before it was recorded gets it on its next save.
+        """
+        if os.path.isdir(path):
+            raise DBError(f"{path} is a directory; --db takes a database file such as {gpu_name}.json")
+        if os.path.exists(path):
+            data = cls.read(path)
+            if data.get("gpu") != gpu_name:
+                raise DBError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu_name!r}; pass --db for another file")
+            recorded = data.get("compute_units")
+            if recorded is not None and compute_units is not None and recorded != compute_units:
+                raise DBError(f"{path} was tuned on {recorded} CUs, this {gpu_name} has {compute_units}; "
+                              "pass --db for another file")
+            if compute_units is not None:
+                data["compute_units"] = compute_units
+            return cls(path, data)
+        return cls(path, cls.new_data(gpu_name, arch, fingerprint, compute_units))
+
+    @property
+    def entries(self) -> dict:
+        return self.data["entries"]
+
+    def put(self, key: str, entry: dict) -> None:
+        with self._lock:
+            self.entries[key] = entry
+
+    def save(self, fingerprint: Optional[dict] = None) -> None:
+        with self._lock:
+            if fingerprint is not None:
+                self.data["fingerprint"] = fingerprint
+            self.data["updated"] = now_iso()
+            self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
+            atomic_write_json(self.path, self.data)
+            for forget in AFTER_SAVE:  # the run-time lookup's caches (rocmflash.store.db registers them)
+                forget()
+
+
+def _key_order(key: str):
+    try:
+        p = parse_key(key)
+        return (p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"], p["seqlen_bucket"])
+    except (ValueError, IndexError):
+        return (10**9, key, False, 0, 0)
+
+
+# ---------------------------------------------------------------------- the journal
+class Journal:
+    """Append-only JSON-lines results, one line per config, fsynced as each arrives."""
+
+    def __init__(self, path: str, gpu_name: str):
+        self.path = path
+        self.gpu_name = gpu_name
+        self.records: list[dict] = []
+        self.torn_lines = 0
+        self._lock = threading.Lock()  # one writer for every thread of a parallel tune
+        if os.path.exists(path):
+            self._load()
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._write_line({"format": JOURNAL_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name,
+                              "created": now_iso()})
+
+    def _load(self) -> None:
+        with open(self.path, "rb") as f:
+            raw = f.read()
+        lines = raw.split(b"\n")
+        try:
+            header = json.loads(lines[0]) if lines and lines[0].strip() else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT:
+            raise DBError(f"{self.path}: not a rocmflash tune journal; move it away or pass --db")
+        if header.get("schema_version") != SCHEMA_VERSION:
+            raise DBError(f"{self.path}: journal schema version {header.get('schema_version')!r}, this rocmflash "
+                          f"reads {SCHEMA_VERSION}; move it away or pass --db")
+        if header.get("gpu") != self.gpu_name:
+            raise DBError(f"{self.path} is a journal for {header.get('gpu')!r}, not {self.gpu_name!r}")
+        for line in lines[1:]:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                self.torn_lines += 1  # a kill mid-write: that config simply runs again
+                continue
+            if isinstance(record, dict) and "key" in record and "config" in record:
+                self.records.append(record)
+        if raw and not raw.endswith(b"\n"):
+            self._write_raw(b"\n")  # the next record must start on its own line
+
+    def _write_raw(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)  # one write call: a Ctrl-C cannot land in the middle of a line
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_line(self, obj: dict) -> None:
+        self._write_raw((json.dumps(obj, sort_keys=True) + "\n").encode())
+
+    def append(self, record: dict) -> None:
+        with self._lock:
+            self._write_line(record)
+            self.records.append(record)
+
+    def results(self, key: str, shape: dict, env: str, rnd: Optional[int] = None) -> dict:
+        """``{config json: record}`` for one problem key, shape and environment (the latest wins):
+        records of race round ``rnd``, or (None) those of single-round strategies."""
+        out = {}
+        for r in self.records:
+            if r["key"] == key and r.get("shape") == shape and r.get("env") == env and r.get("round") == rnd:
+                out[KernelConfig.from_dict(r["config"]).to_json()] = r
+        return out
+
+    def stale(self, key: str, shape: dict, env: str) -> int:
+        """Records of this problem and shape made under another environment (ignored)."""
+        return sum(1 for r in self.records if r["key"] == key and r.get("shape") == shape and r.get("env") != env)
+
+
+# ---------------------------------------------------------------------- the lock
+def tune_lock(db_path: str):
+    """Acquire ``<db>.lock`` without waiting; :class:`DBLockedError` when another tune holds it."""
+    import filelock
+
+    os.makedirs(os.path.dirname(os.path.abspath(db_path)), exist_ok=True)
+    lock = filelock.FileLock(db_path + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise DBLockedError(f"another rocmflash tune is writing {db_path} (lock {db_path}.lock is held); "
+                            "wait for it or pass another --db") from None
+    return lock
+
+
+def store_entry(db_path: str, gpu, fingerprint: dict, key: str, entry: dict, measured: bool) -> None:
+    """Write one tuned entry into ``db_path`` under the tune lock (atomic save).
+
+    ``measured``: the entry was timed on this machine, so the database's fingerprint becomes
+    this environment's; a static-only entry leaves the fingerprint as it was.
+    """
+    lock = tune_lock(db_path)
+    try:
+        db = ConfigDB.open(db_path, gpu.name, gpu.arch, fingerprint, gpu.compute_units)
+        db.put(key, entry)
+        db.save(fingerprint if measured else None)
+    finally:
+        lock.release()
