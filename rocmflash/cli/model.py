@@ -72,13 +72,13 @@ def _dtypes(text) -> list:
 
 def run_model_tune(args: argparse.Namespace, console) -> int:
     """Plan a model's tune, print the plan, and (unless ``--dry-run``) run it."""
-    from rocmflash.store.db import DBError
     from rocmflash.hw.gpus import UnknownGPUError
+    from rocmflash.store.db import DBError
     from rocmflash.tuning.model_run import print_model_summary, tune_model
     from rocmflash.tuning.models import load_model
     from rocmflash.tuning.plan import make_plan, plan_table
-    from rocmflash.tuning.run import resolve_gpu
     from rocmflash.tuning.pool import NoWorkersLeft
+    from rocmflash.tuning.run import resolve_gpu
     from rocmflash.tuning.spec import NoLiveGPUError
 
     for flag, value in (("--head-dim", args.head_dim), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
@@ -131,9 +131,7 @@ def _dry_run_workers(args):
     from rocmflash.hw.gpus import get_gpu
 
     if args.cluster:
-        from rocmflash.tuning.cluster import _ray, connect
-
-        from rocmflash.tuning.cluster import shutdown
+        from rocmflash.tuning.cluster import _ray, connect, shutdown
 
         connect(args.cluster)
         count = int(_ray().cluster_resources().get("GPU", 0))
