@@ -35,8 +35,13 @@ require_supported_versions()
 import torch  # noqa: E402
 
 from rocmflash.api import decode_fp8 as F8D  # noqa: E402
+from rocmflash.api.decode_cache import (  # noqa: E402,F401  (re-exported: the code moved there)
+    _append,
+    _check_values,
+    _lengths,
+)
 from rocmflash.api.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
-from rocmflash.api.varlen import _capturing, check_options  # noqa: E402
+from rocmflash.api.varlen import check_options  # noqa: E402
 from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels import kv_decode as KD  # noqa: E402
 from rocmflash.kernels import kv_quant as KQ  # noqa: E402
@@ -145,92 +150,6 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
         if cache_leftpad.shape[0] != B:
             raise ValueError(f"cache_leftpad must be (B={B},), got shape {tuple(cache_leftpad.shape)}")
     return paged, page_size, capacity, new, fp8
-
-
-def _lengths(cache_seqlens, batch: int, capacity: int, device):
-    """The validated ``cache_seqlens`` as an int32 ``(B,)`` tensor (None: the whole cache)."""
-    if isinstance(cache_seqlens, torch.Tensor):
-        return cache_seqlens.to(torch.int32)
-    fill = capacity if cache_seqlens is None else cache_seqlens
-    return torch.full((batch,), fill, dtype=torch.int32, device=device)
-
-
-def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page_size, device,
-                  starts=None, descales=None) -> None:
-    """Values that need a host read: tensor lengths within the cache, start keys (``cache_leftpad``,
-    as int32 ``starts``) within their sequences, used pages inside the cache (skipped while a graph is
-    captured; a plain int length was checked on the host already), an fp8 cache's ``descales``
-    ``(k_descale, v_descale)`` finite and > 0. The checks run on the device and come back as flags in
-    one small copy; details are looked up only on failure."""
-    if _capturing(device) or not (isinstance(cache_seqlens, torch.Tensor) or block_table is not None
-                                  or starts is not None or descales is not None):
-        return
-    bad_len = (lens < 0) | (lens + new > capacity)
-    checks = [bad_len.any()]
-    if starts is not None:
-        bad_start = (starts < 0) | (starts > lens + new)
-        checks.append(bad_start.any())
-    page_flag = len(checks)  # where the block-table flag lands, if there is one
-    if block_table is not None:
-        num_blocks = k_cache.shape[0]
-        pages = torch.arange(block_table.shape[1], device=device)[None, :]
-        used = pages < ((lens.clamp(min=0) + new + page_size - 1) // page_size)[:, None]
-        if starts is not None:  # pages wholly before a sequence's start are never read
-            used &= pages >= (starts.clamp(min=0) // page_size)[:, None]
-        bad_page = used & ((block_table < 0) | (block_table >= num_blocks))
-        checks.append(bad_page.any())
-    if descales is not None:
-        bad_scales = F8D.descale_flags(*descales)
-        checks += [bad.any() for bad in bad_scales]
-    flags = torch.stack(checks).tolist()
-    if descales is not None and (flags[-1] or flags[-2]):
-        F8D.raise_bad_descale(*bad_scales, *descales)
-    if flags[0]:
-        b = int(bad_len.nonzero()[0, 0])
-        raise ValueError(f"cache_seqlens[{b}]={int(lens[b])} plus {new} new key(s) is outside the cache "
-                         f"(capacity {capacity} keys per sequence)")
-    if starts is not None and flags[1]:
-        b = int(bad_start.nonzero()[0, 0])
-        raise ValueError(f"cache_leftpad[{b}]={int(starts[b])} must be in 0..{int(lens[b]) + new} (the "
-                         f"sequence's keys end there: cache_seqlens[{b}] plus {new} new key(s))")
-    if block_table is not None and flags[page_flag]:
-        b, p = (int(x) for x in bad_page.nonzero()[0])
-        raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
-                         f"(the cache has {num_blocks} blocks)")
-
-
-def _append(k_cache, v_cache, k, v, lens, block_table, page_size, capacity: int) -> None:
-    """Write the new keys/values at positions ``lens[b] + t`` (in place, no host sync).
-
-    Unchecked values never address outside the cache: a length outside ``0..capacity - new`` is
-    clamped into it (the write lands in that sequence's own rows) and a page number outside the pool
-    into it; the kernel reports both (:func:`check_errors`).
-
-    Each tensor op here is a kernel launch on a GPU (several µs of host time each), so the
-    indices are built with as few as give the same writes: one new token needs no ``arange``,
-    one sequence of a contiguous cache is written through a view (no batch index), the batch
-    index otherwise broadcasts against the positions instead of being expanded, and the
-    in-page offset is computed once for K and V.
-    """
-    B, new = k.shape[0], k.shape[1]
-    start = lens.to(torch.int64).clamp_(0, capacity - new)  # (B,)
-    if block_table is None and B == 1:
-        pos = start + torch.arange(new, device=k.device) if new > 1 else start  # (new,)
-        k_cache[0, pos] = k[0]
-        v_cache[0, pos] = v[0]
-        return
-    pos = start[:, None]
-    if new > 1:
-        pos = pos + torch.arange(new, device=k.device)  # (B, new)
-    if block_table is None:
-        rows = torch.arange(B, device=k.device)[:, None]  # (B, 1), broadcast against pos
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
-    else:
-        blocks = torch.gather(block_table.to(torch.int64), 1, pos // page_size).clamp_(0, k_cache.shape[0] - 1)
-        offs = pos % page_size
-        k_cache[blocks, offs] = k
-        v_cache[blocks, offs] = v
 
 
 def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,

@@ -102,8 +102,8 @@ def measure(task: dict) -> dict:
     forward+backward with ``task["config"]`` beside them. Never raises for a backend that refuses the shape."""
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape
-    from rocmflash.tuning.live_worker import LiveSettings, _median, _time, error_line
     from rocmflash.tuning.live_gate import gate, interpreting
+    from rocmflash.tuning.live_worker import LiveSettings, _median, _time, error_line
 
     shape, settings = Shape.from_dict(task["shape"]), LiveSettings(**task["settings"])
     cfg = KernelConfig.from_dict(task["config"])
