@@ -38,14 +38,13 @@ from rocmflash.kernels import common as C
 from rocmflash.kernels import kv_quant as KQ
 from rocmflash.kernels import masks as M
 from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the code moved there)
-    _decode_combine,
-    _decode_split,
     BAD_DESCALE,
     BAD_LENGTH,
     BAD_PAGE,
     BAD_START,
+    _decode_combine,
+    _decode_split,
 )
-
 
 KERNELS = ("_decode_split", "_decode_combine")
 

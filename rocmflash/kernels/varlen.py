@@ -40,7 +40,6 @@ from rocmflash.kernels.varlen_jit import (  # noqa: F401  (re-exported: the code
     _varlen_fwd,
 )
 
-
 KERNELS = ("_varlen_fwd", "_varlen_bwd_dq", "_varlen_bwd_dkdv")
 
 

@@ -52,30 +52,30 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
 from rocmflash.config import KernelConfig
-from rocmflash.tuning.live_gate import interpreting as _interpreting
 from rocmflash.hw.roofline import Shape
+from rocmflash.tuning.live_gate import interpreting as _interpreting
 from rocmflash.tuning.live_worker import (  # noqa: F401  (re-exported: the code moved there)
-    _inputs,
-    _median,
-    _ready,
     _STATE,
-    _time,
-    active_target,
-    error_line,
     ESTIMATE_ALONE_MS,
-    events_ms,
     INJECT_MODES,
     INTERPRET_MAX_SEQLEN,
     INTERPRET_REPS,
-    interpreted_shape,
+    STATUSES,
     LiveSettings,
+    _inputs,
+    _median,
+    _ready,
+    _time,
+    active_target,
+    error_line,
+    events_ms,
+    interpreted_shape,
     measure,
     prewarm_init,
     prewarm_one,
     prewarm_plan,
     prewarm_problem,
     prewarm_specs,
-    STATUSES,
     worker_env,
     worker_init,
 )
