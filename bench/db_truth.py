@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from rocmflash.hw.gpus import detect_live_gpu
+    from rocmflash.hw.detect import detect_live_gpu
     from rocmflash.store.db import shipped_db_path
 
     gpu = detect_live_gpu()

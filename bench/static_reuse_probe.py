@@ -43,7 +43,7 @@ def main() -> int:
     _record(calls)
     import torch
 
-    from rocmflash.hw.gpus import detect_live_gpu
+    from rocmflash.hw.detect import detect_live_gpu
     from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import get_variant
     from rocmflash.static.space import default_space

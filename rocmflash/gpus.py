@@ -1,11 +1,12 @@
-"""``rocmflash.gpus``, kept importable under its old name: the code lives in :mod:`rocmflash.hw.gpus`.
+"""``rocmflash.gpus``, kept importable under its old name: the GPU catalog lives in :mod:`rocmflash.hw.gpus`,
+live-device detection (:func:`detect_live_gpu`) in :mod:`rocmflash.hw.detect`.
 
-This module *is* :mod:`rocmflash.hw.gpus` (one module object under both names), so every name, private
-ones included, and every ``monkeypatch`` of it reach the same code.
+Every name of :mod:`rocmflash.hw.gpus` (private ones included) and ``detect_live_gpu``. Not an alias of
+the catalog module (as ``rocmflash.space`` is of its module) because it serves a name the catalog no longer
+has: the catalog must not import detection, which imports the catalog.
 """
 
-import sys
+from rocmflash.hw import gpus as _catalog
+from rocmflash.hw.detect import detect_live_gpu  # noqa: F401  (re-exported)
 
-from rocmflash.hw import gpus as _moved
-
-sys.modules[__name__] = _moved
+globals().update({k: v for k, v in vars(_catalog).items() if not k.startswith("__")})

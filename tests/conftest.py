@@ -24,7 +24,7 @@ import torch
 @pytest.fixture(scope="module")
 def live():
     """The live GPU's catalog entry (GPU tests); skipped without a live GPU that is in the catalog."""
-    from rocmflash.hw.gpus import detect_live_gpu
+    from rocmflash.hw.detect import detect_live_gpu
 
     gpu = detect_live_gpu() if torch.cuda.is_available() else None
     if gpu is None:

@@ -3,7 +3,7 @@
 ``select_config`` is what :func:`rocmflash.attention` / :func:`rocmflash.flash_attn_func`
 (and the torch ops behind them) use when the caller passes no config:
 
-1. the live GPU of the tensor's device (catalog name via :func:`rocmflash.hw.gpus.detect_live_gpu`,
+1. the live GPU of the tensor's device (catalog name via :func:`rocmflash.hw.detect.detect_live_gpu`,
    its arch from the device itself when it is not in the catalog) -- detected once per
    device and cached;
 2. :func:`rocmflash.store.db.lookup` for that GPU: same head dim, dtype, causal flag, GQA ratio

@@ -172,5 +172,15 @@ def identify_live_device(index: Optional[int] = None) -> Optional[DeviceMatch]:
     return identify_torch_device(torch.cuda.current_device() if index is None else index)
 
 
-__all__ = ["DeviceMatch", "identify_device", "identify_torch_device", "identify_live_device", "models_named",
-           "default_warp_size", "TUNED_AMD_ARCHS"]
+def detect_live_gpu(index: Optional[int] = None) -> Optional[GPU]:
+    """The tuning target of a live device (default: the current one), or None without one or off-catalog.
+
+    :func:`identify_live_device` says why a device is not in the catalog. (It lived in :mod:`rocmflash.hw.gpus`,
+    which the catalog's users import without detection; ``rocmflash.hw.gpus`` still serves it.)
+    """
+    match = identify_live_device(index)
+    return match.gpu if match is not None else None
+
+
+__all__ = ["DeviceMatch", "identify_device", "identify_torch_device", "identify_live_device", "detect_live_gpu",
+           "models_named", "default_warp_size", "TUNED_AMD_ARCHS"]

@@ -208,14 +208,3 @@ def flush_bytes(gpu: Optional[GPU] = None, l2_bytes: int = 0, amd: bool = False)
     elif amd:
         caches.append(AMD_UNKNOWN_LAST_LEVEL_CACHE)
     return max(MIN_FLUSH_BYTES, 2 * max(caches))
-
-
-def detect_live_gpu(index: Optional[int] = None) -> Optional[GPU]:
-    """The tuning target of a live device (default: the current one), or None without one or off-catalog.
-
-    :func:`rocmflash.hw.detect.identify_live_device` says why a device is not in the catalog.
-    """
-    from rocmflash.hw.detect import identify_live_device
-
-    match = identify_live_device(index)
-    return match.gpu if match is not None else None

@@ -23,7 +23,8 @@ import warnings
 from typing import Optional
 
 from rocmflash.config import KernelConfig, Problem, installed_triton_version
-from rocmflash.hw.gpus import GPU, detect_live_gpu, get_gpu
+from rocmflash.hw.detect import detect_live_gpu
+from rocmflash.hw.gpus import GPU, get_gpu
 from rocmflash.static.compile import sweep
 from rocmflash.static.prune import PruneSettings, prune
 
