@@ -178,8 +178,8 @@ def main() -> int:
     import torch
     import triton
 
-    from rocmflash.api.fp8 import check_format  # noqa: F401 - the arch's format is checked by the API
     from rocmflash.hw.detect import detect_live_gpu
+    from rocmflash.hw.fp8 import check_format  # noqa: F401 - the arch's format is checked by the API
 
     gpu = detect_live_gpu()
     fmt = torch.float8_e4m3fnuz if gpu is not None and gpu.arch == "gfx942" else torch.float8_e4m3fn

@@ -36,7 +36,7 @@ def _fresh():
 
 def _quantise(x, descale, dtype):
     """torch's quantisation, the reference of the append: saturate ``x / descale`` and round to ``dtype``."""
-    from rocmflash.api.fp8 import fp8_max
+    from rocmflash.hw.fp8 import fp8_max
 
     m = fp8_max(dtype)
     return (x.float() / descale[:, None, :, None]).clamp(-m, m).to(dtype)
@@ -194,7 +194,7 @@ def test_fp8_error_against_unquantised_kv_is_within_the_format_bound(interpret, 
     """The whole sequence appended in one call (Sk_new = 70) with per-head scales ``amax / max`` (the usual
     recipe), then a one-token step: the error against the unquantised bf16 K/V stays within _fp8_bound."""
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.api.fp8 import fp8_max
+    from rocmflash.hw.fp8 import fp8_max
 
     gen = torch.Generator().manual_seed(3)
     B, n, Hkv, group, D = 2, 70, 2, 4, 64
@@ -219,7 +219,7 @@ def test_append_writes_torchs_bytes_for_every_kind_of_value(interpret, dtype):
     subnormals, -0, out-of-range values and +-inf (saturated), +-NaN, divided by per-head scales that are not
     powers of two: the appended bytes equal torch's, for K and V, contiguous and paged."""
     from rocmflash import flash_attn_with_kvcache
-    from rocmflash.api.fp8 import fp8_max
+    from rocmflash.hw.fp8 import fp8_max
 
     grid = torch.arange(256, dtype=torch.uint8).view(dtype).float()
     grid = grid[torch.isfinite(grid)].unique()

@@ -106,7 +106,7 @@ def test_cache_key_holds_the_fp8_format_and_the_fp8_sources(monkeypatch):
 
 # ----------------------------------------------------------------------------- roofline
 def test_fp8_peaks_are_dense_and_present_exactly_where_fp8_mma_is():
-    from rocmflash.api.fp8 import fp8_family
+    from rocmflash.hw.fp8 import fp8_family
 
     for gpu in GPUS.values():
         if fp8_family(gpu.arch) is None:

@@ -24,7 +24,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import rocmflash.integrations.hf as rf_hf  # noqa: E402
-from rocmflash.api.fp8 import fp8_max  # noqa: E402
+from rocmflash.hw.fp8 import fp8_max  # noqa: E402
 from rocmflash.integrations.hf_fp8 import Fp8Cache, Fp8Layer  # noqa: E402
 from rocmflash.kernels.kv_quant import LAYOUTS  # noqa: E402
 from test_fp8_kvcache import _kernel_bound, _quantise  # noqa: E402

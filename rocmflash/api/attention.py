@@ -29,9 +29,10 @@ require_supported_versions()
 
 import torch  # noqa: E402
 
-from rocmflash.api.fp8 import attention_fp8, is_fp8, refuse_descales  # noqa: E402
+from rocmflash.api.fp8 import attention_fp8, refuse_descales  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
 from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E402
+from rocmflash.hw.fp8 import is_fp8  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)

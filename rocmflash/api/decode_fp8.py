@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from rocmflash.api import fp8 as F8
+from rocmflash.hw import fp8 as F8
 
 
 def check_caches(q, k_cache, v_cache, layout: str) -> bool:

@@ -32,75 +32,27 @@ from typing import Optional
 
 import torch
 
-#: torch fp8 dtype -> (family, Triton element type, largest finite value, mantissa bits)
-FP8_DTYPES = {
-    torch.float8_e4m3fn: ("ocp", "fp8e4nv", 448.0, 3),
-    torch.float8_e5m2: ("ocp", "fp8e5", 57344.0, 2),
-    torch.float8_e4m3fnuz: ("fnuz", "fp8e4b8", 240.0, 3),
-    torch.float8_e5m2fnuz: ("fnuz", "fp8e5b16", 57344.0, 2),
-}
-FAMILY_DTYPES = {family: tuple(d for d, info in FP8_DTYPES.items() if info[0] == family) for family in ("ocp", "fnuz")}
-_FAMILY_NAMES = {"ocp": "OCP", "fnuz": "FNUZ"}
-FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
-OUT_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def is_fp8(dtype) -> bool:
-    """Whether ``dtype`` is one of torch's four fp8 dtypes."""
-    return dtype in FP8_DTYPES
-
-
-def fp8_family(arch: Optional[str]) -> Optional[str]:
-    """``"fnuz"`` (gfx940-942), ``"ocp"`` (gfx950, sm_89+) or None (no fp8 matrix instructions) for an arch
-    such as ``gfx942``, ``gfx942:sramecc+:xnack-`` or ``sm_90``."""
-    arch = str(arch or "").split(":", 1)[0].strip().lower()
-    if arch in FNUZ_ARCHS:
-        return "fnuz"
-    if arch == "gfx950":
-        return "ocp"
-    if arch.startswith("sm_"):
-        digits = "".join(c for c in arch[3:] if c.isdigit())
-        return "ocp" if digits and int(digits) >= 89 else None
-    return None
-
-
-def _names(dtypes) -> str:
-    return " or ".join(str(d) for d in dtypes)
-
-
-def check_format(dtype, arch: Optional[str], name: str = "q") -> None:
-    """Raise a one-line ``TypeError`` unless the fp8 ``dtype`` is the family ``arch`` computes in.
-
-    ``arch`` None (unknown: the interpreter without a GPU) accepts every fp8 dtype."""
-    if not is_fp8(dtype):
-        raise TypeError(f"{name}.dtype must be an fp8 dtype ({_names(FP8_DTYPES)}), got {dtype}")
-    if arch is None:
-        return
-    want = fp8_family(arch)
-    if want is None:
-        raise TypeError(f"{name}.dtype is {dtype}, but {arch} has no fp8 matrix instructions: fp8 attention needs "
-                        f"gfx942 (FNUZ: {_names(FAMILY_DTYPES['fnuz'])}) or gfx950/sm_89+ "
-                        f"(OCP: {_names(FAMILY_DTYPES['ocp'])}); pass float16 or bfloat16 on {arch}")
-    have = FP8_DTYPES[dtype][0]
-    if have != want:
-        raise TypeError(f"{name}.dtype is {dtype} ({_FAMILY_NAMES[have]} fp8), but {arch} computes in "
-                        f"{_FAMILY_NAMES[want]} fp8: expected {_names(FAMILY_DTYPES[want])}")
-
-
-def fp8_max(dtype) -> float:
-    """The largest finite value of an fp8 dtype (448 e4m3fn, 240 e4m3fnuz, 57344 e5m2/e5m2fnuz)."""
-    return FP8_DTYPES[dtype][2]
-
-
-def triton_type(dtype) -> str:
-    """Triton's name of an fp8 element type (``fp8e4nv``, ``fp8e5``, ``fp8e4b8``, ``fp8e5b16``)."""
-    return FP8_DTYPES[dtype][1]
-
-
-def unit_roundoff(dtype) -> float:
-    """``2**-(mantissa bits + 1)``: the relative error of rounding to nearest in the dtype's normal range
-    (2**-4 for the e4m3 formats, 2**-3 for e5m2)."""
-    return 2.0 ** -(FP8_DTYPES[dtype][3] + 1)
+from rocmflash.hw.fp8 import (  # noqa: F401  (re-exported: the code moved there)
+    FAMILY_DTYPES,
+    FNUZ_ARCHS,
+    FP8_DTYPES,
+    OUT_DTYPES,
+    check_format,
+    fp8_family,
+    fp8_max,
+    is_fp8,
+    triton_type,
+    unit_roundoff,
+)
+from rocmflash.kernels.fp8_errors import (  # noqa: F401  (re-exported: the code moved there)
+    _ERROR_WORDS,
+    _WATCHES,
+    BAD_DESCALE,
+    ERROR_POLL_CALLS,
+    check_errors,
+    error_word,
+    poll_errors,
+)
 
 
 def check_out_dtype(out_dtype):
@@ -203,75 +155,6 @@ class _InferenceOnly(torch.autograd.Function):
     def backward(ctx, *grads):
         raise NotImplementedError("fp8 attention is inference-only: rocmflash has no fp8 backward; run the "
                                   "training step in bfloat16/float16, or call under torch.no_grad()")
-
-
-# ----------------------------------------------------------------------------- device error word
-#: a call starts an asynchronous copy of its device's error word every this many calls
-ERROR_POLL_CALLS = 16
-BAD_DESCALE = 1  #: error-word bit: a program met a non-finite descale product
-_ERROR_WORDS: dict = {}  #: device -> int32 (1,) tensor the kernel sets bits in
-_WATCHES: dict = {}  #: device -> _Watch
-
-
-def error_word(device) -> torch.Tensor:
-    """The int32 ``(1,)`` word the fp8 forward kernels on ``device`` set :data:`BAD_DESCALE` in (zero until then)."""
-    word = _ERROR_WORDS.get(device)
-    if word is None:
-        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return word
-
-
-class _Watch:
-    """One device's pending read of its error word: pinned host copy, the event completing it, calls since."""
-
-    __slots__ = ("calls", "event", "host")
-
-    def __init__(self):
-        self.calls, self.event = 0, None
-        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
-
-
-def _raise_for(device, how: str) -> None:
-    raise ValueError(f"fp8 attention on {device}: {how} got a non-finite q_descale * k_descale * softmax_scale or "
-                     "v_descale (NaN or inf) for some (batch, kv_head); those rows of its output are not finite")
-
-
-def check_errors(device=None) -> None:
-    """Raise ``ValueError`` if an fp8 attention call on ``device`` (None: every device used) met a non-finite
-    descale since the last report, and reset the report. Waits for the GPU (reads the device-side word)."""
-    devices = list(_ERROR_WORDS) if device is None else [torch.device(device)]
-    for dev in devices:
-        word = _ERROR_WORDS.get(dev)
-        if word is not None and int(word[0]):
-            word.zero_()
-            _raise_for(dev, "a call since the last check")
-
-
-def poll_errors(device) -> None:
-    """After a launch: raise what the error word shows without waiting for a GPU (CPU tensors: read now)."""
-    if device.type != "cuda":
-        word = _ERROR_WORDS.get(device)
-        if word is not None and int(word[0]):
-            word.zero_()
-            _raise_for(device, "this call")
-        return
-    watch = _WATCHES.get(device)
-    if watch is None:
-        watch = _WATCHES[device] = _Watch()
-    if watch.event is not None and watch.event.query():
-        watch.event = None
-        if int(watch.host[0]):
-            error_word(device).zero_()
-            _raise_for(device, "an earlier call")
-    watch.calls += 1
-    if watch.calls >= ERROR_POLL_CALLS and watch.event is None:
-        with torch.cuda.device(device):
-            if torch.cuda.is_current_stream_capturing():  # a graph replays launches only: no copy to record
-                return
-            watch.calls = 0
-            watch.host.copy_(error_word(device), non_blocking=True)
-            watch.event = torch.cuda.Event()
-            watch.event.record()
 
 
 __all__ = ["attention_fp8", "FP8_DTYPES", "FAMILY_DTYPES", "is_fp8", "fp8_family", "check_format", "fp8_max", "triton_type",

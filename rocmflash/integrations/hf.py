@@ -63,7 +63,7 @@ from typing import Optional
 
 import torch
 
-from rocmflash.api.fp8 import is_fp8
+from rocmflash.hw.fp8 import is_fp8
 from rocmflash.integrations.hf_masks import (  # noqa: F401  (re-exported: the code moved there)
     _BUILT,
     _MASK_PLANS,

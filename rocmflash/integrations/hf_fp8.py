@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
-from rocmflash.api import fp8 as F8
+from rocmflash.hw import fp8 as F8
 from rocmflash.integrations import hf as HF
 
 #: layer types of a config that an :class:`Fp8Layer` serves (a sliding layer keeps every key: the window is

@@ -52,7 +52,7 @@ into shared memory byte by byte.
 Head-dim pieces and key blocks are at least 32 wide (NVIDIA's 8-bit MMA needs K >= 32; on AMD the
 fp8 MFMAs take K = 16 or 32 per instruction); non-causal and causal (bottom-right aligned), GQA,
 any lengths, D in 16..256, any strides. Every program checks that its descale product and
-``v_descale`` are finite and sets a bit of :func:`rocmflash.api.fp8.error_word` when not.
+``v_descale`` are finite and sets a bit of :func:`rocmflash.kernels.fp8_errors.error_word` when not.
 
 Under Triton 3.6's interpreter fp8 needs two repairs, applied only around interpreted launches
 (:func:`_interpreter_fp8`): FNUZ element types fail with "fail to convert fp8e4b8 to ir type"
@@ -280,8 +280,9 @@ def launch(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: 
     ``out``: any-strided ``(B, Hq, Sq, D)`` bf16/fp16 tensor; ``lse`` (optional) contiguous fp32
     ``(B, Hq, Sq)``. ``arch`` (the device's, e.g. ``sm_90``): where :func:`kmajor_v`, V is read
     K-major (:func:`as_kmajor_v`: no copy when ``v.stride(2) == 1`` already). Sets
-    :func:`rocmflash.api.fp8.error_word` on a non-finite descale; returns ``(out, lse)``."""
-    from rocmflash.api.fp8 import error_word, fp8_max
+    :func:`rocmflash.kernels.fp8_errors.error_word` on a non-finite descale; returns ``(out, lse)``."""
+    from rocmflash.kernels.fp8_errors import error_word
+    from rocmflash.hw.fp8 import fp8_max
 
     cfg = check_config(cfg)
     v, seq_v = as_kmajor_v(v) if kmajor_v(arch) else (v, v.shape[2])
@@ -315,7 +316,7 @@ def compile_for(target, cfg: KernelConfig, problem: Problem, fp8_dtype=None):
     or a dtype of the other family, is a ``TypeError``."""
     import torch
 
-    from rocmflash.api.fp8 import FAMILY_DTYPES, check_format, fp8_family, fp8_max, triton_type
+    from rocmflash.hw.fp8 import FAMILY_DTYPES, check_format, fp8_family, fp8_max, triton_type
 
     cfg = check_config(cfg)
     t = C.as_target(target)
@@ -413,7 +414,7 @@ def _to_fp8_bits(data, dst):
     import numpy as np
     import torch
 
-    from rocmflash.api.fp8 import FP8_DTYPES
+    from rocmflash.hw.fp8 import FP8_DTYPES
 
     dtype = next(d for d, info in FP8_DTYPES.items() if info[1] == dst.name)
     x = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))

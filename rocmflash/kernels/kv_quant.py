@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from rocmflash.api import fp8 as F8
+from rocmflash.hw import fp8 as F8
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
 
@@ -42,7 +42,7 @@ class Fp8Layout(NamedTuple):
 
 
 # Written out, not read from torch.finfo: torch 2.13's finfo(float8_e5m2fnuz).eps says 3 mantissa bits (it has 2).
-# The largest finite values come from rocmflash.api.fp8 (fp8_max).
+# The largest finite values come from rocmflash.hw.fp8 (fp8_max).
 LAYOUTS = {
     torch.float8_e4m3fn: Fp8Layout(3, 7, False),
     torch.float8_e5m2: Fp8Layout(2, 15, False),

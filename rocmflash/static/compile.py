@@ -52,7 +52,7 @@ def default_cache_dir() -> str:
 #: so editing them must not invalidate every cached observation)
 FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py",
                    "kernels/launch.py", "kernels/online.py", "kernels/split_kv.py", "kernels/two_phase.py",
-                   "kernels/split_d.py", "kernels/fp8_forward.py", "api/fp8.py")  # api/fp8.py: formats, P's scale
+                   "kernels/split_d.py", "kernels/fp8_forward.py", "hw/fp8.py")  # hw/fp8.py: formats, P's scale
 
 
 def kernel_source_hash() -> str:

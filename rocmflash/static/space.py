@@ -168,7 +168,7 @@ def default_space(gpu: GPU, variants: Optional[Iterable[str]] = None, dtype: Opt
     return ConfigSpace(knobs, DEFAULT_RESTRICTIONS).restrict(variants)
 
 
-#: the e4m3 format of each fp8 family (:func:`rocmflash.api.fp8.fp8_family`), by its torch name
+#: the e4m3 format of each fp8 family (:func:`rocmflash.hw.fp8.fp8_family`), by its torch name
 FP8_E4M3 = {"fnuz": "float8_e4m3fnuz", "ocp": "float8_e4m3fn"}
 
 
@@ -177,7 +177,7 @@ def fp8_format(gpu: GPU) -> str:
     (MI300A/MI300X/MI325X), ``float8_e4m3fn`` on gfx950 (MI350X/MI355X) and sm_89+ (H100/H200).
 
     ``ValueError`` (one line, naming the GPU, its arch and what it lacks) where there is none."""
-    from rocmflash.api.fp8 import fp8_family
+    from rocmflash.hw.fp8 import fp8_family
 
     family = fp8_family(gpu.arch)
     if family is None:
