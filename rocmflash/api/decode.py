@@ -46,6 +46,12 @@ from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels import kv_decode as KD  # noqa: E402
 from rocmflash.kernels import kv_quant as KQ  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
+from rocmflash.kernels.kv_decode import (  # noqa: E402,F401  (re-exported: the routing rule is the kernel's)
+    DECODE_MAX_QUERIES,
+    DECODE_MAX_ROWS,
+    DECODE_MIN_KEYS,
+    is_decode_shaped,
+)
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -413,26 +419,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
     return (out, lse) if want_lse else out
-
-
-#: a short query over many keys runs this module's split-KV kernel from every entry point
-#: (:func:`is_decode_shaped`): at most this many query tokens and (token, query head) rows per K/V head ...
-DECODE_MAX_QUERIES = 16
-DECODE_MAX_ROWS = 64
-#: ... and at least this many keys (fewer: the dense kernel has work enough for the whole GPU)
-DECODE_MIN_KEYS = 256
-
-
-def is_decode_shaped(seqlen_q: int, seqlen_k: int, group: int) -> bool:
-    """Whether attention of ``seqlen_q`` queries over ``seqlen_k`` keys (GQA ``group``) is a decode step.
-
-    The dense kernels tile queries by ``BLOCK_M >= 16`` rows per query head: a step of one token
-    leaves most of each tile empty and launches ``B * Hq`` programs -- too few to read a long K/V
-    at the memory's speed. The decode kernel holds every query row of a K/V head in one tile and
-    splits the keys across programs instead.
-    """
-    return (seqlen_q <= DECODE_MAX_QUERIES and seqlen_q * group <= DECODE_MAX_ROWS
-            and seqlen_k >= max(DECODE_MIN_KEYS, 4 * seqlen_q))
 
 
 _FULL_LENGTHS: dict = {}  #: (batch, length, device) -> int32 (batch,) tensor of ``length``

@@ -47,7 +47,7 @@ def shape_excludes(causal: bool, seqlen_q: int, seqlen_k: int, group: int) -> Op
     """Why a call of this shape never runs the incumbent, or None: the call is decode-shaped (the decode
     kernel serves it), or SDPA computes another function (causal with ``Sq != Sk``). Run-time dispatch and
     ``rocmflash explain`` both ask this."""
-    from rocmflash.api.decode import is_decode_shaped
+    from rocmflash.kernels.kv_decode import is_decode_shaped
 
     if is_decode_shaped(seqlen_q, seqlen_k, group):
         return "decode-shaped (a few queries over many keys): rocmflash's split-KV decode kernel"

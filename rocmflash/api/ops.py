@@ -39,7 +39,8 @@ from rocmflash.config import KernelConfig
 from rocmflash.kernels import get_variant
 from rocmflash.kernels.backward import backward, empty_like_layout
 from rocmflash.kernels import launch as L
-from rocmflash.api.decode import attend_whole_cache, is_decode_shaped
+from rocmflash.api.decode import attend_whole_cache
+from rocmflash.kernels.kv_decode import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api.incumbent import sdpa_attention, shape_excludes
 from rocmflash.api.selection import entry_incumbent, incumbent_disabled, register_clear, select_bwd_config, select_config
