@@ -138,14 +138,15 @@ def test_winner_and_field_rules():
 def test_worker_task_gates_each_backend(interpret):
     """In the interpreter the task gates every backend against the fp32 reference (a backend torch cannot
     run on this device fails cleanly) and times none of them."""
-    from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.hw.roofline import Shape
+    from rocmflash.tuning.incumbent_worker import measure
+    from rocmflash.tuning.live_worker import LiveSettings
 
     shape = Shape(batch=1, heads_q=4, heads_kv=2, seqlen_q=64, seqlen_k=64, head_dim=32, dtype="fp16", causal=True)
     task = {"shape": shape.to_dict(), "settings": LiveSettings().to_dict(),
             "config": KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1).to_dict(),
             "backends": ["default", "flash", "cudnn", "efficient"]}
-    res = incumbent.measure(task)
+    res = measure(task)
     assert res["status"] == "ok" and set(res["backends"]) == set(task["backends"])
     assert res["backends"]["default"]["status"] == "skipped" and res["backends"]["default"]["rel_err"] < 1e-2
     for r in res["backends"].values():

@@ -1,6 +1,6 @@
 """The incumbent in a tune: time the platform's SDPA backends beside a problem's Triton winner.
 
-:func:`time_incumbent` runs :func:`rocmflash.api.incumbent.measure` in the tune's own timing worker (same
+:func:`time_incumbent` runs :func:`rocmflash.tuning.incumbent_worker.measure` in the tune's own timing worker (same
 device, inputs, flush and repetitions as the Triton configs) and returns the entry's ``incumbent``
 field. :func:`refresh` does it for every measured forward entry of a database: the stored winner is
 timed again in the same worker, so both sides of the comparison come from one run on one GPU
@@ -21,16 +21,17 @@ def time_incumbent(runner, shape: Shape, config: dict, settings: dict, triton_ms
     """The ``incumbent`` field for ``shape`` (None where SDPA computes another function or the runner
     cannot run worker tasks, e.g. a replay)."""
     from rocmflash.api import incumbent
+    from rocmflash.tuning.incumbent_worker import measure
 
     if not incumbent.applies(shape.causal, shape.seqlen_q, shape.seqlen_k) or not _runs_tasks(runner):
         return None
-    result = runner.call(incumbent.measure, incumbent_task(shape, config, settings), TIMEOUT_S)
+    result = runner.call(measure, incumbent_task(shape, config, settings), TIMEOUT_S)
     return incumbent_result_field(result, triton_ms)
 
 
 def incumbent_task(shape: Shape, config: dict, settings: dict) -> dict:
     """The worker task that times the platform's backends beside ``config`` on ``shape``
-    (:func:`rocmflash.api.incumbent.measure`; a tune pipeline's incumbent job runs it on a timing worker)."""
+    (:func:`rocmflash.tuning.incumbent_worker.measure`; a tune pipeline's incumbent job runs it on a timing worker)."""
     from rocmflash.api import incumbent
 
     return {"shape": shape.to_dict(), "settings": settings, "config": config, "backends": incumbent.candidates()}

@@ -164,6 +164,7 @@ class ForwardItem:
         """The platform's SDPA backends timed beside the winner, on a timing worker (None where that does
         not apply: no winner, SDPA computes another function, or the workers run no tasks)."""
         from rocmflash.api import incumbent
+        from rocmflash.tuning.incumbent_worker import measure
         from rocmflash.tuning.incumbents import incumbent_task
         from rocmflash.tuning.pipeline import Job
 
@@ -179,7 +180,7 @@ class ForwardItem:
         def run(runner, task=task):
             if not hasattr(runner, "call"):
                 return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
-            return runner.call(incumbent.measure, task, TIMEOUT_S)
+            return runner.call(measure, task, TIMEOUT_S)
 
         return Job(self, run, "incumbent", (self.key, INCUMBENT, None), payload=(INCUMBENT, entry["time_ms"]))
 
