@@ -54,7 +54,7 @@ def tune_all(names, out: str, log) -> dict:
 
 
 def _entry(name, gpu_name, configs):
-    from rocmflash.store.db import ConfigDB
+    from rocmflash.db import ConfigDB
     from rocmflash.tuning.backward import bwd_key
 
     B, Hq, Hkv, S, D, causal, dt = PROBLEMS[name]

@@ -31,7 +31,7 @@ def _entries(gpu_name: str, db_path: str, keys=None):
     """The measured forward entries of ``db_path`` (``keys``: only these); decode, backward and varlen
     entries are other kernels, not ``rocmflash.attention``'s, and are left out."""
     from rocmflash.cli.tune import NOT_FORWARD_MODES
-    from rocmflash.store.db import ConfigDB
+    from rocmflash.db import ConfigDB
 
     data = ConfigDB.read(db_path)
     if data["gpu"] != gpu_name:
@@ -103,7 +103,7 @@ def markdown(results: dict, meta: dict) -> str:
 
 def write_db(path: str, results: dict, when: str) -> None:
     """Store the API figure beside the tuned one (atomic write)."""
-    from rocmflash.store.db import ConfigDB, atomic_write_json
+    from rocmflash.db import ConfigDB, atomic_write_json
 
     data = ConfigDB.read(path)
     for key, r in results.items():
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     import triton
 
     from rocmflash.hw.detect import detect_live_gpu
-    from rocmflash.store.db import shipped_db_path
+    from rocmflash.db import shipped_db_path
 
     gpu = detect_live_gpu()
     if gpu is None:

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from rocmflash.store.db import ConfigDB, environment
+    from rocmflash.db import ConfigDB, environment
     from rocmflash.tuning import incumbents
     from rocmflash.tuning.live import LiveRunner
     from rocmflash.tuning.live_worker import LiveSettings

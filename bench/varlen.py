@@ -57,7 +57,7 @@ def _mixes(torch, quick: bool):
 def _tuned_mixes(torch) -> dict:
     """The packed batch of every measured varlen forward entry of the live GPU's databases (as tuned)."""
     from rocmflash.hw.detect import detect_live_gpu
-    from rocmflash.store.db import iter_database_entries, servable
+    from rocmflash.db import iter_database_entries, servable
     from rocmflash.tuning.varlen import VarlenProblem, parse_varlen_key
 
     gpu = detect_live_gpu()

@@ -10,7 +10,7 @@ import torch
 
 from rocmflash.config import KernelConfig as K
 from rocmflash.hw.roofline import Shape
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning import backward_run as TR
 

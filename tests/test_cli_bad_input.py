@@ -13,7 +13,7 @@ import pytest
 from rocmflash.cli import main
 from rocmflash.cli.tune import _unwritable_dir
 from rocmflash.static import compile as C
-from rocmflash.store import db as D
+from rocmflash import db as D
 
 
 class CompileStarted(Exception):

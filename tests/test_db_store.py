@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rocmflash.config import KernelConfig
-from rocmflash.store import db as D
+from rocmflash import db as D
 
 
 def test_seqlen_bucket_is_next_power_of_two():
@@ -95,7 +95,7 @@ def test_journal_appends_and_survives_a_torn_line(tmp_path):
 def test_lock_refuses_a_second_tune(tmp_path):
     path = str(tmp_path / "h100.json")
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from rocmflash.store.db import tune_lock; lock = tune_lock(sys.argv[1]); print('held', flush=True); "
+        "import sys, time; from rocmflash.db import tune_lock; lock = tune_lock(sys.argv[1]); print('held', flush=True); "
         "time.sleep(30)"), path], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

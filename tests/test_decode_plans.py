@@ -301,7 +301,7 @@ def test_a_misaligned_tensor_under_a_kept_plan_goes_through_triton(fake_triton):
 def test_clear_cache_makes_a_new_database_entry_seen(fake_triton, tmp_path, monkeypatch):
     """After a tune writes the database in this process, decode.clear_cache() (which the tuner calls)
     drops the kept plans with the configs: the next call launches the new entry's split count."""
-    from rocmflash.store import db as D
+    from rocmflash import db as D
     from rocmflash.api import selection
     from rocmflash.tuning import decode as TD
 

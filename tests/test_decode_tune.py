@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.kernels import kv_decode as KD
 from rocmflash.tuning import decode as TD
 

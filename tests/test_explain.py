@@ -6,7 +6,7 @@ import pytest
 
 from rocmflash.cli import main
 from rocmflash.config import KernelConfig
-from rocmflash.store import db as D
+from rocmflash import db as D
 
 
 @pytest.fixture

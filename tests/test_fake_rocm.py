@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.config import AMD_ONLY_OPTIONS, KernelConfig
 from rocmflash.kernels.common import observe_launches, torch_backend

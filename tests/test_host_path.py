@@ -35,7 +35,7 @@ def _qkv(B=1, Hq=4, Hkv=2, S=32, D=32, grad=False, seed=0, bshd=False, dtype=tor
 
 def _entry_db(tmp_path, monkeypatch, field, D=32, group=2, bucket=32):
     """A user database whose d{D}-fp16-full-gqa{group}-s{bucket} entry carries the incumbent ``field``."""
-    db = pytest.importorskip("rocmflash.store.db")
+    db = pytest.importorskip("rocmflash.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
     monkeypatch.setattr(selection, "device_identity", lambda device: ("h100", "sm_90"))

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("fresh_selection")
 
 
 def _entry_db(tmp_path, monkeypatch, field, causal=False, group=2, D=32, bucket=64):
-    db = pytest.importorskip("rocmflash.store.db")
+    db = pytest.importorskip("rocmflash.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
     monkeypatch.setattr(selection, "device_identity", lambda device: ("h100", "sm_90"))

@@ -13,7 +13,7 @@ import pytest
 
 from rocmflash.hw.gpus import get_gpu
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning.decode import DecodeProblem, decode_space
 from rocmflash.tuning.items import open_context

@@ -6,7 +6,7 @@ from rocmflash.config import KernelConfig, Problem
 from rocmflash.hw.gpus import get_gpu
 from rocmflash.static.seeds import reference_seeds
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.tune import ReplayRunner, TuneSpec, tune
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4],

@@ -23,7 +23,7 @@ def _fake_gpu(monkeypatch, name="h100", arch="sm_90"):
 
 
 def _write_db(tmp_path, monkeypatch, entries):
-    db = pytest.importorskip("rocmflash.store.db")
+    db = pytest.importorskip("rocmflash.db")
     monkeypatch.setenv(db.CONFIG_DIR_ENV, str(tmp_path))
     # only this test's database: the shipped ones would answer the "no entry" cases
     monkeypatch.setattr(db, "shipped_config_dir", lambda: str(tmp_path / "no-shipped"))
@@ -77,7 +77,7 @@ def test_no_db_env_and_missing_db_module(tmp_path, monkeypatch):
     selection.clear_cache()
     import rocmflash
 
-    monkeypatch.setitem(sys.modules, "rocmflash.store.db", None)  # import fails -> default
+    monkeypatch.setitem(sys.modules, "rocmflash.db", None)  # import fails -> default
     monkeypatch.delattr(rocmflash, "db", raising=False)
     assert selection.select_config(_Dev(), 128, torch.bfloat16, False, 1, 1024, 1024) == default_config("sm_90", 128)
 

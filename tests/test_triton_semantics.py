@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.static.autotune import early_config_prune, kernel_config_from_triton
 from rocmflash.static.compile import sweep
 from rocmflash.config import (SCHEDULE_HINTS, KernelConfig, Problem, installed_triton_version, schedule_hint_semantics,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.cli.tune import add_tune_parsers, run_export, run_tune
 
 

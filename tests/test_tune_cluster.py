@@ -9,7 +9,7 @@ midway: its in-flight config goes to the other actor and nothing else is lost.
 import pytest
 
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.tune import ReplayRunner, TuneSpec, tune
 
 ray = pytest.importorskip("ray")

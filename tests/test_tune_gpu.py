@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import small_online_space
 
-from rocmflash.store.db import ConfigDB, Journal
+from rocmflash.db import ConfigDB, Journal
 from rocmflash.tune import TuneSpec, tune
 from rocmflash.tuning.live_worker import LiveSettings
 

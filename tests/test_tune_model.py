@@ -7,7 +7,7 @@ import pytest
 
 from rocmflash.cli.tune import add_tune_parsers, run_tune
 from rocmflash.hw.gpus import get_gpu
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.tuning.models import PRESETS, ModelConfigError, from_config, load_model
 from rocmflash.tuning.plan import DEFAULT_SEQLENS, make_plan
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import ReplayRunner, TuneSpec, tune
 from rocmflash.tuning.pool import NoWorkersLeft, WorkerLost, WorkerPool, node_gpu, parse_gpus

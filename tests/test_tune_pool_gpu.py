@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import small_online_space
 
-from rocmflash.store.db import ConfigDB, Journal, journal_path
+from rocmflash.db import ConfigDB, Journal, journal_path
 from rocmflash.tune import TuneSpec, tune
 from rocmflash.tuning.live_worker import LiveSettings
 from rocmflash.tuning.pool import node_gpu, node_pool

@@ -7,7 +7,7 @@ tests can make the static ranking wrong and short measurements misleading.
 
 import pytest
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.config import KernelConfig
 from rocmflash.tuning.race import (DEFAULT_ROUNDS, FINAL_PASSES, advancing, final_round_records, merge_final_passes,
                             planned_measurements)

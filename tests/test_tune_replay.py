@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.config import KernelConfig
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tune import (NoLiveGPUError, ReplayRunner, TuneInterrupted, TuneSpec, choose, static_key,

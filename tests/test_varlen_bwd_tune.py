@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.config import KernelConfig as K
 from rocmflash.kernels.backward import BwdConfig, default_bwd_config

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from rocmflash.store import db as D
+from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.config import KernelConfig as K
 from rocmflash.tuning import varlen as TV
@@ -82,7 +82,7 @@ def test_space_is_the_dense_online_space():
         space = TV.varlen_space(gpu, p)
         dense = default_space(gpu, ["online"]).configs(p.dense_problem(), gpu)
         assert [K.from_dict(c) for c in space] == dense and {c["variant"] for c in space} == {"online"}
-    assert len(TV.varlen_space(get_gpu("mi300x"), p)) == 336  # the knobs listed in rocmflash/static/space.py
+    assert len(TV.varlen_space(get_gpu("mi300x"), p)) == 336  # the knobs listed in rocmflash/space.py
 
 
 # ----------------------------------------------------------------------------- static phase and the CLI

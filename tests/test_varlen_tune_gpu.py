@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rocmflash.store.db import ConfigDB
+from rocmflash.db import ConfigDB
 
 pytestmark = [pytest.mark.gpu]
 

@@ -56,7 +56,7 @@ def test_installed_wheel_finds_shipped_databases_and_runs_doctor(wheel, tmp_path
     env = dict(os.environ, ROCMFLASH_CONFIG_DIR=str(tmp_path / "user"))
     env.pop("PYTHONPATH", None)
     probe = _run([python, "-c", (
-        "import json, rocmflash, rocmflash.store.db as db\n"
+        "import json, rocmflash, rocmflash.db as db\n"
         "cfg = db.lookup('h100', 128, 'bf16', False, 1, 4096, measured_only=True)\n"
         "print(json.dumps({'file': rocmflash.__file__, 'shipped': db.shipped_config_dir(), "
         "'paths': db.database_paths('h100'), 'cfg': cfg.to_dict() if cfg else None}))")],

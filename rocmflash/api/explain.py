@@ -25,7 +25,7 @@ from rocmflash.hw.gpus import GPU, get_gpu
 
 
 def _entry_row(path: str, bucket: int, entry: dict, target_bits: int, variant: str) -> dict:
-    from rocmflash.store.db import _pick, servable
+    from rocmflash.db import _pick, servable
 
     cfg = _pick(entry, variant)
     served = servable(entry)
@@ -45,7 +45,7 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
             gqa_ratio: int = 1, variant: str = "online", db_path: Optional[str] = None, check: bool = True,
             cache_dir: Optional[str] = None) -> dict:
     """The selection for one problem on ``gpu_name`` and the evidence for it (a JSON-able dict)."""
-    from rocmflash.store import db
+    from rocmflash import db
 
     gpu = get_gpu(gpu_name)
     dtype = normalize_dtype(dtype)

@@ -6,11 +6,11 @@
 1. the live GPU of the tensor's device (catalog name via :func:`rocmflash.hw.detect.detect_live_gpu`,
    its arch from the device itself when it is not in the catalog) -- detected once per
    device and cached;
-2. :func:`rocmflash.store.db.lookup` for that GPU: same head dim, dtype, causal flag, GQA ratio
+2. :func:`rocmflash.db.lookup` for that GPU: same head dim, dtype, causal flag, GQA ratio
    and variant, nearest sequence-length bucket (the key length: it sets the work per
    query block); only entries measured on a live GPU (``measured_only=True``), as
    :func:`rocmflash.api.attention._resolve_config` does;
-3. if there is no entry (or no database, or ``rocmflash.store.db`` is unavailable, or its
+3. if there is no entry (or no database, or ``rocmflash.db`` is unavailable, or its
    config is unusable), :func:`rocmflash.config.default_config` for the arch -- the
    per-arch default the kernel tests run with.
 
@@ -23,7 +23,7 @@ Nothing is ever tuned here. Every answer is cached per (device, problem key), so
 repeat call is one dict lookup (well under a microsecond; see
 ``tests/test_selection_interp.py``). ``ROCMFLASH_NO_DB=1`` skips step 2 (defaults only).
 :func:`clear_cache` forgets everything (call it after writing a database in-process;
-:func:`rocmflash.store.db.clear_cache` is called with it).
+:func:`rocmflash.db.clear_cache` is called with it).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def clear_cache() -> None:
     _LAST_SOURCE.clear()
     _INCUMBENT.clear()
     try:
-        from rocmflash.store import db
+        from rocmflash import db
     except ImportError:
         return
     clear = getattr(db, "clear_cache", None)
@@ -126,11 +126,11 @@ def db_disabled() -> bool:
 
 
 def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant):
-    """The database's match for this problem (:class:`rocmflash.store.db.DBMatch`), or None."""
+    """The database's match for this problem (:class:`rocmflash.db.DBMatch`), or None."""
     if gpu_name is None or db_disabled():
         return None
     try:
-        from rocmflash.store import db
+        from rocmflash import db
     except ImportError:
         return None
     try:
@@ -217,7 +217,7 @@ INCUMBENT_MAX_BUCKET_DISTANCE = 1
 
 def incumbent_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match) -> tuple:
     """``(the served entry's incumbent field or None, why that timing does not decide or None)`` for the entry
-    ``match`` (a :class:`rocmflash.store.db.DBMatch`): it does not when the switch is set, when there is no measured
+    ``match`` (a :class:`rocmflash.db.DBMatch`): it does not when the switch is set, when there is no measured
     entry or no timing in it, or when the entry is more than :data:`INCUMBENT_MAX_BUCKET_DISTANCE` buckets away
     (an incumbent timed at S=8192 says little about S=256). Run-time dispatch and ``rocmflash explain`` both
     ask this."""
@@ -231,7 +231,7 @@ def _entry_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
     """:func:`incumbent_timing` before the switch."""
     field = None
     if match is not None:
-        from rocmflash.store import db
+        from rocmflash import db
 
         entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
                       if b == match.bucket), None)
@@ -249,7 +249,7 @@ def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_
     """What a selection chose and how far it is from the problem asked (logged once per problem)."""
     dt = normalize_dtype(dtype)
     bucket = _bucket(seqlen_k)
-    asked = f"d{head_dim}-{dt}-{'causal' if causal else 'full'}-gqa{gqa_ratio}-s{bucket}"  # rocmflash.store.db's key
+    asked = f"d{head_dim}-{dt}-{'causal' if causal else 'full'}-gqa{gqa_ratio}-s{bucket}"  # rocmflash.db's key
     if match is None:
         why = ("no GPU in the catalog" if gpu_name is None else
                f"no measured {gpu_name} entry for d{head_dim}/{dtype}/{'causal' if causal else 'full'}/"

@@ -303,7 +303,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _check_explain_db(path: str, gpu_name: str) -> None:
     """``--db``: a readable database of this GPU; run-time selection would skip a corrupt one with a warning,
     but a file named on purpose that cannot be used is an error, not an empty answer."""
-    from rocmflash.store.db import ConfigDB
+    from rocmflash.db import ConfigDB
 
     if not os.path.isfile(path):
         raise ValueError(f"--db {path}: no such file" + (" (it is a directory)" if os.path.isdir(path) else ""))

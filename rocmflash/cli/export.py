@@ -73,8 +73,8 @@ def export_triton(data: dict, vendor: str) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from rocmflash.db import ConfigDB, DBError, database_paths
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.store.db import ConfigDB, DBError, database_paths
 
     try:
         gpu = get_gpu(args.gpu)

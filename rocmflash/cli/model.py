@@ -72,8 +72,8 @@ def _dtypes(text) -> list:
 
 def run_model_tune(args: argparse.Namespace, console) -> int:
     """Plan a model's tune, print the plan, and (unless ``--dry-run``) run it."""
+    from rocmflash.db import DBError
     from rocmflash.hw.gpus import UnknownGPUError
-    from rocmflash.store.db import DBError
     from rocmflash.tuning.model_run import print_model_summary, tune_model
     from rocmflash.tuning.models import load_model
     from rocmflash.tuning.plan import make_plan, plan_table

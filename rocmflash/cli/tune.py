@@ -40,8 +40,8 @@ from rocmflash.hw.gpus import UnknownGPUError
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    from rocmflash.db import DBError
     from rocmflash.static.report import make_console
-    from rocmflash.store.db import DBError
     from rocmflash.tune import (
         INJECT_ENV,
         ReplayRunner,
@@ -142,7 +142,7 @@ def run_tune(args: argparse.Namespace) -> int:
 def _one_gpu_tune(args: argparse.Namespace, run) -> int:
     """Run a one-GPU tune (``--mode decode`` / ``varlen``): ``run()`` does the work; Ctrl-C is exit 130,
     a bad argument, unknown GPU, database or no-live-GPU problem is one line and exit 2."""
-    from rocmflash.store.db import DBError
+    from rocmflash.db import DBError
     from rocmflash.tuning.spec import NoLiveGPUError
 
     try:

@@ -238,7 +238,7 @@ def check_tune_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value} is invalid; expected a positive int")
     if not args.dry_run:
         check_cache_dir(args.cache_dir)
-        from rocmflash.store.db import CONFIG_DIR_ENV
+        from rocmflash.db import CONFIG_DIR_ENV
 
         if args.db:
             check_db_path(args.db)

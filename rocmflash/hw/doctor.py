@@ -66,7 +66,7 @@ def _torch_devices() -> tuple[str, list]:
 
 
 def _gpu_row(index: int, match) -> dict:
-    from rocmflash.store.db import database_paths, database_summary
+    from rocmflash.db import database_paths, database_summary
 
     row = {"index": index, "name": match.name, "arch": match.arch, "compute_units": match.compute_units,
            "warp_size": match.warp_size, "target": match.gpu.name if match.gpu else None,

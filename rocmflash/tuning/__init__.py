@@ -8,7 +8,7 @@ Flow for one tune (one GPU, head dim, dtype, causal flag, one or more sequence l
 2. **Live phase**, only when the live GPU is the one asked for: the strategy picks the
    configs to time, each is gated and timed in an isolated worker
    (:mod:`rocmflash.tuning.live`), every result is appended to the journal as it arrives, and
-   the database entry is rebuilt from the journal (:mod:`rocmflash.store.db`).
+   the database entry is rebuilt from the journal (:mod:`rocmflash.db`).
 3. Without a matching live GPU the static ranking is written with ``"measured": false``
    and the output says that nothing was benchmarked, and why.
 

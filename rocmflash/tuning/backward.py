@@ -42,14 +42,14 @@ HEAD_SPLIT_CHOICES = (1, 2, 4, 8)
 # ----------------------------------------------------------------------------- keys
 def bwd_key(head_dim: int, dtype, causal: bool, group: int, seqlen: int) -> str:
     """``bwd-d128-bf16-causal-gqa1-s4096``: ``bwd-`` and the forward's key of the same problem."""
-    from rocmflash.store.db import problem_key, seqlen_bucket
+    from rocmflash.db import problem_key, seqlen_bucket
 
     return f"{PREFIX}-{problem_key(head_dim, dtype, causal, group, seqlen_bucket(seqlen))}"
 
 
 def parse_bwd_key(key: str) -> Optional[dict]:
     """Inverse of :func:`bwd_key` (None for any other key)."""
-    from rocmflash.store.db import parse_key
+    from rocmflash.db import parse_key
 
     if not key.startswith(PREFIX + "-"):
         return None
@@ -203,7 +203,7 @@ def lookup_bwd(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, se
     ``head_splits`` is kept only for its own bucket: elsewhere it is 0 (chosen per call),
     since a split that fills the GPU at one length floods it at another.
     """
-    from rocmflash.store.db import iter_database_entries, seqlen_bucket, servable
+    from rocmflash.db import iter_database_entries, seqlen_bucket, servable
 
     want = seqlen_bucket(seqlen).bit_length()
     best = None

@@ -41,7 +41,7 @@ def tune_backward(spec, console=None, on_result: Optional[Callable[[dict], None]
     ``pool`` (a :class:`rocmflash.tuning.pool.WorkerPool` of GPUs of ``spec.gpu``'s kind) times on all of
     its GPUs at once instead of the current device."""
     from rocmflash.api import selection
-    from rocmflash.store.db import default_db_path, tune_lock
+    from rocmflash.db import default_db_path, tune_lock
     from rocmflash.tuning.items import backward_items, open_context, run_items, timing_workers
     from rocmflash.tuning.items_base import current_device_runner
     from rocmflash.tuning.run import _no_live_reason, resolve_gpu

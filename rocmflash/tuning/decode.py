@@ -170,7 +170,7 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
     used only when none of this page size exists. None when the GPU's databases hold no
     measured decode entry of this head dim, dtype and GQA ratio.
     """
-    from rocmflash.store.db import iter_database_entries, servable
+    from rocmflash.db import iter_database_entries, servable
     from rocmflash.kernels.kv_decode import DecodeConfig
 
     want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()

@@ -33,7 +33,7 @@ def tune_one(gpu_name: str, problem, make_item: Callable, db_path: Optional[str]
     """Tune one problem of a worker-task family through the pipeline: on ``pool``'s workers, else on the
     current device when it is ``gpu_name`` (else the static phase only); the entry stored under the tune
     lock. ``make_item(ctx)`` -> the :class:`TaskItem`. Returns its FamilyTuneResult."""
-    from rocmflash.store.db import default_db_path, tune_lock
+    from rocmflash.db import default_db_path, tune_lock
     from rocmflash.tuning.items import open_context, run_items, timing_workers
     from rocmflash.tuning.items_base import current_device_runner
     from rocmflash.tuning.live_worker import LiveSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rocmflash.config import KernelConfig
-from rocmflash.store.db import now_iso, problem_key, seqlen_bucket
+from rocmflash.db import now_iso, problem_key, seqlen_bucket
 from rocmflash.hw.gpus import GPU
 from rocmflash.hw.roofline import Shape, roofline
 from rocmflash.tuning.spec import NEAR_BEST_PCT, STATIC_SCORE_DOC

@@ -39,7 +39,7 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
     they run worker tasks: the incumbent). ``device`` names the timing device in the environment
     fingerprint; ``measuring=False`` gives items that write static entries. The caller holds the
     database's tune lock. ``ctx``: an open :class:`TuneContext` to use instead."""
-    from rocmflash.store.db import default_db_path
+    from rocmflash.db import default_db_path
     from rocmflash.tuning.live_worker import LiveSettings
     from rocmflash.static.space import default_space
     from rocmflash.tuning.decode import DecodeProblem

@@ -11,7 +11,7 @@ import json
 import threading
 from typing import Callable, Optional
 
-from rocmflash.store.db import ConfigDB, Journal, env_id, environment, journal_path, now_iso
+from rocmflash.db import ConfigDB, Journal, env_id, environment, journal_path, now_iso
 from rocmflash.tuning.output import _Output
 
 

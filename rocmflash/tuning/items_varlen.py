@@ -107,7 +107,7 @@ STATUSES = ("ok", "incorrect", "failed", "timeout", "crashed")
 def dense_choice(gpu, problem: VarlenProblem) -> dict:
     """What ``flash_attn_varlen_func`` ran on ``gpu`` without a varlen entry: the measured dense entry of
     the longest sequence's bucket (online variant), else the per-arch default. ``{"config", "source"}``."""
-    from rocmflash.store import db
+    from rocmflash import db
     from rocmflash.config import default_config
 
     match = db.lookup_match(gpu.name, problem.head_dim, problem.dtype, problem.causal, problem.group,

@@ -36,7 +36,7 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
                on_stage=None) -> ModelTuneResult:
     """Run ``plan`` through one pipeline; ``pool`` (a :class:`~rocmflash.tuning.pool.WorkerPool`) times on
     its workers, None times on the current device when it is the plan's GPU (else the static phase only)."""
-    from rocmflash.store.db import default_db_path, tune_lock
+    from rocmflash.db import default_db_path, tune_lock
     from rocmflash.tuning.items import items_for_plan, run_items, timing_workers
 
     start = time.perf_counter()

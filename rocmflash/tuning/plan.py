@@ -99,8 +99,8 @@ def make_plan(model: ModelAttention, gpu, dtypes: Optional[list] = None, seqlens
     """Every problem ``model`` calls on ``gpu``: causal prefill forward/backward per dtype and bucket, and
     decode per dtype and KV-length bucket. Default dtypes: both fp16 and bf16; default buckets
     :data:`DEFAULT_SEQLENS` up to the model's context length."""
+    from rocmflash.db import problem_key, seqlen_bucket
     from rocmflash.static.space import default_space
-    from rocmflash.store.db import problem_key, seqlen_bucket
     from rocmflash.tuning.backward import bwd_space
     from rocmflash.tuning.decode import DecodeProblem, decode_space
 

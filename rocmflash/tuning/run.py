@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Optional
 
-from rocmflash.store.db import default_db_path, journal_path, tune_lock
+from rocmflash.db import default_db_path, journal_path, tune_lock
 from rocmflash.hw.detect import identify_live_device
 from rocmflash.hw.gpus import GPU, get_gpu
 from rocmflash.tuning.items import forward_items, open_context, run_items, timing_workers

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rocmflash.db import now_iso
 from rocmflash.hw.roofline import Shape
 from rocmflash.static.dedupe import distinct
-from rocmflash.store.db import now_iso
 from rocmflash.tuning.static import StaticResult, default_top_k
 
 

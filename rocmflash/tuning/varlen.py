@@ -225,7 +225,7 @@ def nearest_entry(gpu_name: str, prefix: str, head_dim: int, dtype, group: int, 
     powers of two (ties: the larger, then the user's file). Entries not measured on a GPU, and
     entries ``read_config`` cannot read (TypeError/ValueError/KeyError), are skipped.
     """
-    from rocmflash.store.db import iter_database_entries, servable
+    from rocmflash.db import iter_database_entries, servable
 
     want = _bucket(max_seqlen).bit_length()
     asked = (int(head_dim), normalize_dtype(dtype), int(group), bool(causal))

@@ -62,7 +62,7 @@ import warnings
 from typing import Any, NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, installed_triton_version, normalize_dtype
-from rocmflash.store.files import (  # noqa: F401  (re-exported: the code moved there)
+from rocmflash.db_files import (  # noqa: F401  (re-exported: the code moved there)
     AFTER_SAVE,
     CONFIG_DIR_ENV,
     DB_FORMAT,
@@ -97,7 +97,7 @@ def user_config_dir() -> str:
 
 def shipped_config_dir() -> str:
     """The databases shipped with rocmflash (package data; ``configs/`` of a source checkout)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")  # rocmflash/configs
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def default_db_path(gpu_name: str) -> str:

@@ -1,7 +1,7 @@
 """What a database file and a tuning journal are on disk: their formats and keys, the entry records
 (:class:`ConfigDB`), the append-only :class:`Journal`, atomic writes and the per-database tune lock.
 
-:mod:`rocmflash.store.db` (where the files are, and the run-time lookup) re-exports every public name here.
+:mod:`rocmflash.db` (where the files are, and the run-time lookup) re-exports every public name here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 CONFIG_DIR_ENV = "ROCMFLASH_CONFIG_DIR"
 
 
-#: called after every save in this process: the run-time lookup (:mod:`rocmflash.store.db`, which imports
+#: called after every save in this process: the run-time lookup (:mod:`rocmflash.db`, which imports
 #: this module, never the reverse) registers the clearing of its caches here
 AFTER_SAVE: list = []
 
@@ -192,7 +192,7 @@ class ConfigDB:
             self.data["updated"] = now_iso()
             self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
             atomic_write_json(self.path, self.data)
-            for forget in AFTER_SAVE:  # the run-time lookup's caches (rocmflash.store.db registers them)
+            for forget in AFTER_SAVE:  # the run-time lookup's caches (rocmflash.db registers them)
                 forget()
 
 
