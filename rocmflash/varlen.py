@@ -1,0 +1,11 @@
+"""``rocmflash.varlen``, kept importable under its old name: the code lives in :mod:`rocmflash.api.varlen`.
+
+This module *is* :mod:`rocmflash.api.varlen` (one module object under both names), so every name, private
+ones included, and every ``monkeypatch`` of it reach the same code.
+"""
+
+import sys
+
+from rocmflash.api import varlen as _moved
+
+sys.modules[__name__] = _moved
