@@ -74,7 +74,12 @@ def _all_paths(torch, F, modules):
         q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1])}
     for name in modules:
         rf = importlib.import_module(name)
-        importlib.import_module(name + ".ops")  # registers the torch ops
+        for ops in (name + ".api.ops", name + ".ops"):  # registers the torch ops (rocmflash.ops before the layout)
+            try:
+                importlib.import_module(ops)
+                break
+            except ModuleNotFoundError:
+                continue
         paths.update(_paths(torch, F, rf, name if len(modules) > 1 else ""))
     return paths
 
