@@ -6,9 +6,16 @@ rocmflash's served forward+backward beside it), in one live-runner worker on thi
 the comparison from one run. The entries get their ``incumbent`` field (:mod:`rocmflash.api.incumbent`),
 which run-time dispatch reads. Writes a copy of the database (``--out-db``) and a table.
 
+``--decode`` does the same for the dense decode entries (``decode-d128-bf16-gqa8-kv8192-b32``...), timed as a
+user's eager call pays (:func:`rocmflash.tuning.incumbent_worker.measure_decode`: host time included, back-to-back
+calls between events), and adds an entry for every problem of the decode grid (B 1/8/32 x KV 2k-64k x Hkv 8/32,
+Hq 32, D128, bf16) the database lacks: it keeps the config run-time selection serves today (its ``strategy`` says
+so) and carries the measured incumbent. In this process, one problem after another (about 3 minutes on an H100).
+
 Usage (on a GPU)::
 
     python bench/refresh_incumbents.py --db configs/h100.json --out-db $OUT/h100.json --out $OUT
+    python bench/refresh_incumbents.py --decode --db configs/h100.json --out-db $OUT/h100.json --out $OUT
 """
 
 from __future__ import annotations
@@ -25,7 +32,12 @@ def main(argv=None) -> int:
     ap.add_argument("--db", required=True, help="the database to refresh (read)")
     ap.add_argument("--out-db", required=True, help="where the refreshed copy is written")
     ap.add_argument("--out", default=".", help="directory for incumbents.md")
-    ap.add_argument("--keys", default="", help="comma-separated entry keys (default: every forward entry)")
+    ap.add_argument("--keys", default="", help="comma-separated entry keys (default: every forward entry; with "
+                    "--decode: every decode entry and grid problem)")
+    ap.add_argument("--decode", action="store_true",
+                    help="refresh the decode entries (eager, host time included) and add the decode grid's missing ones")
+    ap.add_argument("--rounds", type=int, default=3, help="--decode: interleaved rounds per problem")
+    ap.add_argument("--iters", type=int, default=20, help="--decode: back-to-back calls per path and round")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -52,6 +64,8 @@ def main(argv=None) -> int:
              "- one live-runner worker: the stored winner re-timed and each SDPA backend gated and timed on the same "
              "rotating inputs with the same cache flush (forward: the tuner's median; forward+backward: median of "
              "flushed steps, rocmflash's served step beside it)", ""]
+    if args.decode:
+        return _main_decode(args, db, lines)
     settings = LiveSettings()
     with LiveRunner(settings, device_index=0) as runner:
         n = incumbents.refresh(db, runner, settings.to_dict(), note=lambda s: (print(s, flush=True), lines.append(f"- {s}")),
@@ -60,6 +74,109 @@ def main(argv=None) -> int:
     lines.append(f"{n} entries refreshed")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "incumbents.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- decode
+#: the decode grid every database should carry an incumbent for (issue 28's decode verification grid)
+DECODE_GRID = {"batch": (1, 8, 32), "seqlen_k": (2048, 8192, 32768, 65536), "heads_kv": (8, 32), "heads_q": 32,
+               "head_dim": 128, "dtype": "bf16"}
+ADDED_STRATEGY = ("served-config: not tuned; the config run-time selection served when the incumbent was timed "
+                  "(bench/refresh_incumbents.py --decode); `rocmflash tune --mode decode` replaces it")
+
+
+def grid_problems(grid: dict = DECODE_GRID) -> list:
+    """The grid's problems as DecodeProblem dicts (one query token, unpaged 16-bit cache)."""
+    return [{"head_dim": grid["head_dim"], "dtype": grid["dtype"], "heads_q": grid["heads_q"], "heads_kv": hkv,
+             "batch": b, "seqlen_k": n, "seqlen_q": 1, "page_size": 0}
+            for hkv in grid["heads_kv"] for b in grid["batch"] for n in grid["seqlen_k"]]
+
+
+def decode_work(entries: dict, grid: dict = DECODE_GRID) -> list:
+    """``[(key, problem, existing entry or None), ...]``: every dense 16-bit unpaged decode entry with a config
+    (by key order), then each grid problem whose key the database lacks."""
+    from rocmflash.tuning.decode import DecodeProblem, parse_decode_key
+
+    work, keys = [], set()
+    for key in sorted(entries):
+        entry, p = entries[key], parse_decode_key(key)
+        if (p is None or p["page_size"] or p.get("kv_dtype") or not isinstance(entry, dict) or not entry.get("best")
+                or not isinstance(entry.get("problem"), dict)):
+            continue
+        work.append((key, dict(entry["problem"]), entry))
+        keys.add(key)
+    for problem in grid_problems(grid):
+        key = DecodeProblem(**problem).key()
+        if key not in keys and key not in entries:
+            work.append((key, problem, None))
+            keys.add(key)
+    return work
+
+
+def refresh_decode(entries: dict, measure, served_config, stamp: dict, note=print, keys=None) -> dict:
+    """``{key: new entry}`` for :func:`decode_work` (``keys``: only these): ``measure(problem, config or None)``
+    (the worker's :func:`~rocmflash.tuning.incumbent_worker.measure_decode`) gives each its ``incumbent``; an
+    existing entry is timed with its own config, an added one with what the selection serves
+    (``served_config(problem)``, a DecodeConfig dict, stored as its ``best``; ``stamp``: its ``when`` and
+    ``fingerprint``). A problem whose route failed keeps its entry unchanged."""
+    from rocmflash.api.incumbent import decode_field
+
+    out = {}
+    for key, problem, entry in decode_work(entries):
+        if keys and key not in keys:
+            continue
+        result = measure(problem, entry["best"] if entry else None)
+        field = decode_field(result)
+        if field.get("error"):
+            note(f"{key}: not refreshed ({field['error']})")
+            continue
+        if entry is not None:
+            out[key] = dict(entry, incumbent=field)
+        else:
+            out[key] = {"mode": "decode", "problem": problem, "measured": True, "strategy": ADDED_STRATEGY,
+                        "best": served_config(problem), **stamp, "incumbent": field}
+        note(f"{key}{' (added)' if entry is None else ''}: {field['backend']} {field['time_ms']} ms vs rocmflash "
+             f"{field['triton_ms']} ms per eager call -> "
+             f"{'SDPA' if field['time_ms'] is not None and field['time_ms'] < field['triton_ms'] else 'decode kernel'}")
+    return out
+
+
+def _main_decode(args, db, lines) -> int:
+    import torch
+
+    from rocmflash.db import environment, now_iso
+    from rocmflash.tuning.incumbent_worker import measure_decode
+
+    def measure(problem, config):
+        return measure_decode(problem, config, rounds=args.rounds, iters=args.iters)
+
+    def served_config(problem):
+        from rocmflash.api.decode import decode_config
+
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem["dtype"]]
+        return decode_config(torch.device("cuda"), problem["head_dim"], dtype,
+                             problem["heads_q"] // problem["heads_kv"], problem["seqlen_k"], problem["batch"]).to_dict()
+
+    lines[0] = lines[0].replace("the shipped forward entries", "the decode entries (eager, host time included)")
+    lines[-2] = ("- per problem, in this process: rocmflash.attention(q, k, v) served by the decode kernel (the "
+                 "entry's config; an added entry: the served one) and by each SDPA backend through the dispatch, "
+                 f"gated against fp32, then {args.rounds} interleaved rounds of {args.iters} back-to-back eager calls "
+                 "between events (host time included)")
+
+    def note(s):
+        print(s, flush=True)
+        lines.append(f"- {s}")
+
+    stamp = {"when": now_iso(), "fingerprint": environment(torch.cuda.get_device_name())}
+    new = refresh_decode(db.data.get("entries", {}), measure, served_config, stamp, note,
+                         set(args.keys.split(",")) if args.keys else None)
+    for key, entry in new.items():
+        db.put(key, entry)
+    db.save()
+    lines += ["", f"{len(new)} decode entries refreshed or added"]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "incumbents_decode.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0
 

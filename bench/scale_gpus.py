@@ -17,7 +17,10 @@ with its runs named ``<tag>-<run>``, so a before/after comparison is one call on
 Writes ``DIR/scale-gpus.json`` and ``DIR/scale-gpus.md``: wall time per run, the speed-up of every ``all``
 run over its ``one`` run, each worker's busy seconds (from the tune's summary), every database entry of
 each run against the one-GPU cold run's entry (same best, time ratio, inside the 3 % near-best band), and
-what the kill cost.
+what the kill cost. Each run also records the pipeline's events (``$ROCMFLASH_PIPELINE_TRACE``:
+``DIR/<run>/trace.jsonl``, beside its ``gpu.journal.jsonl``), summed up per worker in ``timeline``: when
+its first job started, its idle gaps between jobs (and which static phases ran meanwhile), its idle tail,
+and each problem's static phase.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ def _run(name: str, argv: list, out: str, env: dict, kill_after=None) -> dict:
     db = os.path.join(out, name, "gpu.json")
     os.makedirs(os.path.dirname(db), exist_ok=True)
     journal = db[:-5] + ".journal.jsonl"
+    trace = os.path.join(os.path.dirname(db), "trace.jsonl")
+    env = dict(env, ROCMFLASH_PIPELINE_TRACE=trace)
     info = {"name": name, "argv": argv + ["--db", db], "start": time.time(), "db": db}
     log_path = os.path.join(out, f"{name}.log")
     with open(log_path, "w") as log:
@@ -89,10 +94,54 @@ def _run(name: str, argv: list, out: str, env: dict, kill_after=None) -> dict:
                     continue
                 if isinstance(r, dict) and "status" in r:
                     recs.append(r)
+    info["timeline"] = timeline(trace)
     info["journal"] = {"records": len(recs), "by_status": {s: sum(r["status"] == s for r in recs)
                                                            for s in sorted({r["status"] for r in recs})},
                        "retried": sum(1 for r in recs if r.get("retried_after") or r.get("retries"))}
     return info
+
+
+#: an idle stretch of a worker shorter than this is the scheduler's own latency, not a gap
+GAP_S = 0.5
+
+
+def timeline(trace: str) -> dict:
+    """Per worker of a run's pipeline trace: ``first_job_s`` (idle before its first job), ``gaps_s`` (idle
+    between jobs, stretches over :data:`GAP_S`), ``gaps`` (the 5 longest: start, seconds, static phases then in
+    flight), ``tail_s`` (idle after its last job until the pipeline ended), ``busy_s``; and every static
+    phase's ``[start, end]`` (pipeline seconds)."""
+    events = []
+    try:
+        with open(trace) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return {}
+    if not events:
+        return {}
+    end = max(e["t"] for e in events)
+    statics, workers, open_jobs = {}, {}, {}
+    for e in events:
+        if e["event"] == "static_start":
+            statics[e["item"]] = [round(e["t"], 2), None]
+        elif e["event"] == "static_done" and e["item"] in statics:
+            statics[e["item"]][1] = round(e["t"], 2)
+        elif e["event"] == "job_start":
+            workers.setdefault(e["worker"], {"jobs": [], "first": e["t"]})
+            open_jobs[e["worker"]] = e["t"]
+        elif e["event"] in ("job_done", "job_retry") and e["worker"] in open_jobs:
+            workers[e["worker"]]["jobs"].append((open_jobs.pop(e["worker"]), e["t"]))
+    out = {}
+    for label, w in sorted(workers.items()):
+        jobs = sorted(w["jobs"])
+        gaps = [(a_end, b_start - a_end) for (_, a_end), (b_start, _) in zip(jobs, jobs[1:]) if b_start - a_end > GAP_S]
+        longest = sorted(gaps, key=lambda g: -g[1])[:5]
+        out[label] = {"first_job_s": round(w["first"], 2), "gaps_s": round(sum(g for _, g in gaps), 2),
+                      "gaps": [[round(at, 2), round(g, 2), sorted(k for k, (s0, s1) in statics.items()
+                                                               if s0 < at + g and (s1 is None or s1 > at))]
+                               for at, g in longest],
+                      "tail_s": round(end - jobs[-1][1], 2) if jobs else None,
+                      "busy_s": round(sum(b - a for a, b in jobs), 2)}
+    return {"pipeline_s": round(end, 2), "workers": out, "statics": statics}
 
 
 def _time(e: dict):
@@ -150,6 +199,13 @@ def _write(results: dict, prefix: str, base: list, out: str, tag: str, code: str
         band = f"{sum(e['in_band'] for e in r['entries'])}/{len(r['entries'])}" if r["entries"] else "-"
         lines.append(f"| {name} | {r['rc']} | {r['wall_s']} | {f'{sp:.2f}x' if sp else '-'} | {workers} | "
                      f"{r['journal']['records']} {r['journal']['by_status']} | {killed} | {band} |")
+    lines += ["", "| run | worker | idle before 1st job s | idle gaps s (longest: at s, for s) | idle tail s | busy s |",
+              "|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        for label, w in (r.get("timeline") or {}).get("workers", {}).items():
+            longest = ", ".join(f"{at:.0f}+{g:.1f}" for at, g, _ in w["gaps"][:3]) or "-"
+            lines.append(f"| {name} | {label} | {w['first_job_s']:.1f} | {w['gaps_s']:.1f} ({longest}) | "
+                         f"{w['tail_s']} | {w['busy_s']:.1f} |")
     with open(os.path.join(out, f"{prefix}scale-gpus.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

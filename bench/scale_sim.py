@@ -2,22 +2,44 @@
 
     python bench/scale_sim.py --model llama-3-8b --workers 1,2,4 --json [--cpu-cores 32] [--gpu h100]
                               [--journal PATH ...] [--cache-dir DIR] [--breakdown]
+                              [--scheduler new|old] [--cache cold|warm] [--compile-slots N]
 
 The REAL scheduler (:class:`rocmflash.tuning.pipeline.Pipeline`) runs the plan's real items
 (:func:`rocmflash.tuning.items.items_for_plan`: static phases, race rounds, journal, entries in a
 throw-away database) on a simulated clock (:class:`~rocmflash.tuning.pipeline_exec.SimulatedExecutor`):
 
 * a timed config lasts what the recorded journals say (``wall_s`` of the same problem key, config
-  and race round; default: every ``reports/raw/*/*.jsonl[.gz]``). A config without a recording
-  lasts the median recorded duration of its family and round; with none of those, the median of
-  its family; with none at all, the plan's per-config estimate (:data:`rocmflash.tuning.plan.
-  SECONDS_PER_CONFIG`). The JSON line says how many jobs each rule filled (``filled``).
-* a static phase lasts the makespan of its configs' compile seconds (the compile cache's records;
-  the static phase runs for real, so a cold cache compiles first) on ``--cpu-cores`` cores, once
-  per static phase: problems that share one (the sequence lengths of a forward or backward pass)
-  pay it once, as in a real tune.
+  and race round; default: every ``reports/raw/*/*.jsonl[.gz]``), less a timing worker's start-up
+  where a recording holds one (``wall_s`` more than 1 s over the worker's own ``worker_s``: that
+  start-up is modelled on its own, below). A config without a recording lasts the median recorded
+  duration of its family and round; with none of those, the median of its family; with none at all,
+  the plan's per-config estimate (:data:`rocmflash.tuning.plan.SECONDS_PER_CONFIG`); under
+  ``--scheduler new|old --cache warm`` times :data:`WARM_TIMING_FACTOR` (a cold run times beside the
+  compiles, and the recordings are a cold run's); the incumbent
+  (the platform's SDPA, timed once per forward problem, not journaled) :data:`INCUMBENT_S`. The JSON
+  line says how many jobs each rule filled (``filled``; ``recorded`` and ``fallback`` sum them up).
+* a static phase lasts, ``--cache cold``: :data:`COMPILE_START_S` plus the makespan of its configs'
+  compile seconds (the compile cache's records; the static phase runs for real, so a cold cache
+  compiles first) on ``--cpu-cores / compile slots`` cores, once per static phase (problems that
+  share one pay it once, as in a real tune); ``--cache warm``: nothing. Then its pre-warm: the
+  configs it will time, in waves over the pre-warm pool's processes, :data:`PREWARM_BUILD_S` each
+  for the first problem of a family and :data:`PREWARM_HIT_S` for the rest (warm: all), after the
+  pool has started (:data:`PREWARM_POOL_START_S`; the new scheduler starts it with the run).
+* a timing worker's process starts in :data:`WORKER_START_S`.
 * results steer the races: a recorded config returns its recorded result, any other a fixed
   pseudo-random time (from a hash of config and shape), so the rounds have their real sizes.
+
+``--scheduler new`` is the pipeline as it is: :func:`~rocmflash.tuning.pipeline.default_compile_slots`
+static phases at once (never two of one static problem), every timing worker started with the run,
+the jobs of the largest items first on several workers, one pre-warm pool of up to 32 processes kept
+for the tune and started with it.
+``--scheduler old`` is the code the 2-GPU run of 2026-11-26 measured: one static phase at a time,
+items in plan order, a timing worker started by its first job (but the first, which the forward's
+pre-warm started), the forward's pre-warm pool kept, a fresh pool of 8 for each other problem.
+
+The constants are calibrated on that run's all-cold journal (``reports/raw/scale-gpus-2026-11-26-h200x2``:
+the gaps between problems are its static phases); ``--scheduler old`` then reproduces its cold
+2-GPU timeline by construction, and its one-GPU and warm figures test the model.
 
 Prints one JSON line per worker count: ``{"workers", "wall_s", "speedup", ...}`` (speedup against
 the first count given, normally 1). ``--breakdown`` prints every item's static and timing seconds
@@ -29,6 +51,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import math
 import gzip
 import hashlib
 import json
@@ -42,11 +65,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from rocmflash.tuning.runners import ReplayRunner  # noqa: E402 (after the path set-up)
+from rocmflash.tuning.items_fwd import INCUMBENT  # noqa: E402 (after the path set-up)
+from rocmflash.tuning.runners import ReplayRunner  # noqa: E402
 
 #: the journals read by default: every recorded tune of the project
 DEFAULT_JOURNALS = ("reports/raw/*/*.jsonl", "reports/raw/*/*.jsonl.gz")
-FILL_RULES = ("recorded", "family_round_median", "family_median", "plan_estimate")
+FILL_RULES = ("recorded", "family_round_median", "family_median", "plan_estimate", "incumbent_estimate")
+
+# Calibration: the 2-GPU H200 run of 2026-11-26 (reports/scale-gpus-2026-11-26-h200x2.md; all-cold journal).
+#: a timing worker's process start (spawn, import torch, open the device): gpu1's first job lasted 7.63 s, 1.08 s
+#: of it in the worker
+WORKER_START_S = 6.5
+#: a pre-warm pool's start: its processes start as a timing worker's does
+PREWARM_POOL_START_S = 6.5
+#: a cross-compile sweep's fixed cost (its pool starting, Triton imported in each worker): the forward's static phase
+#: compiled 84 configs in 11.5 s on 32 cores, where the makespan of the recorded compile seconds is 3.5 s
+COMPILE_START_S = 8.0
+#: seconds per pre-warmed config of the first problem of a family (its binaries built at the launch
+#: specialisation), fitted on the static phases between the records of the all-cold journal (old settings:
+#: forward 25.5 s, backward 2k 32 s, decode 2k 44 s, each = COMPILE_START_S + compile makespan + pool start
+#: + waves of pre-warms); later problems of the family find the binaries (:data:`PREWARM_HIT_S`, fitted on the
+#: backward 8k's 10 s: a pool start and 8 waves)
+PREWARM_BUILD_S = {"fwd": 2.5, "bwd": 0.66, "decode": 2.9}
+PREWARM_HIT_S = 0.44
+#: one incumbent job (the platform's SDPA backends beside a forward winner; not journaled): each worker's busy
+#: seconds less its journaled seconds, 5.8 and 6.0 s, one incumbent each
+INCUMBENT_S = 6.0
+#: a warm run's timings against the cold run's (journal) recordings: the workers' busy seconds of the warm runs over
+#: the cold runs', on 2 GPUs (53+53)/(59+58) = 0.906 and on one (87% of 108 s)/(72% of 144 s) = 0.904: a cold run
+#: times beside the cross-compiles
+WARM_TIMING_FACTOR = 0.905
+#: the old code's pre-warm processes per backward/decode problem (a fresh pool each)
+OLD_TASK_PREWARM_PROCS = 8
+#: a recorded job more than this over its worker's own seconds held the worker's start-up
+STARTUP_IN_JOB_S = 1.0
+SCHEDULERS = ("new", "old")
 
 
 # ---------------------------------------------------------------------- recorded journals
@@ -96,24 +149,31 @@ class Durations:
         self.exact: dict = collections.defaultdict(list)
         self.by_round: dict = collections.defaultdict(list)
         self.by_family: dict = collections.defaultdict(list)
+        self.stripped = 0  #: recordings whose worker start-up was taken out
         for r in records:
             wall = r.get("wall_s")
             if not isinstance(wall, (int, float)) or wall < 0:
                 continue
+            inside = r.get("worker_s")
+            if isinstance(inside, (int, float)) and 0 <= inside < wall - STARTUP_IN_JOB_S:
+                wall, self.stripped = inside, self.stripped + 1  # the start-up is simulated on its own
             family = _family(r)
             self.exact[(r["key"], _config_key(family, r["config"]), r.get("round"))].append(wall)
             self.by_round[(family, r.get("round"))].append(wall)
             self.by_family[family].append(wall)
         self.filled: collections.Counter = collections.Counter()
+        self.factor = 1.0  #: applied to every duration (a warm run: :data:`WARM_TIMING_FACTOR`)
 
     def __call__(self, job, result: dict) -> float:
         seconds, rule = self.lookup(job.item.family, job.sim_key)
         self.filled[rule] += 1
-        return seconds
+        return seconds * self.factor
 
     def lookup(self, family: str, sim_key: tuple) -> tuple:
         """``(seconds, rule)`` of one job: its recorded duration, else the stated fallbacks in order."""
         key, config, rnd = sim_key
+        if config == INCUMBENT:
+            return INCUMBENT_S, "incumbent_estimate"
         for values, rule in ((self.exact.get((key, config, rnd)), "recorded"),
                              (self.by_round.get((family, rnd)), "family_round_median"),
                              (self.by_family.get(family), "family_median")):
@@ -183,44 +243,134 @@ def _charge_shared_statics_once(items: list) -> None:
         item.compile_seconds = once
 
 
+class StaticModel:
+    """How long a static phase lasts on the simulated clock under ``scheduler`` "new" or "old" and ``cache``
+    "cold" or "warm" (see the module docstring); ``clock()`` is the simulated time."""
+
+    def __init__(self, scheduler: str, cache: str, cpu_cores: int, compile_slots: int, clock):
+        self.old, self.warm, self.clock = scheduler == "old", cache == "warm", clock
+        self.pool_procs = max(1, min(32, cpu_cores - 1) // max(1, compile_slots))  # new: one pool, shared
+        self.fwd_pool_procs = max(1, cpu_cores - 1)  # old: the forward's own pool
+        self.task_procs = max(1, min(OLD_TASK_PREWARM_PROCS, cpu_cores - 1))
+        # the kept pool (old: the forward's, started by its first pre-warm; new: started with the run)
+        self.pool_ready_at: Optional[float] = None if self.old else PREWARM_POOL_START_S
+        self.built: set = set()  # families whose first pre-warm built their binaries
+
+    def __call__(self, item, cores: int) -> float:
+        from rocmflash.tuning.pipeline_exec import makespan
+
+        now = t = self.clock()
+        compiled = [] if self.warm else list(item.compile_seconds() or [])
+        if compiled:
+            t += COMPILE_START_S + makespan(compiled, cores)
+        n = _prewarmed(item)
+        if not n:
+            return t - now
+        if self.old and item.family != "fwd":  # a fresh pool of 8 for this problem
+            t, procs = t + PREWARM_POOL_START_S, self.task_procs
+        else:  # the kept pool: started by the first pre-warm, waited for by any other before it is up
+            if self.pool_ready_at is None:
+                self.pool_ready_at = t + PREWARM_POOL_START_S
+            t = max(t, self.pool_ready_at)
+            procs = self.fwd_pool_procs if self.old else self.pool_procs
+        per = PREWARM_HIT_S if self.warm or item.family in self.built else PREWARM_BUILD_S.get(item.family, 1.0)
+        self.built.add(item.family)
+        return t + math.ceil(n / procs) * per - now
+
+
+def _prewarmed(item) -> int:
+    """How many configs an item's static phase pre-warmed (after ``static()``)."""
+    if item.family == "fwd":
+        from rocmflash.tuning.strategies import race_field
+
+        if item.static_result is None:
+            return 0
+        return len(item.chosen) if item.chosen is not None else len(race_field(item.static_result))
+    timing = getattr(item, "timing", None)
+    return len(timing.tasks) if timing is not None else 0
+
+
 def simulate_once(plan, n_workers: int, records: list, cache_dir: Optional[str] = None, cpu_cores: int = 32,
-                  compile_slots: int = 1, strategy: str = "race", workers: Optional[int] = None):
-    """One run of ``plan`` on ``n_workers`` simulated GPUs: ``(PipelineStats, Durations, items)``."""
+                  compile_slots: Optional[int] = None, strategy: str = "race", workers: Optional[int] = None,
+                  scheduler: str = "ideal", cache: str = "cold"):
+    """One run of ``plan`` on ``n_workers`` simulated GPUs: ``(PipelineStats, Durations, items)``.
+
+    ``scheduler``: "ideal" (the issue's model: static phases last their compile makespan, nothing starts up),
+    or "new" / "old" with the calibrated start-ups and pre-warms (module docstring); ``cache``: "cold" or
+    "warm" (then nothing compiles). ``compile_slots``: default the scheduler's (old: 1)."""
     from rocmflash.tuning.items import items_for_plan
-    from rocmflash.tuning.pipeline import Pipeline
+    from rocmflash.tuning.pipeline import Pipeline, default_compile_slots, largest_first
     from rocmflash.tuning.pipeline_exec import SimulatedExecutor
 
+    if scheduler not in ("ideal",) + SCHEDULERS or cache not in ("cold", "warm"):
+        raise ValueError(f"scheduler={scheduler!r}, cache={cache!r}: expected ideal, new or old, and cold or warm")
+    if compile_slots is None:
+        compile_slots = 1 if scheduler == "old" else default_compile_slots(cpu_cores, mem_gib=1e6)
     durations = Durations(records)
+    if scheduler != "ideal" and cache == "warm":
+        durations.factor = WARM_TIMING_FACTOR
     runner = SimRunner(records)
     with tempfile.TemporaryDirectory(prefix="rocmflash-scale-sim-") as tmp:
         items = items_for_plan(plan, db_path=os.path.join(tmp, f"{plan.gpu.name}.json"), strategy=strategy,
                                cache_dir=cache_dir, workers=workers, device="simulated", runners=[runner])
         _charge_shared_statics_once(items)
-        executor = SimulatedExecutor(duration=durations, cpu_cores=cpu_cores)
+        if scheduler == "ideal":
+            executor = SimulatedExecutor(duration=durations, cpu_cores=cpu_cores,
+                                         static_duration=_cold_or_warm(cache))
+        else:
+            executor = SimulatedExecutor(duration=durations, cpu_cores=cpu_cores, worker_start_s=WORKER_START_S,
+                                         prestarted=(0,) if scheduler == "old" else ())
+            executor.static_duration = StaticModel(scheduler, cache, cpu_cores, compile_slots, executor.now)
+        priority = None if scheduler == "old" or n_workers == 1 else largest_first(items)
         stats = Pipeline(items, [runner] * n_workers, compile_slots=compile_slots, executor=executor,
-                         labels=[f"sim{i}" for i in range(n_workers)]).run()
+                         labels=[f"sim{i}" for i in range(n_workers)], start_workers=scheduler != "old",
+                         priority=priority).run()
     return stats, durations, items
 
 
+def _cold_or_warm(cache: str):
+    from rocmflash.tuning.pipeline_exec import makespan
+
+    if cache == "warm":
+        return lambda item, cores: 0.0
+    return lambda item, cores: makespan(list(item.compile_seconds() or []), cores)
+
+
 def simulate(plan, workers=(1, 2, 4), journals: Optional[list] = None, cache_dir: Optional[str] = None,
-             cpu_cores: int = 32, compile_slots: int = 1, strategy: str = "race", breakdown=None) -> list:
+             cpu_cores: int = 32, compile_slots: Optional[int] = None, strategy: str = "race", breakdown=None,
+             scheduler: str = "ideal", cache: str = "cold") -> list:
     """One dict per worker count: ``workers``, ``wall_s``, ``speedup`` (against the first count), ``jobs``,
-    ``filled`` (jobs per duration rule), ``static_s`` (all static phases), ``busy_s`` (per worker).
-    ``breakdown``: a file to print each item's figures to."""
+    ``filled`` (jobs per duration rule), ``recorded`` / ``fallback`` (jobs with a recorded duration / filled by
+    a fallback rule), ``static_s`` (all static phases), ``busy_s`` (per worker), ``compile_slots``,
+    ``scheduler``, ``cache``. ``breakdown``: a file to print each item's figures to."""
     counts = _worker_counts(workers)
     records = read_journals(journals if journals is not None else default_journals())
     lines, base = [], None
     for n in counts:
-        stats, durations, _ = simulate_once(plan, n, records, cache_dir, cpu_cores, compile_slots, strategy)
+        stats, durations, _ = simulate_once(plan, n, records, cache_dir, cpu_cores, compile_slots, strategy,
+                                            scheduler=scheduler, cache=cache)
         base = stats.wall_s if base is None else base
         lines.append({"workers": n, "wall_s": round(stats.wall_s, 2),
                       "speedup": round(base / stats.wall_s, 3) if stats.wall_s > 0 else 1.0,
                       "jobs": sum(durations.filled.values()), "filled": {r: durations.filled[r] for r in FILL_RULES},
+                      "recorded": durations.filled["recorded"],
+                      "fallback": sum(durations.filled.values()) - durations.filled["recorded"],
+                      "startup_stripped": durations.stripped,
                       "static_s": round(sum(s.static_s for s in stats.items), 2),
-                      "busy_s": [round(w.busy_s, 2) for w in stats.workers], "cpu_cores": cpu_cores})
+                      "busy_s": [round(w.busy_s, 2) for w in stats.workers], "cpu_cores": cpu_cores,
+                      "compile_slots": _slots_used(compile_slots, scheduler, cpu_cores), "scheduler": scheduler,
+                      "cache": cache})
         if breakdown is not None:
             print_breakdown(stats, n, breakdown)
     return lines
+
+
+def _slots_used(compile_slots: Optional[int], scheduler: str, cpu_cores: int) -> int:
+    from rocmflash.tuning.pipeline import default_compile_slots
+
+    if compile_slots is not None:
+        return compile_slots
+    return 1 if scheduler == "old" else default_compile_slots(cpu_cores, mem_gib=1e6)
 
 
 def print_breakdown(stats, n: int, file) -> None:
@@ -232,9 +382,8 @@ def print_breakdown(stats, n: int, file) -> None:
               f"{s.finished_at_s or 0:8.1f}", file=file)
     static = sum(s.static_s for s in stats.items)
     timing = sum(s.timing_s for s in stats.items)
-    print(f"static phases in all {static:.1f} s (one compile slot: a serial chain); timing {timing:.1f} "
-          f"worker-s, {timing / n:.1f} s per worker; workers busy "
-          f"{', '.join(f'{w.busy_s:.1f}' for w in stats.workers)} s", file=file)
+    print(f"static phases in all {static:.1f} s; timing {timing:.1f} worker-s, {timing / n:.1f} s per worker; "
+          f"workers busy {', '.join(f'{w.busy_s:.1f}' for w in stats.workers)} s", file=file)
 
 
 def default_journals() -> list:
@@ -272,7 +421,13 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--workers", default="1,2,4", help="simulated GPU counts, e.g. 1,2,4")
     p.add_argument("--json", action="store_true", help="one JSON line per worker count")
     p.add_argument("--cpu-cores", type=int, default=32, help="CPU cores of the compile pool (default 32)")
-    p.add_argument("--compile-slots", type=int, default=1, help="static phases at once (default 1)")
+    p.add_argument("--compile-slots", type=int, default=None,
+                   help="static phases at once (default: the scheduler's; old: 1)")
+    p.add_argument("--scheduler", default="ideal", choices=("ideal",) + SCHEDULERS,
+                   help="ideal: compile makespans only, nothing starts up (default); new / old: the pipeline as it "
+                        "is / as measured on 2026-11-26, with the calibrated start-ups and pre-warms")
+    p.add_argument("--cache", default="cold", choices=("cold", "warm"),
+                   help="cold: the static phases compile (default); warm: everything is cached")
     p.add_argument("--gpu", default="h100", help="the catalog GPU tuned (default h100: the recorded journals')")
     p.add_argument("--dtype", action="append", help="fp16 / bf16 (repeat; default both)")
     p.add_argument("--seqlen", type=int, action="append", help="sequence buckets (repeat; default all)")
@@ -286,8 +441,11 @@ def main(argv: Optional[list] = None) -> int:
     passes = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd"), "none": ()}[args.passes]
     try:
         plan = build_plan(args.model, args.gpu, args.dtype, args.seqlen, passes, not args.no_decode)
+        if args.compile_slots is not None and args.compile_slots < 1:
+            raise ValueError(f"--compile-slots {args.compile_slots} is invalid; expected a positive count")
         lines = simulate(plan, _worker_counts(args.workers), args.journal, args.cache_dir, args.cpu_cores,
-                         args.compile_slots, args.strategy, sys.stderr if args.breakdown else None)
+                         args.compile_slots, args.strategy, sys.stderr if args.breakdown else None,
+                         scheduler=args.scheduler, cache=args.cache)
     except ValueError as err:
         print(f"scale_sim: {err}", file=sys.stderr)
         return 2

@@ -34,7 +34,9 @@ fails at once with :class:`DBLockedError` instead of interleaving.
 Problem keys and sequence-length buckets
 ----------------------------------------
 ``d{D}-{dtype}-{causal|full}-gqa{ratio}-s{bucket}``, where ``bucket`` is the next power
-of two >= the sequence length (:func:`seqlen_bucket`). A tune at S=3000 lands in the
+of two >= the sequence length (:func:`seqlen_bucket`) and ``dtype`` is ``fp16``, ``bf16`` or, for fp8
+inputs, ``fp8`` with the format (``fp8e4m3fnuz`` on gfx942, ``fp8e4m3fn`` on gfx950 and sm_89+:
+:func:`key_dtype`), so fp8 inputs find only entries of their own format. A tune at S=3000 lands in the
 4096 bucket; at run time :func:`lookup` returns the entry of the nearest bucket (in
 powers of two; ties go to the larger bucket), so a new sequence length never needs a
 new tune.
@@ -61,11 +63,12 @@ import os
 import warnings
 from typing import Any, NamedTuple, Optional
 
-from rocmflash.config import KernelConfig, installed_triton_version, normalize_dtype
+from rocmflash.config import KernelConfig, installed_triton_version
 from rocmflash.db_files import (  # noqa: F401  (re-exported: the code moved there)
     AFTER_SAVE,
     CONFIG_DIR_ENV,
     DB_FORMAT,
+    FP8_KEY_DTYPES,
     JOURNAL_FORMAT,
     SCHEMA_VERSION,
     ConfigDB,
@@ -76,6 +79,7 @@ from rocmflash.db_files import (  # noqa: F401  (re-exported: the code moved the
     env_id,
     environment,
     journal_path,
+    key_dtype,
     now_iso,
     parse_key,
     problem_key,
@@ -210,7 +214,7 @@ def entries_for(gpu_name: str, head_dim: int, dtype: Any, causal: bool, gqa_rati
     """``[(path, bucket, entry), ...]`` of every entry with this head dim, dtype, causal flag and GQA
     ratio, in the files a lookup reads (user's first)."""
     paths = [db_path] if db_path else database_paths(gpu_name)
-    group_key = (int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio))
+    group_key = (int(head_dim), key_dtype(dtype), bool(causal), int(gqa_ratio))
     return [(path, bucket, entry) for path in paths for bucket, entry in _index(path).get(group_key, ())]
 
 

@@ -44,9 +44,35 @@ def seqlen_bucket(seqlen: int) -> int:
     return 1 << (s - 1).bit_length()
 
 
+#: the dtype part of a key for fp8 inputs, by torch's name of the format: ``fp8`` and the format, so a key says
+#: which family it was tuned in (FNUZ on gfx942, OCP on gfx950 and sm_89+) and an entry is found only by
+#: inputs of that very format
+FP8_KEY_DTYPES = {"float8_e4m3fn": "fp8e4m3fn", "float8_e5m2": "fp8e5m2", "float8_e4m3fnuz": "fp8e4m3fnuz",
+                  "float8_e5m2fnuz": "fp8e5m2fnuz"}
+
+
+def key_dtype(dtype: Any) -> str:
+    """The dtype part of a database key: ``fp16``/``bf16`` (:func:`~rocmflash.config.normalize_dtype`), or for
+    an fp8 format (a torch fp8 dtype, its name, or the key's own name) :data:`FP8_KEY_DTYPES`' name.
+
+    The bare ``fp8`` of a tune (the arch's e4m3) names no format: ``ValueError`` asking for the format
+    (:func:`rocmflash.static.space.fp8_format` gives a GPU's); anything else is normalize_dtype's error."""
+    text = str(dtype).lower()
+    text = text[len("torch."):] if text.startswith("torch.") else text
+    if text in FP8_KEY_DTYPES:
+        return FP8_KEY_DTYPES[text]
+    if text in FP8_KEY_DTYPES.values():
+        return text
+    if text in ("fp8", "float8"):
+        raise ValueError(f"dtype {dtype!r} names no fp8 format; a database key needs the format (float8_e4m3fnuz "
+                         "on gfx942, float8_e4m3fn on gfx950 and sm_89+)")
+    return normalize_dtype(dtype)
+
+
 def problem_key(head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, bucket: int) -> str:
-    """``d128-bf16-causal-gqa1-s2048`` (``full`` for non-causal)."""
-    return f"d{int(head_dim)}-{normalize_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(gqa_ratio)}-s{int(bucket)}"
+    """``d128-bf16-causal-gqa1-s2048`` (``full`` for non-causal); fp8 inputs: ``d128-fp8e4m3fnuz-...``
+    (:func:`key_dtype`)."""
+    return f"d{int(head_dim)}-{key_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(gqa_ratio)}-s{int(bucket)}"
 
 
 def parse_key(key: str) -> dict:

@@ -185,9 +185,10 @@ def test_shipped_decode_entries_are_served_at_their_own_buckets(tmp_path, monkey
                 continue
             problem = entry["problem"]
             assert TD.decode_key(problem["head_dim"], problem["dtype"], problem["heads_q"] // problem["heads_kv"],
-                                 problem["seqlen_k"], problem["batch"], problem["page_size"]) == key
+                                 problem["seqlen_k"], problem["batch"], problem["page_size"],
+                                 problem.get("kv_dtype", "")) == key
             got = TD.lookup_decode(gpu, p["head_dim"], p["dtype"], p["group"], problem["seqlen_k"],
-                                   problem["batch"], p["page_size"])
+                                   problem["batch"], p["page_size"], p.get("kv_dtype", ""))
             assert got == KD.DecodeConfig.from_dict(entry["best"]), key
             seen += 1
     assert seen >= 12  # the H100's decode grid (reports/decode-entries-2026-11-25-h100.md)

@@ -215,7 +215,7 @@ def test_no_amd_options_on_cuda(interpret):
 
 
 # ====================================================================== the tune, through the CLI
-def _tiny_space(gpu, variants=None):
+def _tiny_space(gpu, variants=None, dtype=None):
     """4 online configs (the default AMD space has hundreds: minutes of compiling on 2 cores).
 
     For D=64 on gfx90a (Triton 3.6) the two 64x64 configs survive the pruner and the two
@@ -325,3 +325,60 @@ def test_doctor_names_an_rdna_card_and_says_why(fake_rocm):
 
     with pytest.raises(NoLiveGPUError, match="Radeon RX 7900 XTX .gfx1100, wave32"):
         resolve_gpu("auto")
+
+
+# ====================================================================== the incumbent on ROCm
+@pytest.mark.parametrize("shape", ["forward", "decode"])
+@pytest.mark.parametrize("winner", ["flash", None])
+def test_dispatch_chooses_between_the_rocm_backends_and_rocmflash(fake_rocm, tmp_path, monkeypatch, shape, winner):
+    """On ROCm the candidates are SDPA's default, flash and efficient (no cuDNN); the worker gates exactly those,
+    and a measured mi250.json entry whose fastest ROCm backend beat rocmflash's kernel makes the call run that
+    backend -- a forward entry for a forward call, a decode- entry (eager times) for a one-token call; otherwise
+    rocmflash's kernel launches for HIP."""
+    import math
+
+    import rocmflash
+    from rocmflash.api import decode, incumbent, ops
+    from rocmflash.tuning.decode import decode_key
+    from rocmflash.tuning.incumbent_worker import measure_decode
+
+    assert incumbent.candidates() == ["default", "flash", "efficient"]
+    B, Hq, Hkv, Sq, Sk, Dh = 2, 8, 2, (1 if shape == "decode" else 64), (512 if shape == "decode" else 64), 32
+    if shape == "decode":
+        gated = measure_decode({"head_dim": Dh, "dtype": "fp16", "heads_q": Hq, "heads_kv": Hkv, "batch": B,
+                                "seqlen_k": Sk})["backends"]
+        assert list(gated) == ["default", "flash", "efficient"] and gated["flash"]["rel_err"] < 1e-2
+    times = {"default": 0.03, "flash": 0.01 if winner else 0.05, "efficient": 0.04}
+    backends = {name: {"status": "ok", "time_ms": t} for name, t in times.items()}
+    if shape == "decode":
+        field = incumbent.decode_field({"status": "ok", "triton_ms": 0.02, "backends": backends})
+        key, best = decode_key(Dh, "fp16", Hq // Hkv, Sk, B), {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
+                                                                "waves_per_eu": 2, "num_splits": 0}
+    else:
+        field = incumbent.incumbent_field({"backends": backends}, 0.02)
+        key = D.problem_key(Dh, "fp16", False, Hq // Hkv, 64)
+        best = KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=1, waves_per_eu=3).to_dict()
+    assert incumbent.winner(field, False) == winner
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
+    store = D.ConfigDB.open(str(tmp_path / "mi250.json"), "mi250", "gfx90a", D.environment("AMD Instinct MI250X / MI250"))
+    store.put(key, {"best": best, "measured": True, "incumbent": field})
+    store.save()
+    D.clear_cache()
+    selection.clear_cache()
+    decode.clear_cache()
+    calls, real = [], ops.sdpa_attention
+    monkeypatch.setattr(ops, "sdpa_attention", lambda b, *a: calls.append(b) or real(b, *a))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, Hq, Sq, Dh, generator=g).half()
+    k, v = (torch.randn(B, Hkv, Sk, Dh, generator=g).half() for _ in range(2))
+    with observe_launches() as launches:
+        out = rocmflash.attention(q, k, v)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(Hq // Hkv, 1),
+                                                           v.float().repeat_interleave(Hq // Hkv, 1))
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2 and math.isfinite(out.float().sum().item())
+    if winner:
+        assert calls == ["flash"] and launches == []
+    else:
+        assert calls == [] and launches and {r["backend"] for r in launches} == {"hip"}
+        assert any("decode" in r["kernel"] for r in launches) == (shape == "decode")

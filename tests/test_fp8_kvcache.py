@@ -527,7 +527,8 @@ def test_fp8_cache_gets_its_own_config_and_twice_the_programs(interpret, monkeyp
 
     tuned = KD.DecodeConfig(BLOCK_N=32, num_warps=8, num_stages=2)
     monkeypatch.setattr(selection, "device_identity", lambda device: ("h100", "sm_90"))
-    monkeypatch.setattr(TD, "lookup_decode", lambda *a, **k: tuned)
+    # a database holding one entry, tuned for the 16-bit cache: an fp8 cache looks up its own format's (none here)
+    monkeypatch.setattr(TD, "lookup_decode", lambda *a, **k: None if a[7:] and a[7] else tuned)
     B, Hkv, D, S = 8, 4, 128, 32768
     q = torch.zeros(B, 1, 4 * Hkv, D).bfloat16()
     kv16 = torch.empty(B, S, Hkv, D, dtype=torch.bfloat16)

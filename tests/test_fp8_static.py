@@ -94,7 +94,7 @@ def test_cache_key_holds_the_fp8_format_and_the_fp8_sources(monkeypatch):
     import rocmflash.static.space as space
     from rocmflash.static.compile import FORWARD_SOURCES, fingerprint
 
-    assert {"kernels/fp8_forward.py", "fp8.py"} <= set(FORWARD_SOURCES)
+    assert {"kernels/fp8_forward.py", "hw/fp8.py"} <= set(FORWARD_SOURCES)  # the formats per arch moved to hw/fp8.py
     gpu, cfg = get_gpu("mi300x"), KernelConfig()
     key = fingerprint(cfg, Problem(dtype="fp8"), gpu)
     assert key != fingerprint(cfg, Problem(dtype="bf16"), gpu)

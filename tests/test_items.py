@@ -7,6 +7,7 @@ workers (a decode job runs before the last forward round ends); every family's r
 journaled, so a re-run (``--resume``) times nothing twice.
 """
 
+import json
 import time
 
 import pytest
@@ -397,3 +398,59 @@ def test_ctrl_c_in_a_model_tune_keeps_the_journal_and_a_rerun_finishes_it(tmp_pa
     got = D.ConfigDB.read(db)["entries"]
     assert got[key]["complete"] is True
     assert {k: without_when(e) for k, e in got.items()} == {k: without_when(e) for k, e in ref.items()}
+
+
+def test_pass_both_is_one_pipeline_whose_backward_entries_match_the_backward_tune(tmp_path, cache_dir,
+                                                                                   small_bwd_space, monkeypatch):
+    """``tune --pass both``: the forward and backward problems in ONE pipeline on two workers (a backward job runs
+    before the forward's last), each backward entry what the backward tune alone writes on the same results."""
+    from rocmflash.tuning import run as R
+    from rocmflash.tuning.backward_run import tune_backward
+    from rocmflash.tuning.pool import WorkerPool
+
+    pipelines = []
+    real = R.run_items
+
+    def spy(items, *args, **kwargs):
+        pipelines.append(sorted({i.family for i in items}))
+        return real(items, *args, **kwargs)
+
+    monkeypatch.setattr(R, "run_items", spy)
+    from rocmflash.tuning.items import TRACE_ENV
+
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(trace))  # the pipeline's events, as a device run records them
+    pool = WorkerPool([Recorded("gpu0", 0.02), Recorded("gpu1", 0.02)], labels=["gpu0", "gpu1"])
+    result = R.tune(fwd_spec(tmp_path / "both" / "h100.json", cache_dir, causal=True, seqlens=[1024]), runner=pool,
+                    progress=False, backward=True)
+    assert pipelines == [["bwd", "fwd"]]  # one pipeline for both passes
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    bwd_start = next(e["t"] for e in events if e["event"] == "static_start" and e["item"].startswith("bwd-"))
+    fwd_end = max(e["t"] for e in events if e["event"] == "job_done" and not e["item"].startswith("bwd-"))
+    assert bwd_start < fwd_end  # the backward's static phase ran beside the forward's timing: no barrier
+    assert {e["worker"] for e in events if e["event"] == "job_done"} == {"gpu0", "gpu1"}
+    assert [o.entry["measured"] for o in result.outcomes] == [True]
+    (bwd,) = result.backward_outcomes
+    alone = tune_backward(fwd_spec(tmp_path / "alone" / "h100.json", cache_dir, causal=True, seqlens=[1024]),
+                          pool=Pool(Recorded()))
+    assert bwd.entry["measured"] and without_when(bwd.entry) == without_when(alone.outcomes[0].entry)
+    entries = D.ConfigDB.read(str(tmp_path / "both" / "h100.json"))["entries"]
+    assert set(entries) == {result.outcomes[0].key, bwd.key}
+
+
+def test_work_estimates_order_a_plan_largest_first(tmp_path, cache_dir):
+    """The priority of a plan on several workers (pipeline.largest_first): the backward by the work of one call
+    (never below its reference size, where fixed costs dominate), above the forward race and the decode."""
+    from rocmflash.tuning.items_bwd import BACKWARD_WORK_S
+    from rocmflash.tuning.pipeline import largest_first
+
+    ctx = context(tmp_path / "h100.json", Recorded())
+    spec = fwd_spec(tmp_path / "h100.json", cache_dir, head_dim=128, dtype="bf16", heads=32, kv_heads=8,
+                    causal=True, seqlens=[1024, 2048, 8192])
+    fwd, bwd = forward_items(ctx, spec, SPACE), backward_items(ctx, spec)
+    problem = DecodeProblem(head_dim=128, dtype="bf16", heads_q=32, heads_kv=8, batch=32, seqlen_k=2048).validate()
+    dec = DecodeItem(ctx, problem)
+    assert [round(i.work_s(), 1) for i in bwd] == [BACKWARD_WORK_S, BACKWARD_WORK_S, 48.9]  # 2.8x at 4x the work
+    order = largest_first(fwd + [dec] + bwd)
+    assert [i.key for i in order] == [bwd[2].key, bwd[0].key, bwd[1].key] + [i.key for i in fwd] + [dec.key]
+    assert {i.static_group for i in fwd} == {fwd[0].static_group} and len({i.static_group for i in bwd}) == 1

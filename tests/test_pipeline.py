@@ -76,7 +76,7 @@ class FakeRunner:
         return {"status": "ok", "median_ms": 1.0, "wall_s": seconds}
 
 
-def _sim(items, runners, cpu_cores=32, compile_slots=1, on_event=None):
+def _sim(items, runners, cpu_cores=32, compile_slots=1, on_event=None, priority=None):
     ex = SimulatedExecutor(cpu_cores=cpu_cores)
     for item in items:
         item.clock = ex.now
@@ -86,7 +86,7 @@ def _sim(items, runners, cpu_cores=32, compile_slots=1, on_event=None):
         events.append(e)
         if on_event:
             on_event(e)
-    stats = Pipeline(items, runners, compile_slots=compile_slots, executor=ex, on_event=log).run()
+    stats = Pipeline(items, runners, compile_slots=compile_slots, executor=ex, on_event=log, priority=priority).run()
     return stats, events
 
 
@@ -372,3 +372,145 @@ def test_task_prewarms_reuse_one_pool_of_workers_for_the_whole_tune():
     finally:
         runner.close()
     assert runner._task_prewarm._pool is None
+
+
+# ----------------------------------------------------------------------------- scaling (issue #29, 2-GPU runs)
+def _grouped(key, rounds, compile_s=(), group=None, work=None):
+    item = FakeItem(key, rounds, compile_s)
+    item.static_group = group
+    if work is not None:
+        item.work_s = lambda: work
+    return item
+
+
+def test_two_compile_slots_never_run_two_statics_of_one_group_at_once():
+    # A1, A2 share a static phase (group g); B has its own. 2 slots, 2 cores (1 core per slot): A1 4 s, then A2
+    # (its compile is the shared one: charged 0 here) only after A1; B beside A1: both statics end at 4; a1 and
+    # b1 run 4-5, a2 5-6.
+    a1 = _grouped("A1", [[("a1", 1)]], compile_s=[4], group="g")
+    a2 = _grouped("A2", [[("a2", 1)]], compile_s=[], group="g")
+    b = _grouped("B", [[("b1", 1)]], compile_s=[4], group="h")
+    stats, events = _sim([a1, a2, b], [FakeRunner("r0"), FakeRunner("r1")], cpu_cores=2, compile_slots=2)
+    starts = {e["item"]: e["t"] for e in events if e["event"] == "static_start"}
+    assert starts == {"A1": 0, "B": 0, "A2": 4}  # A2 waited for A1 although a slot was free; B did not
+    assert stats.item("B").static_done_at_s == 4 and stats.item("A2").static_done_at_s == 4
+    assert stats.wall_s == 6 and all(it.finished == [True] for it in (a1, a2, b))
+    _assert_never_idle_while_ready([a1, a2, b], events, ["0", "1"])
+
+
+def test_workers_start_beside_the_first_static_phase_not_at_their_first_job():
+    # worker start-up 3 s, static 4 s: started with the run, both workers are up when the first job is ready
+    def run(start_workers):
+        items = [FakeItem("A", [[("a1", 2), ("a2", 2)]], compile_s=[4])]
+        ex = SimulatedExecutor(cpu_cores=1, worker_start_s=3)
+        stats = Pipeline(items, [FakeRunner("r0"), FakeRunner("r1")], executor=ex, start_workers=start_workers).run()
+        return stats
+
+    eager, lazy = run(True), run(False)
+    assert eager.wall_s == 6 and [w.busy_s for w in eager.workers] == [2, 2]
+    assert lazy.wall_s == 9 and [w.busy_s for w in lazy.workers] == [5, 5]  # each first job paid the start-up
+
+
+def test_a_started_worker_waits_for_its_process_idle_not_busy():
+    ex = SimulatedExecutor(cpu_cores=1, worker_start_s=5)
+    stats = Pipeline([FakeItem("A", [[("a1", 1)]])], [FakeRunner("r0")], executor=ex).run()
+    assert stats.wall_s == 6 and stats.workers[0].busy_s == 1  # ready at 0, its process at 5
+
+
+def test_thread_executor_starts_every_runner_before_its_first_job():
+    class Starting(FakeRunner):
+        def __init__(self, name, log):
+            super().__init__(name)
+            self.log = log
+
+        def start_worker(self):
+            self.log.append(("start", self.name, threading.current_thread().name))
+
+        def time(self, label, seconds):
+            self.log.append(("job", self.name, threading.current_thread().name))
+            return super().time(label, seconds)
+
+    log = []
+    runners = [Starting("r0", log), Starting("r1", log)]
+    item = FakeItem("A", [[("a1", 0)]])
+    item.static = lambda: time.sleep(0.3)  # nothing is timed for 0.3 s: both workers start meanwhile
+    Pipeline([item], runners).run()
+    starts = [(n, t) for what, n, t in log if what == "start"]
+    assert sorted(n for n, _ in starts) == ["r0", "r1"]  # r1 never times a job, yet started
+    assert all(t.startswith("rocmflash-timing-") for _, t in starts)
+    job = next(i for i, e in enumerate(log) if e[0] == "job")
+    assert all(log.index(("start", n, t)) < job for n, t in starts)
+    # a runner without start_worker, or one whose start fails, is simply started by its first job
+    broken = Starting("r2", [])
+    broken.start_worker = lambda: 1 / 0
+    stats = Pipeline([FakeItem("B", [[("b1", 0)]])], [broken, FakeRunner("r3")]).run()
+    assert sum(w.done for w in stats.workers) == 1
+
+
+def test_largest_first_orders_by_estimated_work_and_keeps_ties_and_unknowns():
+    from rocmflash.tuning.pipeline import largest_first
+
+    a, b, c, d = (_grouped(k, [], work=w) for k, w in (("A", 1.0), ("B", 5.0), ("C", 1.0), ("D", 3.0)))
+    assert [i.key for i in largest_first([a, b, c, d])] == ["B", "D", "A", "C"]
+    plain = FakeItem("E", [])
+    assert [i.key for i in largest_first([a, b, plain])] == ["A", "B", "E"]  # an item without an estimate
+
+
+def test_largest_first_shortens_the_tail_on_two_workers():
+    # every static 1 s (3 slots, 1 core each); the first two jobs come from s1 (ready first), then at t=3 both
+    # workers are free with s2's two 2 s jobs and L's 8 s job ready. Plan order: s2a, s2b 3-5, then L 5-13.
+    # Largest first: L 3-11 on one worker, s2a, s2b 3-7 on the other.
+    def plan():
+        return [_grouped("s1", [[("s1a", 2), ("s1b", 2)]], [1], work=4),
+                _grouped("s2", [[("s2a", 2), ("s2b", 2)]], [1], work=4), _grouped("L", [[("L1", 8)]], [1], work=8)]
+
+    from rocmflash.tuning.pipeline import largest_first
+
+    in_order, _ = _sim(plan(), [FakeRunner("r0"), FakeRunner("r1")], cpu_cores=3, compile_slots=3)
+    items = plan()
+    largest, _ = _sim(items, [FakeRunner("r0"), FakeRunner("r1")], cpu_cores=3, compile_slots=3,
+                      priority=largest_first(items))
+    assert in_order.wall_s == 13 and largest.wall_s == 11
+    assert sorted(w.busy_s for w in largest.workers) == [6, 10]
+    assert [s.key for s in largest.items] == ["s1", "s2", "L"]  # the statics keep the plan's order
+    with pytest.raises(ValueError, match="priority must list every item"):
+        Pipeline(items, [FakeRunner("r0")], priority=items[:2])
+
+
+def test_no_worker_idles_while_a_built_items_jobs_remain_with_slow_statics():
+    """2 workers, 2 compile slots, worker start-up, statics of several seconds: whenever an item's static is
+    done, its jobs keep every started worker busy until they run out (the statics overlap the timing)."""
+    rng = random.Random(7)
+    items = [_grouped(f"i{k}", [[(f"i{k}r{r}c{c}", rng.choice([0.5, 1, 2])) for c in range(rng.randint(2, 6))]
+                                for r in range(rng.randint(1, 3))], compile_s=[rng.uniform(2, 8)] * 4,
+                      group=f"g{k // 2}", work=rng.uniform(1, 10)) for k in range(8)]
+    from rocmflash.tuning.pipeline import largest_first
+
+    ex = SimulatedExecutor(cpu_cores=8, worker_start_s=1.5)
+    for item in items:
+        item.clock = ex.now
+    events = []
+    stats = Pipeline(items, [FakeRunner("r0"), FakeRunner("r1")], compile_slots=2, executor=ex,
+                     on_event=events.append, priority=largest_first(items)).run()
+    assert all(it.finished == [True] for it in items) and sum(w.done for w in stats.workers) == sum(
+        len(it.recorded) for it in items)
+    for item in items:  # jobs ready before the workers were up could only wait for them
+        item.issued = [(label, max(t, 1.5)) for label, t in item.issued]
+    _assert_never_idle_while_ready(items, events, ["0", "1"])
+    statics = [(e["t"], e["event"], e["item"]) for e in events if e["event"].startswith("static")]
+    in_flight = 0
+    for _, what, _ in sorted(statics, key=lambda x: (x[0], x[1] == "static_start")):
+        in_flight += 1 if what == "static_start" else -1
+        assert in_flight <= 2
+    assert any(t > 0 and what == "static_start" for t, what, _ in statics)  # statics ran beside the timing
+
+
+def test_default_compile_slots_from_cores_and_memory():
+    from rocmflash.tuning.pipeline import compile_workers, default_compile_slots
+
+    assert default_compile_slots(32, 256) == 2  # the 2-GPU machine of the 2026-11-26 run
+    assert default_compile_slots(16, 128) == 1 and default_compile_slots(2, 23) == 1
+    assert default_compile_slots(128, 560) == 4 and default_compile_slots(64, 30) == 1  # memory bounds it
+    assert compile_workers(2, 32) == 16 and compile_workers(3, 2) == 1
+    with pytest.raises(ValueError, match="cpu_cores"):
+        default_compile_slots(0, 10)

@@ -27,7 +27,7 @@ def env(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--gpu", "mi999"], "unknown GPU 'mi999'; known GPUs: mi210, mi250"),
     (["--gpu", "mi300x", "--head-dim", "512"], "head dim 512 is unsupported"),
-    (["--gpu", "mi300x", "--dtype", "fp8"], "dtype='fp8' is unsupported"),
+    (["--gpu", "mi300x", "--dtype", "fp4"], "dtype='fp4' is unsupported"),
     (["--gpu", "auto"], "no live GPU"),
     (["--gpu", "mi300x", "--strategy", "exhaustive"], "needs a live mi300x"),
     (["--gpu", "mi300x", "--heads", "6", "--kv-heads", "4"], "not a multiple"),

@@ -278,6 +278,10 @@ def _fp8_run(q, k, v, causal, softmax_scale, config, return_lse, descales, out_d
     _check_shapes(q, k, v)
     D = q.shape[3]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    if config is None:  # the measured entry of these inputs' format (tune --dtype fp8), else the fp8 default
+        from rocmflash.api.selection_fp8 import select_fp8_config
+
+        config = select_fp8_config(q.device, D, q.dtype, causal, q.shape[1] // max(k.shape[1], 1), k.shape[2])
     return attention_fp8(q, k, v, causal, scale, config, bool(return_lse), *descales, out_dtype, out_bshd=bshd)
 
 

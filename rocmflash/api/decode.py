@@ -161,8 +161,9 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
 def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,
                   page_size: int = 0, kv_fp8: bool = False) -> "KD.DecodeConfig":
     """The decode config for this problem: the tuned database entry (``rocmflash tune --mode decode``) of the
-    nearest KV-length and batch buckets, else the per-arch default. An fp8 cache (``kv_fp8``) takes the
-    per-arch fp8 default: database entries are tuned for 16-bit caches (twice the bytes per key block).
+    nearest KV-length and batch buckets, else the per-arch default. An fp8 cache (``kv_fp8``: its torch fp8
+    dtype, or True) reads only the entries tuned for its format (``--kv-dtype fp8``: twice the keys per byte
+    of a 16-bit cache's), else the per-arch fp8 default.
 
     Kept per bucket, not per length: the lookup reads the KV length and batch only through their
     next powers of two (``tuning.decode._bucket``), so a cache one key longer each call
@@ -176,10 +177,11 @@ def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, b
 
         gpu_name, arch = device_identity(device)
         hit = None
-        if gpu_name is not None and not kv_fp8:
+        kv_format = F8D.kv_format(kv_fp8)
+        if gpu_name is not None and kv_format is not None:
             hit = lookup_decode(gpu_name, int(head_dim), dtype, int(group), int(max_seqlen_k), int(batch),
-                                int(page_size))
-        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim), kv_fp8)
+                                int(page_size), kv_format)
+        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim), bool(kv_fp8))
     return cfg
 
 
@@ -282,7 +284,7 @@ def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_sc
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right,
                                    cache_leftpad is not None, fp8))
-    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size, fp8)
+    cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size, k_cache.dtype if fp8 else False)
     splits = num_splits or cfg.num_splits
     if not splits:
         splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, C.num_compute_units(q.device),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from rocmflash.api import fp8 as F8A
 from rocmflash.hw import fp8 as F8
 
 
@@ -38,24 +39,15 @@ def check_caches(q, k_cache, v_cache, layout: str) -> bool:
 
 
 def check_descales(fp8: bool, q, batch: int, kv_heads: int, k_descale, v_descale) -> None:
-    """An fp8 cache needs fp32 ``(batch, kv_heads)`` ``k_descale`` and ``v_descale`` on q's device (any strides);
-    a 16-bit cache takes neither. ``ValueError``/``TypeError`` naming the argument otherwise."""
+    """An fp8 cache needs fp32 ``(batch, kv_heads)`` ``k_descale`` and ``v_descale`` on q's device (any strides;
+    :func:`rocmflash.api.fp8.check_descale`, the fp8 forward's check too); a 16-bit cache takes neither.
+    ``ValueError``/``TypeError`` naming the argument otherwise. Values (finite and > 0: the cache holds
+    ``k / k_descale``) are the kernels' to check, or :func:`descale_flags`' with ``check_values=True``."""
     for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
-        if not fp8:
-            if d is not None:
-                raise TypeError(f"{name} applies to an fp8 cache only; k_cache is {q.dtype} (pass {name}=None)")
-            continue
-        if d is None:
-            raise ValueError(f"{name} is required with an fp8 cache: an fp32 tensor of shape (batch, kv_heads) = "
-                             f"({batch}, {kv_heads}), the cache holding k / k_descale (torch.ones for unscaled)")
-        if not isinstance(d, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape ({batch}, {kv_heads}), got {type(d).__name__}")
-        if d.dtype != torch.float32:
-            raise TypeError(f"{name}.dtype must be torch.float32, got {d.dtype}")
-        if tuple(d.shape) != (batch, kv_heads):
-            raise ValueError(f"{name} must have shape (batch, kv_heads) = ({batch}, {kv_heads}), got {tuple(d.shape)}")
-        if d.device != q.device:
-            raise ValueError(f"{name} is on {d.device} but q is on {q.device}; all must share a device")
+        if fp8:
+            F8A.check_descale(name, d, batch, kv_heads, q.device, "an fp8 cache (it holds k / k_descale)")
+        elif d is not None:
+            raise TypeError(f"{name} applies to an fp8 cache only; k_cache is {q.dtype} (pass {name}=None)")
 
 
 def check_arch(device, dtype) -> None:
@@ -80,4 +72,18 @@ def raise_bad_descale(bad_k, bad_v, k_descale, v_descale) -> None:
                              f"k / k_descale); nothing was written to the cache")
 
 
-__all__ = ["check_caches", "check_descales", "check_arch", "descale_flags", "raise_bad_descale"]
+def kv_format(kv_fp8):
+    """The cache format a decode entry is looked up under (:func:`rocmflash.tuning.decode.lookup_decode`): ""
+    for a 16-bit cache (``kv_fp8`` False), the database name of an fp8 cache's torch dtype (``fp8e4m3fnuz``,
+    ``fp8e4m3fn``, ...: the key of an entry tuned with ``--kv-dtype fp8`` on that GPU), None when the
+    format is not known (``kv_fp8`` True: no entry is looked up)."""
+    if kv_fp8 is False or kv_fp8 is None:
+        return ""
+    if not F8.is_fp8(kv_fp8):
+        return None
+    from rocmflash.db import key_dtype
+
+    return key_dtype(kv_fp8)
+
+
+__all__ = ["check_caches", "check_descales", "check_arch", "descale_flags", "raise_bad_descale", "kv_format"]

@@ -43,8 +43,9 @@ def _entry_row(path: str, bucket: int, entry: dict, target_bits: int, variant: s
 
 def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int, seqlen_k: Optional[int] = None,
             gqa_ratio: int = 1, variant: str = "online", db_path: Optional[str] = None, check: bool = True,
-            cache_dir: Optional[str] = None) -> dict:
-    """The selection for one problem on ``gpu_name`` and the evidence for it (a JSON-able dict)."""
+            cache_dir: Optional[str] = None, batch: int = 1) -> dict:
+    """The selection for one problem on ``gpu_name`` and the evidence for it (a JSON-able dict). ``batch``: read
+    only for a decode-shaped problem, whose ``decode-`` entry (and so its incumbent) is per batch bucket."""
     from rocmflash import db
 
     gpu = get_gpu(gpu_name)
@@ -56,6 +57,8 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
         raise ValueError(f"--seqlen-k {seqlen_k!r} is invalid; expected a positive int")
     if type(gqa_ratio) is not int or gqa_ratio < 1:
         raise ValueError(f"--gqa {gqa_ratio!r} is invalid; expected a positive int")
+    if type(batch) is not int or batch < 1:
+        raise ValueError(f"batch {batch!r} is invalid; expected a positive int")
     Problem(head_dim=head_dim, dtype=dtype)  # validates the head dim
     bucket = db.seqlen_bucket(seqlen_k)
     asked = db.problem_key(head_dim, dtype, causal, gqa_ratio, bucket)
@@ -85,7 +88,7 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
               "variant": variant, "databases": [db_path] if db_path else db.database_paths(gpu.name),
               "candidates": rows, "choice": choice, "other_groups": others[:6],
               "runs": _what_runs(gpu.name, head_dim, dtype, bool(causal), seqlen, seqlen_k, gqa_ratio, variant,
-                                 match)}
+                                 match, batch, db_path)}
     if check:
         problem = Problem(head_dim=head_dim, dtype=dtype, causal=bool(causal), heads_q=8 * gqa_ratio, heads_kv=8,
                           seqlen_q=seqlen, seqlen_k=seqlen_k)
@@ -96,13 +99,16 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
 
 
 def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q: int, seqlen_k: int,
-               gqa_ratio: int, variant: str, match) -> dict:
+               gqa_ratio: int, variant: str, match, batch: int = 1, db_path: Optional[str] = None) -> dict:
     """What a call without ``config=`` runs, forward alone and with gradients: rocmflash's kernel or the
     platform's SDPA backend the entry measured faster (:mod:`rocmflash.api.incumbent`), with both times and why
-    -- decided by the functions run-time dispatch uses."""
-    from rocmflash.api.incumbent import shape_excludes, winner
+    -- decided by the functions run-time dispatch uses. A decode-shaped call: its ``decode-`` entry's eager
+    timing (:func:`_what_decode_runs`)."""
+    from rocmflash.api.incumbent import is_decode, shape_excludes, winner
     from rocmflash.api.selection import incumbent_timing
 
+    if variant == "online" and is_decode(seqlen_q, seqlen_k, gqa_ratio):
+        return _what_decode_runs(gpu_name, head_dim, dtype, causal, seqlen_q, seqlen_k, gqa_ratio, batch, db_path)
     field, why = incumbent_timing(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
     if variant != "online":
         why = f"variant {variant} asked for: rocmflash's kernel"
@@ -118,6 +124,35 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
                      "rocmflash_ms": times.get("triton_ms") if times else None,
                      "why": why or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
     return out
+
+
+DECODE_KERNEL = "rocmflash (split-KV decode kernel)"
+#: flash_attn_with_kvcache's route, said beside every decode-shaped explanation
+KVCACHE_NOTE = ("flash_attn_with_kvcache always runs the decode kernel: SDPA cannot take cache_seqlens, "
+                "cache_leftpad, a block table or the in-place append without extra copies")
+
+
+def _what_decode_runs(gpu_name, head_dim, dtype, causal, seqlen_q, seqlen_k, gqa_ratio, batch, db_path) -> dict:
+    """A decode-shaped call through ``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa``:
+    SDPA where the ``decode-`` entry of its KV-length and batch buckets timed it faster (eager, host time
+    included), else the decode kernel; with gradients always the decode kernel (decode entries time inference)."""
+    from rocmflash.api.incumbent import decode_timing, shape_excludes, winner
+    from rocmflash.api.selection import NO_INCUMBENT_ENV, incumbent_disabled
+
+    key, field, why = decode_timing(gpu_name, head_dim, dtype, gqa_ratio, seqlen_k, batch, db_path)
+    why = shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) or why
+    if incumbent_disabled():
+        why = f"{NO_INCUMBENT_ENV} is set"
+    backend = None if why else winner(field, False)
+    times = field or {}
+    fwd = {"runs": f"SDPA ({backend})" if backend else DECODE_KERNEL, "sdpa_ms": times.get("time_ms"),
+           "sdpa_backend": times.get("backend"), "rocmflash_ms": times.get("triton_ms"),
+           "why": why or ("SDPA was faster (eager per call, host time included)" if backend else
+                          "the decode kernel was as fast or faster (eager per call, host time included)")}
+    train = {"runs": DECODE_KERNEL + " and the Triton backward", "sdpa_ms": None, "sdpa_backend": None,
+             "rocmflash_ms": None, "why": "decode-shaped: decode entries time inference only"}
+    return {"incumbent": field, "decode_entry": key, "batch": batch, "timing": times.get("timing"),
+            "kvcache": KVCACHE_NOTE, "forward": fwd, "forward+backward": train}
 
 
 def _verdict(gpu: GPU, problem: Problem, cfg: KernelConfig, cache_dir: Optional[str]) -> dict:
@@ -177,6 +212,11 @@ def print_explanation(result: dict, console) -> None:
         if r["sdpa_ms"] is not None and r["rocmflash_ms"] is not None:
             times = f" (SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
         console.print(f"{side} runs: {r['runs']}{times}: {r['why']}", highlight=False)
+    if "decode_entry" in result["runs"]:
+        runs = result["runs"]
+        console.print(f"decode-shaped (batch {runs['batch']}): decided by decode entry {runs['decode_entry'] or '-'}"
+                      + (f"; times: {runs['timing']}" if runs.get("timing") else "") + f"; {runs['kvcache']}",
+                      highlight=False)
     table = Table(title="entries of this head dim, dtype, causal flag and GQA ratio")
     for col in ("bucket", "distance", "measured", "served", "best config", "TFLOP/s", "file", "note"):
         table.add_column(col)

@@ -17,13 +17,14 @@ dtypes run: the kernels are the same source for both families.
 **Descales** (flash-attn 3's ``q_descale``/``k_descale``/``v_descale``): fp32 tensors of shape
 ``(batch, kv_heads)`` on q's device, any strides (an ``expand``-ed scalar is fine); the true
 values are ``q_fp8 * q_descale[b, h // group]`` etc. Type, dtype, shape and device are checked on
-the host. **Finiteness is checked on the GPU**, because reading a device tensor on the host
-waits for the GPU: each program of the kernel checks its ``q_descale * k_descale * softmax_scale``
-and ``v_descale`` and sets a bit of a per-device error word when one is NaN or infinite (its rows
-are then NaN). The word is read without waiting: every call polls an asynchronous copy started
-every :data:`ERROR_POLL_CALLS` calls, so a later call raises the ``ValueError``;
-:func:`check_errors` reads it at once (it waits for the GPU). With CPU tensors (the interpreter)
-the word is read right after the launch, so the offending call itself raises.
+the host (:func:`check_descale`, shared with the fp8 KV cache). Zero and negative descales are legal
+and exact (the output is attention over the dequantised inputs). **Finiteness is checked on the GPU**,
+because reading a device tensor on the host waits for the GPU: each program of the kernel checks its
+``q_descale * k_descale * softmax_scale`` and ``v_descale`` and sets a bit of a per-device error word
+when one is NaN or infinite (its rows are then NaN). The word is read without waiting: every call
+polls an asynchronous copy started every :data:`ERROR_POLL_CALLS` calls, so a later call raises the
+``ValueError``; :func:`check_errors` reads it at once (it waits for the GPU). With CPU tensors (the
+interpreter) the word is read right after the launch, so the offending call itself raises.
 """
 
 from __future__ import annotations
@@ -64,22 +65,42 @@ def check_out_dtype(out_dtype):
     return out_dtype
 
 
-def check_descales(q, batch: int, kv_heads: int, q_descale, k_descale, v_descale) -> None:
-    """Raise ``TypeError``/``ValueError`` unless each descale is an fp32 ``(batch, kv_heads)`` tensor on q's device.
+def check_descale(name: str, d, batch: int, kv_heads: int, device, required_with: str) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``d`` is an fp32 ``(batch, kv_heads)`` tensor on
+    ``device`` (q's; any strides, an ``expand``-ed scalar is fine); None is "required with ``required_with``".
 
-    Values are not read here (that would wait for the GPU): the kernel checks finiteness."""
+    The one metadata check of a descale, for the fp8 forward (:func:`check_descales`) and the fp8 KV cache
+    (:func:`rocmflash.api.decode_fp8.check_descales`). Values are never read here (that would wait for the
+    GPU): the kernels check them and report through their error word, by one principle -- a descale is
+    refused exactly where the call could not give the dequantised answer:
+
+    * **fp8 forward** (``q_descale``/``k_descale``/``v_descale``): finite. Zero and negative are legal and
+      exact (the scale multiplies the scores before the row max and the output after the sum): a zero
+      ``q_descale``/``k_descale`` gives uniform weights, a zero ``v_descale`` a zero output, as attention
+      over the dequantised inputs does.
+    * **fp8 KV cache** (``k_descale``/``v_descale`` of ``flash_attn_with_kvcache``): finite and > 0. The
+      append stores ``k / k_descale``: with zero every value saturates (the cache would read back as 0),
+      and a negative scale, which no quantiser produces, is taken for a wrong one. Such a call writes
+      nothing to the cache (the kernels' error word, or ``check_values=True`` on the host)."""
+    if d is None:
+        raise ValueError(f"{name} is required with {required_with}: an fp32 tensor of shape (batch, kv_heads) = "
+                         f"({batch}, {kv_heads}) (torch.ones for unscaled inputs)")
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape ({batch}, {kv_heads}), got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise TypeError(f"{name}.dtype must be torch.float32, got {d.dtype}")
+    if tuple(d.shape) != (batch, kv_heads):
+        raise ValueError(f"{name} must have shape (batch, kv_heads) = ({batch}, {kv_heads}), got {tuple(d.shape)}")
+    if d.device != device:
+        raise ValueError(f"{name} is on {d.device} but q is on {device}; descales must be on q's device")
+
+
+def check_descales(q, batch: int, kv_heads: int, q_descale, k_descale, v_descale) -> None:
+    """Raise ``TypeError``/``ValueError`` unless each descale is an fp32 ``(batch, kv_heads)`` tensor on q's device
+    (:func:`check_descale`). Values are not read here (that would wait for the GPU): the kernel checks that they
+    are finite; zero and negative descales are exact."""
     for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if d is None:
-            raise ValueError(f"{name} is required with fp8 inputs: an fp32 tensor of shape (batch, kv_heads) = "
-                             f"({batch}, {kv_heads}) (torch.ones for unscaled inputs)")
-        if not isinstance(d, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape ({batch}, {kv_heads}), got {type(d).__name__}")
-        if d.dtype != torch.float32:
-            raise TypeError(f"{name}.dtype must be torch.float32, got {d.dtype}")
-        if tuple(d.shape) != (batch, kv_heads):
-            raise ValueError(f"{name} must have shape (batch, kv_heads) = ({batch}, {kv_heads}), got {tuple(d.shape)}")
-        if d.device != q.device:
-            raise ValueError(f"{name} is on {d.device} but q is on {q.device}; descales must be on q's device")
+        check_descale(name, d, batch, kv_heads, q.device, "fp8 inputs")
 
 
 def refuse_descales(q_descale, k_descale, v_descale, out_dtype, dtype) -> None:
@@ -158,5 +179,5 @@ class _InferenceOnly(torch.autograd.Function):
 
 
 __all__ = ["attention_fp8", "FP8_DTYPES", "FAMILY_DTYPES", "is_fp8", "fp8_family", "check_format", "fp8_max", "triton_type",
-           "unit_roundoff", "check_out_dtype", "check_descales", "refuse_descales", "error_word", "check_errors",
-           "poll_errors", "ERROR_POLL_CALLS"]
+           "unit_roundoff", "check_out_dtype", "check_descale", "check_descales", "refuse_descales", "error_word",
+           "check_errors", "poll_errors", "ERROR_POLL_CALLS"]

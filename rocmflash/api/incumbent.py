@@ -19,6 +19,15 @@ At run time (:func:`serving_backend`) a call whose entry says the incumbent was 
 forward-only call by the forward times, a call that needs gradients by the training times.
 Only where SDPA computes the same function: no LSE wanted, and causal only with ``Sq == Sk`` (SDPA's
 causal mask is top-left aligned, rocmflash's bottom-right).
+
+Decode-shaped calls (a few queries over many keys, :func:`rocmflash.kernels.kv_decode.is_decode_shaped`) are
+decided by their ``decode-`` entry instead (:func:`decode_timing`: the entry of the call's KV-length and batch
+buckets, or one bucket away): its ``incumbent`` is timed eagerly, host time included
+(:func:`rocmflash.tuning.incumbent_worker.measure_decode`, ``bench/refresh_incumbents.py --decode``), since at
+small batch and short caches a decode step is host-bound and the GPU time alone would hide what the user pays.
+One query token with ``causal=True`` is SDPA's non-causal call (bottom-right: the token sees every key).
+``flash_attn_with_kvcache`` always runs the decode kernel: SDPA cannot take ``cache_seqlens``, ``cache_leftpad``,
+a block table or the in-place append without copies.
 """
 
 from __future__ import annotations
@@ -41,17 +50,28 @@ def applies(causal: bool, seqlen_q: int, seqlen_k: int, need_lse: bool = False) 
     return not need_lse and (not causal or seqlen_q == seqlen_k)
 
 
+def sdpa_causal(causal: bool, seqlen_q: int) -> bool:
+    """SDPA's ``is_causal`` for rocmflash's ``causal`` on a call :func:`shape_excludes` lets through: one query
+    token sees every key (bottom-right), which is SDPA's non-causal call (its top-left mask would leave the token
+    key 0 only)."""
+    return bool(causal) and seqlen_q > 1
+
+
 def shape_excludes(causal: bool, seqlen_q: int, seqlen_k: int, group: int) -> Optional[str]:
-    """Why a call of this shape never runs the incumbent, or None: the call is decode-shaped (the decode
-    kernel serves it), or SDPA computes another function (causal with ``Sq != Sk``). Run-time dispatch and
-    ``rocmflash explain`` both ask this."""
+    """Why a call of this shape never runs the incumbent, or None: SDPA computes another function (causal with
+    ``Sq != Sk``; a decode-shaped call of one query token is SDPA's non-causal call, :func:`sdpa_causal`). A
+    decode-shaped call (:func:`is_decode`) is decided by its ``decode-`` entry (:func:`decode_timing`), any other
+    by its forward entry. Run-time dispatch and ``rocmflash explain`` both ask this."""
+    if applies(causal, seqlen_q, seqlen_k) or (seqlen_q == 1 and is_decode(seqlen_q, seqlen_k, group)):
+        return None
+    return "causal with Sq != Sk: SDPA's causal mask is top-left aligned, rocmflash's bottom-right"
+
+
+def is_decode(seqlen_q: int, seqlen_k: int, group: int) -> bool:
+    """Whether the call is decode-shaped: rocmflash's split-KV decode kernel and its ``decode-`` entries serve it."""
     from rocmflash.kernels.kv_decode import is_decode_shaped
 
-    if is_decode_shaped(seqlen_q, seqlen_k, group):
-        return "decode-shaped (a few queries over many keys): rocmflash's split-KV decode kernel"
-    if not applies(causal, seqlen_q, seqlen_k):
-        return "causal with Sq != Sk: SDPA's causal mask is top-left aligned, rocmflash's bottom-right"
-    return None
+    return is_decode_shaped(seqlen_q, seqlen_k, group)
 
 
 _SDPA: list = []  #: torch's own scaled_dot_product_attention, bound on first use
@@ -122,5 +142,67 @@ def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
     return side["backend"] if side["time_ms"] < side["triton_ms"] else None
 
 
-__all__ = ["DEFAULT", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "incumbent_field",
+#: what a decode entry's incumbent times are (the field's ``timing``): what a user's eager call pays
+DECODE_TIMING = ("eager per call, host time included (back-to-back calls between two events): rocmflash.attention "
+                 "served by the decode kernel with the entry's config vs the same call served by each SDPA backend")
+#: a decode entry's incumbent decides for calls this many buckets (KV length and batch together) from it at most
+DECODE_MAX_BUCKET_DISTANCE = 1
+
+
+def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seqlen_k: int, batch: int,
+                  db_path: Optional[str] = None) -> tuple:
+    """``(entry key or None, its incumbent field or None, why that timing does not decide or None)`` for a dense
+    decode-shaped call: the measured 16-bit, unpaged ``decode-`` entry nearest in KV-length and batch buckets
+    (ranked as :func:`rocmflash.tuning.decode.lookup_decode` ranks them, so it is the entry whose config the
+    decode kernel serves), read from ``db_path`` or the GPU's databases (the user's, then the shipped one)."""
+    from rocmflash.config import normalize_dtype
+    from rocmflash.db import ConfigDB, iter_database_entries, servable
+    from rocmflash.tuning.decode import _bucket, parse_decode_key
+
+    if gpu_name is None:
+        return None, None, "no GPU in the catalog: no decode entry (the decode kernel's per-arch default)"
+    if db_path:
+        rows = ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items())
+    else:
+        rows = iter_database_entries(gpu_name)
+    want = (int(head_dim), normalize_dtype(dtype), int(group), 0, "")
+    want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
+    best = None
+    for order, _path, key, entry in rows:
+        p = parse_decode_key(key)
+        if p is None or (p["head_dim"], p["dtype"], p["group"], p["page_size"], p.get("kv_dtype", "")) != want:
+            continue
+        if not isinstance(entry, dict) or not servable(entry) or not entry.get("best"):
+            continue
+        d_kv, d_b = abs(p["kv_bucket"].bit_length() - want_kv), abs(p["batch_bucket"].bit_length() - want_b)
+        rank = (d_kv + d_b, d_kv, order)
+        if best is None or rank < best[0]:
+            best = (rank, key, entry)
+    if best is None:
+        return None, None, "no measured decode entry: the decode kernel (no incumbent timed)"
+    (distance, _, _), key, entry = best
+    field = entry.get("incumbent") or None
+    if distance > DECODE_MAX_BUCKET_DISTANCE:
+        return key, field, f"the decode entry {key} is {distance} buckets away: its incumbent timing is not used"
+    if field is None:
+        return key, None, (f"the decode entry {key} has no incumbent timing "
+                           "(bench/refresh_incumbents.py --decode adds it)")
+    return key, field, None
+
+
+def decode_field(result: dict) -> dict:
+    """A decode entry's ``incumbent`` from :func:`rocmflash.tuning.incumbent_worker.measure_decode`'s result: the
+    forward's field shape (:func:`incumbent_field`, no training side: decode is inference) with ``timing``
+    saying the times are eager per call, host included."""
+    triton_ms = result.get("triton_ms")
+    if result.get("status") != "ok" or triton_ms is None:
+        return {"backend": None, "time_ms": None, "triton_ms": triton_ms, "timing": DECODE_TIMING,
+                "error": f"{result.get('status')}: {result.get('error')}"}
+    field = incumbent_field({"backends": result.get("backends")}, round(triton_ms, 5))
+    field["timing"] = DECODE_TIMING
+    return field
+
+
+__all__ = ["DEFAULT", "DECODE_TIMING", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
+           "sdpa_causal", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "incumbent_field",
            "winner"]

@@ -42,7 +42,8 @@ from rocmflash.kernels import launch as L
 from rocmflash.api.decode import attend_whole_cache
 from rocmflash.kernels.kv_decode import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
-from rocmflash.api.incumbent import sdpa_attention, shape_excludes
+from rocmflash.api import selection as _selection
+from rocmflash.api.incumbent import decode_timing, sdpa_attention, sdpa_causal, shape_excludes, winner
 from rocmflash.api.selection import entry_incumbent, incumbent_disabled, register_clear, select_bwd_config, select_config
 
 
@@ -68,17 +69,20 @@ class _Call:
     first launch and the first backward (:func:`select_config` is never asked for a call SDPA serves)."""
 
     __slots__ = ("device", "out_stride", "lse_shape", "lse_stride", "empty", "decode", "gqa", "incumbent",
-                 "incumbent_train", "cfg", "bwd_cfg", "kv_layout")
+                 "incumbent_train", "sdpa_causal", "cfg", "bwd_cfg", "kv_layout")
 
     def __init__(self, device, out_stride: tuple, lse_shape: tuple, empty: bool, decode: bool, gqa: bool,
-                 incumbent: Optional[str], incumbent_train: Optional[str]):
+                 incumbent: Optional[str], incumbent_train: Optional[str], sdpa_causal: bool = False):
         self.device = device
         self.gqa = gqa
+        self.sdpa_causal = sdpa_causal  #: SDPA's ``is_causal`` for this call (one query token: False)
         self.out_stride = out_stride  #: the strides of ``empty_like_layout(q)``, allocated by ``torch.empty_strided``
         self.lse_shape, self.lse_stride = lse_shape, (lse_shape[1] * lse_shape[2], lse_shape[2], 1)
         self.empty = empty  #: no output rows or no keys: nothing to launch
         self.decode = decode  #: decode-shaped: the split-KV decode kernel
-        self.incumbent = incumbent  #: the SDPA backend the entry says won the forward (None: rocmflash's kernel)
+        #: the SDPA backend the entry says won the forward (None: rocmflash's kernel); a decode-shaped call's
+        #: from its decode- entry (:func:`decode_incumbent`), timed eagerly with host time
+        self.incumbent = incumbent
         self.incumbent_train = incumbent_train  #: ... and forward+backward; ROCMFLASH_NO_INCUMBENT is read per call
         self.cfg: Optional[KernelConfig] = None
         self.bwd_cfg = None
@@ -145,13 +149,42 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
     decode = not empty and is_decode_shaped(Sq, Sk, group)
     fwd = train = None
     if not empty and shape_excludes(causal, Sq, Sk, group) is None:
-        fwd = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, False)
-        train = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, True)
-    call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train)
+        if decode:  # the decode entry's eager timing decides; forward only (no training timing for decode)
+            fwd = decode_incumbent(q.device, D, q.dtype, group, Sk, B)
+        else:
+            fwd = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, False)
+            train = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, True)
+    call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
+                 sdpa_causal(causal, Sq))
     if len(_CALLS) >= _MAX_CALLS:  # a new shape every call (a growing cache): start over, never grow unbounded
         _CALLS.clear()
     _CALLS[key] = call
     return call
+
+
+_DECODE_INCUMBENT: dict = {}  #: (device, problem, KV and batch buckets) -> the decode entry's SDPA backend or None
+register_clear(_DECODE_INCUMBENT.clear)
+
+
+def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, batch: int) -> Optional[str]:
+    """The SDPA backend a dense decode-shaped call runs instead of the decode kernel, or None: the ``decode-`` entry
+    of its KV-length and batch buckets (:func:`rocmflash.api.incumbent.decode_timing`) timed it faster, eager
+    per call with host time (``bench/refresh_incumbents.py --decode``). Before the ``ROCMFLASH_NO_INCUMBENT``
+    switch (read per call by the caller). Cached per bucket: a cache one key longer each step costs one dict
+    lookup, no database read, no host-device sync."""
+    key = (getattr(device, "type", str(device)), getattr(device, "index", None), L.interpreting(), int(head_dim),
+           dtype, int(group), int(seqlen_k - 1).bit_length(), int(batch - 1).bit_length())
+    try:
+        return _DECODE_INCUMBENT[key]
+    except KeyError:
+        pass
+    gpu_name, _ = _selection.device_identity(device)
+    try:
+        _, field, why_not = decode_timing(gpu_name, head_dim, dtype, group, seqlen_k, batch)
+    except Exception:  # a broken database must not break attention: the decode kernel
+        field, why_not = None, "unreadable database"
+    backend = _DECODE_INCUMBENT[key] = None if why_not else winner(field, False)
+    return backend
 
 
 def _call_cfg(call: _Call, q, k, causal: bool) -> KernelConfig:
@@ -343,8 +376,10 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
 
     A default call (online variant, no config) whose database entry says the platform's SDPA won
     (:mod:`rocmflash.api.incumbent`) runs SDPA -- not while torch.compile traces (the op keeps the graph whole),
-    not when the LSE is wanted, never where SDPA computes another function (causal with ``Sq != Sk``) or
-    for a decode-shaped call (the decode kernel has its own entries). Otherwise plain eager calls run the
+    not when the LSE is wanted (so never for ``torch.ops.rocmflash.attn_fwd``, which returns it), never where SDPA
+    computes another function (causal with ``Sq != Sk`` and more than one query). A decode-shaped call is decided
+    by its ``decode-`` entry (:func:`decode_incumbent`: eager times, host included; forward only: a call that
+    needs gradients runs the decode kernel and the Triton backward). Otherwise plain eager calls run the
     implementation directly (an autograd Function when a gradient is needed); traced, subclassed or
     mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``.
     """
@@ -354,7 +389,7 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
         call = _call_plan(q, k, causal)
         backend = call.incumbent_train if grad else call.incumbent
         if backend is not None and not need_lse and not incumbent_disabled():
-            return sdpa_attention(backend, q, k, v, bool(causal), float(scale), call.gqa), None
+            return sdpa_attention(backend, q, k, v, call.sdpa_causal, float(scale), call.gqa), None
     if _needs_dispatcher(q, k, v):
         return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
                                             config.to_json() if config is not None else "")

@@ -24,7 +24,10 @@ SDPA would (up to rounding):
 Everything else -- masks, dropout, fp32/fp64, nested tensors, ``Sq != Sk`` causal,
 mismatched heads without ``enable_gqa`` -- goes to the original function with the
 original arguments, unchanged. Calls that go to rocmflash are differentiable (Triton
-backward) and traceable by ``torch.compile``.
+backward) and traceable by ``torch.compile``. A routed call is served as ``rocmflash.attention``
+serves it (:func:`rocmflash.api.ops.attention_forward`): where the GPU's database entry timed the
+platform's SDPA faster for the problem (a decode-shaped call: its ``decode-`` entry, timed eagerly
+with host time), the original SDPA runs it after all, with the caller's tensors and no copies.
 
 Patching replaces the attribute ``torch.nn.functional.scaled_dot_product_attention``;
 code that bound the function earlier (``from torch.nn.functional import

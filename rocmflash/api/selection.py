@@ -14,6 +14,10 @@
    config is unusable), :func:`rocmflash.config.default_config` for the arch -- the
    per-arch default the kernel tests run with.
 
+:func:`rocmflash.api.selection_fp8.select_fp8_config` is the fp8 forward's (fp8 q/k/v): the measured
+entry keyed by the inputs' own format (``d128-fp8e4m3fnuz-...``, written by ``rocmflash tune --dtype
+fp8``), else None (the fp8 kernel's per-arch default, :func:`rocmflash.kernels.fp8_forward.default_config`).
+
 :func:`select_varlen_config` (``flash_attn_varlen_func``'s forward) reads the packed kernel's own
 ``varlen-`` entries first and falls back to the above for the dense problem of the longest sequence;
 :func:`select_varlen_bwd_config` (its backward) reads ``varlen-bwd-`` entries, then the dense ``bwd-``
@@ -246,8 +250,11 @@ def _entry_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
 
 
 def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:
-    """What a selection chose and how far it is from the problem asked (logged once per problem)."""
-    dt = normalize_dtype(dtype)
+    """What a selection chose and how far it is from the problem asked (logged once per problem); ``cfg`` None:
+    the fp8 kernel's own default (:func:`select_fp8_config`)."""
+    from rocmflash.db_files import key_dtype  # the key's dtype (fp8: its format); works without rocmflash.db
+
+    dt = key_dtype(dtype)
     bucket = _bucket(seqlen_k)
     asked = f"d{head_dim}-{dt}-{'causal' if causal else 'full'}-gqa{gqa_ratio}-s{bucket}"  # rocmflash.db's key
     if match is None:
@@ -255,8 +262,9 @@ def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_
                f"no measured {gpu_name} entry for d{head_dim}/{dtype}/{'causal' if causal else 'full'}/"
                f"gqa{gqa_ratio}" if not db_disabled() else f"{NO_DB_ENV} is set")
         return {"source": "default", "asked": asked, "entry": None, "bucket_distance": None, "path": None,
-                "config": cfg.to_dict(),
-                "text": f"{asked}: per-arch default for {arch or 'no GPU'} ({why}): {cfg.to_json()}"}
+                "config": cfg.to_dict() if cfg is not None else None,
+                "text": f"{asked}: per-arch default for {arch or 'no GPU'} ({why})"
+                        + (f": {cfg.to_json()}" if cfg is not None else "")}
     off = ("the asked bucket" if match.bucket_distance == 0 else
            f"{match.bucket_distance} bucket(s) ({2 ** match.bucket_distance}x in length) from s{bucket}")
     return {"source": "db", "asked": asked, "entry": match.key, "bucket_distance": match.bucket_distance,

@@ -28,6 +28,7 @@ require_supported_versions()
 
 import torch  # noqa: E402
 
+from rocmflash.kernels import error_words as EW  # noqa: E402
 from rocmflash.kernels import masks as M  # noqa: E402
 from rocmflash.kernels import varlen as VK  # noqa: E402
 from rocmflash.kernels import varlen_checks as VC  # noqa: E402
@@ -36,6 +37,7 @@ from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
+_capturing = EW.capturing  #: whether a CUDA graph is being captured on the device (no host read, no copy then)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -90,10 +92,6 @@ def check_options(softmax_scale, causal, window_size, softcap) -> tuple[int, int
     return M.band_offsets(causal, tuple(window_size))
 
 
-def _capturing(device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optional[int] = None,
                      read_values: bool = True) -> int:
     """Check a cumulative-lengths tensor against its packed operand; returns the batch size.
@@ -134,88 +132,38 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
 # ----------------------------------------------------------------------------- device-side value checks
 #: a default call starts an asynchronous copy of its device's error word every this many calls
 ERROR_POLL_CALLS = 64
-_ERROR_TEXT = ((VC.BAD_FIRST.value, "cu_seqlens_{s} must start at 0"),
-               (VC.BAD_LAST.value, "cu_seqlens_{s}[-1] must equal the number of packed tokens ({s}.shape[0])"),
-               (VC.BAD_ORDER.value, "cu_seqlens_{s} must be non-decreasing"),
-               (VC.BAD_LONG.value, "a sequence of cu_seqlens_{s} is longer than max_seqlen_{s}"))
-
-
-class _ErrorWatch:
-    """One device's watch on its error word: on a GPU, a pinned host copy, the event that completes it, calls
-    since the last copy started."""
-
-    __slots__ = ("calls", "event", "gpu", "host")
-
-    def __init__(self, gpu: bool):
-        self.gpu, self.calls, self.event = gpu, 0, None
-        self.host = None  # pinned when the first copy starts (never while a graph is captured)
-
-
-_WATCHES: dict = {}  #: device -> _ErrorWatch
-
-
-def _raise_for(bits: int, device, how: str) -> None:
-    what = "; ".join(text.format(s=side) for side, shift in (("q", 0), ("k", VC.K_SHIFT.value))
-                     for bit, text in _ERROR_TEXT if (bits >> shift) & bit)
-    raise ValueError(f"flash_attn_varlen_func on {device}: {how} got {what} (clamped into the packed tensors, so "
-                     "no memory outside them was touched, but those sequences' outputs are wrong); pass "
-                     "check_values=True to have each call checked on the host, with the index and value")
-
-
-def _device_key(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
+_TEXTS = ((VC.BAD_FIRST.value, "cu_seqlens_{s} must start at 0"),
+          (VC.BAD_LAST.value, "cu_seqlens_{s}[-1] must equal the number of packed tokens ({s}.shape[0])"),
+          (VC.BAD_ORDER.value, "cu_seqlens_{s} must be non-decreasing"),
+          (VC.BAD_LONG.value, "a sequence of cu_seqlens_{s} is longer than max_seqlen_{s}"))
+#: what the varlen word's bits say: ``cu_seqlens_q``'s bits, then ``cu_seqlens_k``'s (shifted by ``K_SHIFT``)
+_REPORT = EW.Report(
+    "flash_attn_varlen_func",
+    tuple((bit << shift, text.format(s=side)) for side, shift in (("q", 0), ("k", VC.K_SHIFT.value))
+          for bit, text in _TEXTS),
+    " (clamped into the packed tensors, so no memory outside them was touched, but those sequences' outputs are "
+    "wrong); pass check_values=True to have each call checked on the host, with the index and value")
+_WATCHES = VC.ERRORS.watches  #: device -> error_words.Watch
 
 
 def check_errors(device=None) -> None:
     """Raise ``ValueError`` if a ``flash_attn_varlen_func`` call on ``device`` (None: every device used) met
     out-of-range ``cu_seqlens`` values since the last report, and reset the report. Waits for the GPU (reads
     the device-side error word): call it where a step may wait, e.g. once per training step or in tests."""
-    devices = list(VC._ERROR_WORDS) if device is None else [_device_key(device)]
-    for dev in devices:
+    for dev in VC.ERRORS.devices(device):
         _read_and_report(dev, "a call since the last check")
 
 
 def _read_and_report(device, how: str) -> None:
     """Read ``device``'s error word (a wait on a GPU) and, when a bit is set, reset it and raise."""
-    word = VC._ERROR_WORDS.get(device)
-    bits = int(word.item()) if word is not None else 0
-    watch = _WATCHES.get(device)
-    if watch is not None:
-        watch.event = None  # a copy in flight holds nothing newer than this read
-    if bits:
-        word.zero_()
-        _raise_for(bits, device, how)
+    VC.ERRORS.read_and_report(device, how, _REPORT)
 
 
 def _poll_errors(device) -> None:
     """On a GPU, raise what an earlier, finished copy of the error word shows and start a copy every
     :data:`ERROR_POLL_CALLS` calls -- never waiting for the GPU. (On the CPU, under Triton's interpreter,
     :func:`flash_attn_varlen_func` reads the word right after its launch: there is no GPU to wait for.)"""
-    watch = _WATCHES.get(device)
-    if watch is None:
-        watch = _WATCHES[device] = _ErrorWatch(device.type == "cuda")
-    watch.calls += 1
-    if (watch.calls < ERROR_POLL_CALLS and watch.event is None) or not watch.gpu:  # the common case: nothing to do
-        return
-    if _capturing(device):  # no event query and no copy while a graph is captured (replays still set bits)
-        return
-    if watch.event is not None and watch.event.query():
-        watch.event = None
-        bits = int(watch.host[0])  # pinned host memory the finished copy wrote: no GPU wait
-        if bits:
-            VC.error_word(device).zero_()
-            _raise_for(bits, device, "an earlier call")
-    if watch.calls >= ERROR_POLL_CALLS and watch.event is None:
-        watch.calls = 0
-        if watch.host is None:
-            watch.host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        with L.on_device(VC.error_word(device)):
-            watch.host.copy_(VC.error_word(device), non_blocking=True)
-            watch.event = torch.cuda.Event()
-            watch.event.record()
+    VC.ERRORS.poll(device, _REPORT, ERROR_POLL_CALLS, _capturing)
 
 
 # ----------------------------------------------------------------------------- configs

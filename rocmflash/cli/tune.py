@@ -102,18 +102,19 @@ def run_tune(args: argparse.Namespace) -> int:
             spec.gpu = gpu.name
             runner = pool
         try:
-            if passes != "bwd":
-                result = tune(spec, runner=runner, console=console, progress=True)
-                print_summary(result, console)
-            if passes != "fwd":
-                from rocmflash.tuning.backward_run import (
-                    print_backward_summary,
-                    tune_backward,
-                )
+            from rocmflash.tuning.backward_run import BwdTuneResult, print_backward_summary, tune_backward
 
-                if runner is not None and pool is None:
-                    raise ValueError("--replay replays forward journals only; use --pass fwd")
+            if passes != "fwd" and runner is not None and pool is None:
+                raise ValueError("--replay replays forward journals only; use --pass fwd")
+            if passes == "bwd":
                 print_backward_summary(tune_backward(spec, console=console, pool=pool), console)
+            else:  # --pass both: the forward and backward problems in ONE pipeline (no barrier between them)
+                result = tune(spec, runner=runner, console=console, progress=True, backward=passes == "both")
+                print_summary(result, console)
+                if result.backward_outcomes is not None:
+                    print_backward_summary(BwdTuneResult(result.gpu, result.db_path, result.measured,
+                                                         result.why_unmeasured, result.backward_outcomes,
+                                                         sum(o.seconds for o in result.backward_outcomes)), console)
         finally:
             if pool is not None:
                 from rocmflash.cli.model import close_pool
@@ -171,7 +172,8 @@ def _run_decode_tune(args: argparse.Namespace, console) -> int:
             for page_size in args.page_size:
                 problem = DecodeProblem(head_dim=args.head_dim, dtype=args.dtype, heads_q=args.heads or 32,
                                         heads_kv=args.kv_heads or 8, batch=args.batch or 32, seqlen_k=seqlen,
-                                        seqlen_q=args.seqlen_q, page_size=page_size).validate()
+                                        seqlen_q=args.seqlen_q, page_size=page_size,
+                                        kv_dtype=args.kv_dtype or "").validate()
                 results.append(tune_decode(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout))
                 print_decode_summary(results[-1], console)
             if len(results) > 1:

@@ -38,8 +38,11 @@ def add_tune_parsers(subparsers) -> None:
                       help="time on every GPU of a Ray cluster, one actor per GPU (pip install 'rocmflash[ray]'); "
                            "this process compiles, keeps the journal and writes the database")
     tune.add_argument("--head-dim", type=int, default=None, metavar="D", help="head dimension (16..256)")
-    tune.add_argument("--dtype", default=None, metavar="fp16|bf16",
-                      help="fp16 or bf16 (--model: default both; a comma list is accepted)")
+    tune.add_argument("--dtype", default=None, metavar="fp16|bf16|fp8",
+                      help="fp16 or bf16 (--model: default both; a comma list is accepted); fp8 (prefill only: "
+                           "the fp8 forward, q/k/v in the GPU's e4m3 format -- FNUZ on MI300X, OCP on MI355X and "
+                           "H100 -- bf16 output; entries d<D>-fp8e4m3fnuz-... / d<D>-fp8e4m3fn-...; inference "
+                           "only: --pass fwd; no SDPA incumbent, which has no fp8)")
     tune.add_argument("--causal", action="store_true", help="causal attention")
     tune.add_argument("--seqlen", type=int, action="append", default=None, metavar="S",
                       help="sequence length to tune (repeat for several); stored under the next power of two "
@@ -91,6 +94,10 @@ def add_tune_parsers(subparsers) -> None:
                            "kernels (entries varlen-bwd-<key>), or both")
     tune.add_argument("--seqlen-q", type=int_at_least(1), default=None, metavar="N",
                       help="--mode decode: new tokens per step (default 1)")
+    tune.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
+                      help="--mode decode: the KV cache's dtype: auto (default: --dtype), fp8 or fp8_e4m3 (the "
+                           "GPU's e4m3: FNUZ on MI300X, OCP on MI355X and H100), fp8_e5m2 (its e5m2), with fp32 "
+                           "k_descale/v_descale (vLLM's kv_cache_dtype names); entries decode-...-kv<format>")
     tune.add_argument("--page-size", type=_page_sizes, default=None, metavar="P[,P...]",
                       help="--mode decode: tune for a paged cache with this page size (default 0: contiguous); "
                            "a comma list (e.g. 16,64,256) tunes each and compares them: which page size to give "
@@ -104,6 +111,10 @@ def add_tune_parsers(subparsers) -> None:
     export.add_argument("--gpu", required=True, help="catalog name (see `rocmflash gpus`)")
     export.add_argument("--format", choices=("triton", "json"), default="triton", help="triton (default) or json")
     export.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes if any, else the shipped <gpu>.json)")
+
+
+#: ``--kv-dtype`` of ``tune --mode decode`` (vLLM's ``kv_cache_dtype`` names; :func:`rocmflash.tuning.decode.kv_format`)
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def _page_sizes(text: str) -> tuple:
@@ -213,7 +224,7 @@ def _error(msg: str) -> int:
 #: tune flags that only some kinds of tune read (flag, attribute, kinds): elsewhere they are refused, not ignored
 SCOPED_TUNE_FLAGS = (("--strategy", "strategy", ("prefill", "model")), ("--top-k", "top_k", ("prefill",)),
                      ("--no-seeds", "no_seeds", ("prefill", "model")), ("--no-incumbent", "no_incumbent", ("prefill",)),
-                     ("--seqlen-q", "seqlen_q", ("decode",)),
+                     ("--seqlen-q", "seqlen_q", ("decode",)), ("--kv-dtype", "kv_dtype", ("decode",)),
                      ("--page-size", "page_size", ("decode",)), ("--causal", "causal", ("prefill", "varlen", "model")))
 
 
@@ -230,6 +241,7 @@ def check_tune_args(args: argparse.Namespace) -> None:
             readers = [_where(k) for k in kinds]
             readers = " and ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
             raise ValueError(f"{flag} does not go with {where} (it is read by {readers} only)")
+    _check_fp8(args, kind)
     for s in args.seqlen or ():
         if s < 1:
             raise ValueError(f"--seqlen {s} is invalid; expected a positive int")
@@ -249,6 +261,27 @@ def check_tune_args(args: argparse.Namespace) -> None:
         args.seqlen_q = 1
     if getattr(args, "page_size", None) is None:
         args.page_size = (0,)
+
+
+def _is_fp8(dtype) -> bool:
+    return str(dtype or "").strip().lower() in ("fp8", "float8")
+
+
+def _check_fp8(args: argparse.Namespace, kind: str) -> None:
+    """``--dtype fp8`` is the fp8 forward: prefill only, forward only (``--pass fwd``, filled in when not given)."""
+    dtypes = str(getattr(args, "dtype", None) or "").split(",")
+    if not any(_is_fp8(d) for d in dtypes):
+        return
+    if kind == "decode":
+        raise ValueError("--dtype fp8 does not go with --mode decode: --dtype is the queries' dtype (fp16 or bf16); "
+                         "an fp8 KV cache is --kv-dtype fp8")
+    if kind != "prefill":
+        raise ValueError(f"--dtype fp8 does not go with {_where(kind)}: rocmflash's fp8 attention is the prefill "
+                         "forward (tune it with --mode prefill --dtype fp8)")
+    if getattr(args, "pass_", None) in ("bwd", "both"):
+        raise ValueError(f"--pass {args.pass_} with --dtype fp8: fp8 attention is inference-only (no backward "
+                         "kernel to tune); use --pass fwd")
+    args.pass_ = "fwd"
 
 
 def _where(kind: str) -> str:

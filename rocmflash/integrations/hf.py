@@ -35,7 +35,9 @@ kernel that computes it identically:
 * a ``generate()`` step (one new token): the split-KV decode kernel of
   :func:`rocmflash.flash_attn_with_kvcache`, reading transformers' cache tensors in place; a
   mask of one run of keys per sequence (left padding, a static cache's free slots) passes
-  each run's first key as ``cache_leftpad`` and its end as ``cache_seqlens`` (no unpadding);
+  each run's first key as ``cache_leftpad`` and its end as ``cache_seqlens`` (no unpadding); an unmasked
+  step (no padding, window, soft-cap or fp8 cache) runs the platform's SDPA instead where the GPU's ``decode-``
+  entry timed it faster, eager with host time (:func:`rocmflash.api.ops.decode_incumbent`);
 * a ``generate()`` step over an fp8 KV cache (:class:`rocmflash.integrations.hf_fp8.Fp8Cache`, whose
   key/value views carry their descales, :func:`tag_fp8`): the same decode kernel's fp8 path; every other
   call over that cache runs on its values dequantised to q's dtype, through the routes above.
@@ -287,6 +289,10 @@ def _decode_step(query, key, value, attention_mask, scale, softcap, window_left,
                                lambda: decode_key_range(attention_mask, query.shape[0], kv_len, window_left))
     if attention_mask is not None and key_range is None:
         return None
+    if attention_mask is None and not softcap and window_left < 0 and descales is None:
+        out = _decode_incumbent(query, key, value, scale)
+        if out is not None:
+            return out
     from rocmflash.api.decode import flash_attn_with_kvcache
 
     starts, ends = key_range if key_range is not None else (None, None)
@@ -299,6 +305,28 @@ def _decode_step(query, key, value, attention_mask, scale, softcap, window_left,
                                   softcap=softcap or 0.0, check_values=False, cache_leftpad=starts,
                                   k_descale=ks, v_descale=vs)
     return out.contiguous()
+
+
+def _decode_incumbent(query, key, value, scale):
+    """An unmasked one-token step by the platform's SDPA, ``(B, 1, Hq, D)``, where the ``decode-`` entry of its
+    KV-length and batch buckets says SDPA was faster (cached per bucket: one dict lookup); else None (the decode
+    kernel). No copies: SDPA reads the cache views with ``enable_gqa``."""
+    if not _INCUMBENT_FNS:  # imported once (an import statement per call costs about a microsecond each)
+        from rocmflash.api.incumbent import sdpa_attention
+        from rocmflash.api.ops import decode_incumbent
+        from rocmflash.api.selection import incumbent_disabled
+
+        _INCUMBENT_FNS.extend((decode_incumbent, incumbent_disabled, sdpa_attention))
+    decode_incumbent, incumbent_disabled, sdpa_attention = _INCUMBENT_FNS
+    B, Hq, _, D = query.shape
+    Hkv = key.shape[1]
+    backend = decode_incumbent(query.device, D, query.dtype, Hq // Hkv, key.shape[2], B)
+    if backend is None or incumbent_disabled():
+        return None
+    return sdpa_attention(backend, query, key, value, False, scale, Hq != Hkv).transpose(1, 2).contiguous()
+
+
+_INCUMBENT_FNS: list = []  #: (decode_incumbent, incumbent_disabled, sdpa_attention), bound on first use
 
 
 def register(name: str = NAME) -> str:

@@ -224,6 +224,34 @@ def query_block(CAUSAL: tl.constexpr):
     return pid
 
 
+@kernel_jit
+def program_heads(H_Q, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """This forward program's ``(start_m, off_bh, off_z, off_h, off_hk)``: its first query row
+    (:func:`query_block`), grid axis 1 = batch ``off_z`` x query head ``off_h``, and the K/V head
+    ``off_hk`` (GQA/MQA: ``GROUP`` query heads share one)."""
+    start_m = query_block(CAUSAL) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_z = off_bh // H_Q
+    off_h = off_bh % H_Q
+    off_hk = off_h // GROUP
+    return start_m, off_bh, off_z, off_h, off_hk
+
+
+@kernel_jit
+def program_bases(Q, K, V, O, stride_qz, stride_qh, stride_kz, stride_kh, stride_vz, stride_vh, stride_oz, stride_oh,
+                  start_m, off_z, off_h, off_hk, BLOCK_M: tl.constexpr):
+    """``(Q_base, K_base, V_base, O_base, offs_m)``: the base pointers of :func:`program_heads`' heads and the
+    program's ``BLOCK_M`` query rows. Two helpers, not one: the fp8 forward loads its descales between them,
+    the order its code was compiled with (gfx942/gfx950/sm_90 code unchanged by the move)."""
+    # 64-bit base offsets: batch*head strides overflow int32 on large tensors
+    Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    K_base = K + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+    V_base = V + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    return Q_base, K_base, V_base, O_base, offs_m
+
+
 # ----------------------------------------------------------------------------- host helpers
 def next_pow2(x: int) -> int:
     return 1 << (max(int(x), 1) - 1).bit_length()
@@ -315,11 +343,25 @@ def compile_args(g: Geometry, store_lse: bool) -> dict:
                           Ptr("*fp32", lse_bytes), 1.0)
 
 
-def torch_backend() -> str:
-    """"hip" on ROCm builds of torch, else "cuda"."""
-    from rocmflash.hw.platform import is_rocm  # not at import: platform.py is no kernel source (compile cache key)
+_TORCH: list = []  #: ``[torch]``, bound by the first :func:`_torch` call
 
-    return "hip" if is_rocm() else "cuda"
+
+def torch_backend() -> str:
+    """"hip" on ROCm builds of torch, else "cuda" (:func:`rocmflash.hw.platform.is_rocm`'s rule).
+
+    Called by every launch: read on each call (tests fake a ROCm build at run time) but with no import
+    statement after the first (an import per call cost a launch ~1 us). ``hw/platform.py`` itself is not
+    imported here: it is no kernel source (``static.compile.FORWARD_SOURCES``, the compile cache key)."""
+    return "hip" if getattr(_torch().version, "hip", None) else "cuda"
+
+
+def _torch():
+    """The torch module, imported on first use only (as everywhere in this module: none at import)."""
+    if not _TORCH:
+        import torch
+
+        _TORCH.append(torch)
+    return _TORCH[0]
 
 
 _DUMMY_LSE: dict = {}
@@ -371,9 +413,7 @@ def launch_forward(fn, variant: str, constexprs_for, q, k, v, cfg: KernelConfig,
     """
     cfg = check_problem_config(cfg, variant)
     if out is None:
-        import torch
-
-        out = torch.empty_like(q)
+        out = _torch().empty_like(q)
     store_lse = lse is not None
     lse_arg = lse if store_lse else dummy_lse(q.device)
     causal, sm_scale = bool(causal), float(sm_scale)

@@ -120,11 +120,8 @@ def _fwd_fp8(Q, K, V, O, LSE, ERR, QD, KD, VD, sm_scale,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr, CAUSAL: tl.constexpr,
              PRE_LOAD_V: tl.constexpr, STORE_LSE: tl.constexpr, P_SCALE: tl.constexpr):
-    start_m = C.query_block(CAUSAL) * BLOCK_M
-    off_bh = tl.program_id(1)
-    off_z = off_bh // H_Q
-    off_h = off_bh % H_Q
-    off_hk = off_h // GROUP  # GQA/MQA: descales are per K/V head, as in flash-attn 3
+    start_m, off_bh, off_z, off_h, off_hk = C.program_heads(H_Q, GROUP, BLOCK_M, CAUSAL)
+    # GQA/MQA: descales are per K/V head (off_hk), as in flash-attn 3
     qd = tl.load(QD + off_z * stride_qdz + off_hk * stride_qdh)
     kd = tl.load(KD + off_z * stride_kdz + off_hk * stride_kdh)
     vd = tl.load(VD + off_z * stride_vdz + off_hk * stride_vdh)
@@ -133,11 +130,9 @@ def _fwd_fp8(Q, K, V, O, LSE, ERR, QD, KD, VD, sm_scale,
     ok = (tl.abs(qk_scale) < float("inf")) & (tl.abs(vd) < float("inf"))
     tl.store(ERR, 1, mask=ok == 0)
 
-    Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    K_base = K + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
-    V_base = V + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
-    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    Q_base, K_base, V_base, O_base, offs_m = C.program_bases(
+        Q, K, V, O, stride_qz, stride_qh, stride_kz, stride_kh, stride_vz, stride_vh, stride_oz, stride_oh,
+        start_m, off_z, off_h, off_hk, BLOCK_M)
     q0, q1 = C.load_q(Q_base, offs_m, stride_qm, stride_qd, SEQ_Q, HEAD_DIM, BLOCK_D0, BLOCK_D1)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

@@ -35,6 +35,7 @@ import torch
 
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
+from rocmflash.kernels import error_words as EW
 from rocmflash.kernels import kv_quant as KQ
 from rocmflash.kernels import masks as M
 from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the code moved there)
@@ -49,17 +50,12 @@ from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the c
 KERNELS = ("_decode_split", "_decode_combine")
 
 
-_ERROR_WORDS: dict = {}  #: device -> int32 (1,) error word
-
-
-def error_word(device) -> torch.Tensor:
-    """The int32 ``(1,)`` word the decode kernels on ``device`` OR their :data:`BAD_LENGTH` / ``BAD_START`` /
-    ``BAD_PAGE`` / ``BAD_DESCALE`` bits into; zero until a launch met a value it had to clamp (read and reset
-    by the caller)."""
-    word = _ERROR_WORDS.get(device)
-    if word is None:
-        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return word
+#: the decode kernels' error word per device (:mod:`rocmflash.kernels.error_words`): they OR their
+#: :data:`BAD_LENGTH` / ``BAD_START`` / ``BAD_PAGE`` / ``BAD_DESCALE`` bits into it; zero until a launch met a
+#: value it had to clamp (read, reported and reset by :mod:`rocmflash.api.decode_errors`)
+ERRORS = EW.ErrorWord()
+_ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
+error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of ``device``
 
 
 # ----------------------------------------------------------------------------- configs

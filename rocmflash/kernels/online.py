@@ -91,18 +91,10 @@ def _fwd_online(Q, K, V, O, LSE, qk_scale,
                 BLOCK_D0: tl.constexpr, BLOCK_D1: tl.constexpr,
                 CAUSAL: tl.constexpr, PRE_LOAD_V: tl.constexpr, STORE_LSE: tl.constexpr,
                 MASKED_N: tl.constexpr, MASKED_FIRST: tl.constexpr):
-    start_m = C.query_block(CAUSAL) * BLOCK_M
-    off_bh = tl.program_id(1)
-    off_z = off_bh // H_Q
-    off_h = off_bh % H_Q
-    off_hk = off_h // GROUP  # GQA/MQA: GROUP query heads share one K/V head
-    # 64-bit base offsets: batch*head strides overflow int32 on large tensors
-    Q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    K_base = K + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
-    V_base = V + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
-    O_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m, off_bh, off_z, off_h, off_hk = C.program_heads(H_Q, GROUP, BLOCK_M, CAUSAL)
+    Q_base, K_base, V_base, O_base, offs_m = C.program_bases(
+        Q, K, V, O, stride_qz, stride_qh, stride_kz, stride_kh, stride_vz, stride_vh, stride_oz, stride_oh,
+        start_m, off_z, off_h, off_hk, BLOCK_M)
     q0, q1 = C.load_q(Q_base, offs_m, stride_qm, stride_qd, SEQ_Q, HEAD_DIM, BLOCK_D0, BLOCK_D1)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

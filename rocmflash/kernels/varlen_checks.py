@@ -5,7 +5,8 @@ waits for the GPU). So every varlen kernel takes a sequence's rows through :func
 clamps them into the packed tensor -- no value, however wrong, addresses memory outside q, k, v or
 their outputs and gradients -- and the forward's first program of each sequence ORs what is wrong
 (:func:`report_lengths`, the ``BAD_*`` bits) into a per-device int32 word (:func:`error_word`) with
-one atomic, only when something is. :mod:`rocmflash.api.varlen` reads the word and raises.
+one atomic, only when something is. :mod:`rocmflash.api.varlen` reads the word and raises
+(the word's host side is :mod:`rocmflash.kernels.error_words`, shared with decode and the fp8 forward).
 
 The kernels' packed sizes (rows of q and k, ``max_seqlen_*``) are integer arguments that change from
 call to call: they are left unspecialised (:data:`UNSPECIALISED`), or every new size divisible by 16
@@ -14,10 +15,10 @@ call to call: they are left unspecialised (:data:`UNSPECIALISED`), or every new 
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
 from rocmflash.kernels import common as C
+from rocmflash.kernels import error_words as EW
 from rocmflash.kernels.common import kernel_jit
 
 #: bits of the error word for ``cu_seqlens_q``; ``cu_seqlens_k``'s are these shifted left by :data:`K_SHIFT`
@@ -72,13 +73,8 @@ def report_lengths(CU_Q, CU_K, ERR, off_b, last_b, TOTAL_Q, TOTAL_K, MAX_Q, MAX_
         tl.atomic_or(ERR, err, sem="relaxed")
 
 
-_ERROR_WORDS: dict = {}  #: device -> int32 (1,) error word
-
-
-def error_word(device) -> torch.Tensor:
-    """The int32 ``(1,)`` word the varlen forward on ``device`` ORs its ``BAD_*`` bits into; zero until a
-    launch met cumulative lengths it had to clamp (read and reset by :mod:`rocmflash.api.varlen`)."""
-    word = _ERROR_WORDS.get(device)
-    if word is None:
-        word = _ERROR_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return word
+#: the varlen forward's error word per device (:mod:`rocmflash.kernels.error_words`): zero until a launch met
+#: cumulative lengths it had to clamp; read, reported and reset by :mod:`rocmflash.api.varlen`
+ERRORS = EW.ErrorWord()
+_ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
+error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word the forward ORs its ``BAD_*`` bits into

@@ -8,10 +8,17 @@ count of :func:`split_choices` (a launch argument: one binary serves all). Decod
 are small and cheap to time, so every survivor is measured -- no ranking decides alone.
 
 Database entries live in the GPU's config database under keys
-``decode-d{D}-{dtype}-gqa{G}-kv{bucket}-b{batch bucket}[-p{page size}]`` (buckets: next
-power of two) with ``"mode": "decode"``; forward lookups skip them. At run time
-:func:`lookup_decode` serves the measured entry of the same head dim, dtype and GQA ratio
-(and page size) with the nearest KV-length bucket, then the nearest batch bucket.
+``decode-d{D}-{dtype}-gqa{G}-kv{bucket}-b{batch bucket}[-p{page size}][-kv{fp8 format}]`` (buckets:
+next power of two; the last part for an fp8 cache, ``--kv-dtype fp8``: ``-kvfp8e4m3fnuz`` on gfx942,
+``-kvfp8e4m3fn`` on gfx950 and sm_89+, so entries of a 16-bit and an fp8 cache of one problem
+coexist) with ``"mode": "decode"``; forward lookups skip them. At run time
+:func:`lookup_decode` serves the measured entry of the same head dim, dtype, GQA ratio and cache
+format (and page size) with the nearest KV-length bucket, then the nearest batch bucket.
+
+An fp8 cache (:attr:`DecodeProblem.kv_dtype`) is timed as ``flash_attn_with_kvcache`` reads one: the
+cache holds fp8 values of random K/V quantised with fp32 ``(B, Hkv)`` descales, the gate's reference is
+fp32 attention over the *dequantised* cache (the kernel widens fp8 to 16 bits exactly, so the gate keeps
+the 16-bit tolerance of q's dtype), and the entry's bytes read (``kv_gbs``) count one byte per element.
 Without a live GPU of the named kind, the static #1 is written with ``"measured": false``
 and ``num_splits = 0`` (chosen per call), and never served.
 """
@@ -24,7 +31,9 @@ import math
 from typing import Optional
 
 from rocmflash.config import normalize_dtype
+from rocmflash.db import FP8_KEY_DTYPES, key_dtype
 from rocmflash.static.families import FamilyStatic, family_rows
+from rocmflash.tuning.decode_kv import kv_format, kv_name
 
 #: key prefix of decode entries in a config database
 PREFIX = "decode"
@@ -43,6 +52,9 @@ class DecodeProblem:
     seqlen_k: int = 4096
     seqlen_q: int = 1
     page_size: int = 0  #: 0: contiguous cache
+    #: the cache's format: "" (``dtype``'s), an fp8 format's key name (``fp8e4m3fnuz``, ``fp8e4m3fn``, ...), or
+    #: before :meth:`for_gpu` one of ``--kv-dtype``'s names (``fp8``, ``fp8_e4m3``, ``fp8_e5m2``; ``auto`` is "")
+    kv_dtype: str = ""
 
     def validate(self) -> "DecodeProblem":
         if not 16 <= self.head_dim <= 256:
@@ -55,27 +67,54 @@ class DecodeProblem:
         if self.page_size < 0:
             raise ValueError(f"--page-size {self.page_size} is invalid; expected >= 0 (0 = contiguous)")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        object.__setattr__(self, "kv_dtype", kv_name(self.kv_dtype))
         return self
+
+    def for_gpu(self, gpu) -> "DecodeProblem":
+        """This problem with ``--kv-dtype fp8``/``fp8_e4m3``/``fp8_e5m2`` resolved to ``gpu``'s format (FNUZ on
+        gfx942, OCP on gfx950/sm_89+); ``ValueError`` naming the arch when it has no fp8 (gfx90a)."""
+        return dataclasses.replace(self, kv_dtype=kv_format(self.kv_dtype, gpu))
+
+    @property
+    def kv_torch_dtype(self):
+        """The cache's torch fp8 dtype, or None for a 16-bit cache."""
+        import torch
+
+        if not self.kv_dtype:
+            return None
+        if self.kv_dtype not in FP8_KEY_DTYPES.values():
+            raise ValueError(f"kv_dtype {self.kv_dtype!r} names no format yet: resolve it for a GPU (for_gpu)")
+        return getattr(torch, next(t for t, k in FP8_KEY_DTYPES.items() if k == self.kv_dtype))
+
+    @property
+    def kv_itemsize(self) -> int:
+        return 1 if self.kv_dtype else 2
 
     @property
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields; ``kv_dtype`` only for an fp8 cache (a 16-bit problem's dict, its compile-cache and journal
+        key, is what it was before fp8 caches)."""
+        out = dataclasses.asdict(self)
+        if not self.kv_dtype:
+            del out["kv_dtype"]
+        return out
 
     def key(self) -> str:
-        return decode_key(self.head_dim, self.dtype, self.group, self.seqlen_k, self.batch, self.page_size)
+        return decode_key(self.head_dim, self.dtype, self.group, self.seqlen_k, self.batch, self.page_size,
+                          self.kv_dtype)
 
     def kv_bytes(self) -> int:
-        """Bytes of K and V one step reads: ``2 * B * L * Hkv * D * 2``."""
-        return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * 2
+        """Bytes of K and V one step reads: ``2 * B * L * Hkv * D * (2, or 1 for an fp8 cache)``."""
+        return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * self.kv_itemsize
 
     def cache_bytes(self) -> int:
         """Storage of one K (or V) cache tensor as the tune allocates it: ``(B, L, Hkv, D)``, or the
         pool of ``B * ceil(L / page_size)`` whole pages when paged."""
         rows = -(-self.seqlen_k // self.page_size) * self.page_size if self.page_size else self.seqlen_k
-        return 2 * self.batch * rows * self.heads_kv * self.head_dim
+        return self.kv_itemsize * self.batch * rows * self.heads_kv * self.head_dim
 
     def q_bytes(self) -> int:
         """Storage of ``q`` (and of the output): ``(B, Sq, Hq, D)`` in a 2-byte dtype."""
@@ -86,21 +125,31 @@ def _bucket(n: int) -> int:
     return 1 << (max(1, int(n)) - 1).bit_length()
 
 
-def decode_key(head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0) -> str:
+def decode_key(head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0,
+               kv_dtype: str = "") -> str:
+    """``decode-d128-bf16-gqa8-kv8192-b32[-p256][-kvfp8e4m3fnuz]`` (``kv_dtype``: an fp8 cache's format name)."""
     key = f"{PREFIX}-d{int(head_dim)}-{normalize_dtype(dtype)}-gqa{int(group)}-kv{_bucket(seqlen_k)}-b{_bucket(batch)}"
-    return key + (f"-p{int(page_size)}" if page_size else "")
+    key += f"-p{int(page_size)}" if page_size else ""
+    return key + (f"-kv{key_dtype(kv_dtype)}" if kv_dtype else "")
 
 
 def parse_decode_key(key: str) -> Optional[dict]:
+    """Inverse of :func:`decode_key` (with ``kv_dtype`` only for an fp8 cache); None for another key."""
     parts = key.split("-")
+    kv_dtype = ""
+    if len(parts) > 6 and parts[-1].startswith("kvfp8"):
+        kv_dtype = parts.pop()[2:]
     if len(parts) not in (6, 7) or parts[0] != PREFIX:
         return None
     try:
-        return {"head_dim": int(parts[1][1:]), "dtype": parts[2], "group": int(parts[3][3:]),
-                "kv_bucket": int(parts[4][2:]), "batch_bucket": int(parts[5][1:]),
-                "page_size": int(parts[6][1:]) if len(parts) == 7 else 0}
+        out = {"head_dim": int(parts[1][1:]), "dtype": parts[2], "group": int(parts[3][3:]),
+               "kv_bucket": int(parts[4][2:]), "batch_bucket": int(parts[5][1:]),
+               "page_size": int(parts[6][1:]) if len(parts) == 7 else 0}
     except ValueError:
         return None
+    if kv_dtype:
+        out["kv_dtype"] = kv_dtype
+    return out
 
 
 # ----------------------------------------------------------------------------- space and compile
@@ -127,10 +176,13 @@ def compile_task(target, config: dict, problem: dict):
     from rocmflash.kernels.kv_decode import DecodeConfig, compile_for
     from rocmflash.tuning.live_gate import build_bytes
 
+    from rocmflash.hw.fp8 import triton_type
+
     p = DecodeProblem(**problem)
     return compile_for(target, DecodeConfig.from_dict(config), p.head_dim, p.dtype, p.group, p.seqlen_q,
                        paged=p.page_size > 0, page_size=p.page_size or 256, causal=True,
-                       cache_bytes=build_bytes(p.cache_bytes()), q_bytes=build_bytes(p.q_bytes()))
+                       cache_bytes=build_bytes(p.cache_bytes()), q_bytes=build_bytes(p.q_bytes()),
+                       kv_dtype=triton_type(p.kv_torch_dtype) if p.kv_dtype else "")
 
 
 def _static_key(config: dict, obs: dict, index: int) -> tuple:
@@ -160,8 +212,12 @@ def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, sett
 
 # ----------------------------------------------------------------------------- run-time lookup
 @functools.lru_cache(maxsize=1024)
-def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0):
+def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0,
+                  kv_dtype: str = ""):
     """The measured decode entry nearest to this problem, as a DecodeConfig.
+
+    ``kv_dtype``: an fp8 cache's format (a key name such as ``fp8e4m3fnuz``, or its torch dtype); "" (a
+    16-bit cache) and each format see only their own entries.
 
     Nearest = fewest powers of two away in KV length and batch together (ties: the nearer KV
     bucket, then the user's file). The entry's split count is kept only for its own buckets;
@@ -174,10 +230,11 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
     from rocmflash.kernels.kv_decode import DecodeConfig
 
     want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
+    want = (head_dim, normalize_dtype(dtype), group, key_dtype(kv_dtype) if kv_dtype else "")
     best = None
     for order, _path, key, entry in iter_database_entries(gpu_name):
         p = parse_decode_key(key)
-        if p is None or (p["head_dim"], p["dtype"], p["group"]) != (head_dim, normalize_dtype(dtype), group):
+        if p is None or (p["head_dim"], p["dtype"], p["group"], p.get("kv_dtype", "")) != want:
             continue
         if not servable(entry) or not entry.get("best"):
             continue
@@ -212,7 +269,7 @@ def split_choices(problem: DecodeProblem, cfg, compute_units: int) -> list:
     block_n = cfg.BLOCK_N
     blocks = max(1, -(-problem.seqlen_k // block_n))
     auto = choose_num_splits(problem.batch, problem.heads_kv, problem.seqlen_k, block_n, compute_units,
-                             programs_per_cu(cfg))
+                             programs_per_cu(cfg, bool(problem.kv_dtype)))  # as flash_attn_with_kvcache chooses
     return sorted({s for s in (1, 2, 4, 8, 16, 32, 64, auto) if s <= blocks})
 
 
@@ -220,7 +277,8 @@ _INPUTS: dict = {}
 
 
 def _decode_inputs(p: DecodeProblem, device):
-    """q, caches (with a shuffled block table when paged), lengths and a cache flush buffer; kept per problem."""
+    """q, caches (with a shuffled block table when paged; an fp8 cache with its descales ``ks``/``vs``,
+    :func:`rocmflash.tuning.decode_kv.fp8_caches`), lengths and a cache flush buffer; kept per problem."""
     import torch
 
     from rocmflash.tuning.live_gate import flush_buffer
@@ -236,11 +294,17 @@ def _decode_inputs(p: DecodeProblem, device):
             table = torch.randperm(p.batch * pages, device=device, generator=gen).view(p.batch, pages).to(torch.int32)
         else:
             shape, table = (p.batch, p.seqlen_k, p.heads_kv, p.head_dim), None
-        k = torch.randn(shape, device=device, dtype=dtype, generator=gen)
-        v = torch.randn(shape, device=device, dtype=dtype, generator=gen)
+        if p.kv_dtype:
+            from rocmflash.tuning.decode_kv import fp8_caches
+
+            k, v, ks, vs = fp8_caches(shape, p.batch, p.heads_kv, p.kv_torch_dtype, device, gen)
+        else:
+            k = torch.randn(shape, device=device, dtype=dtype, generator=gen)
+            v = torch.randn(shape, device=device, dtype=dtype, generator=gen)
+            ks = vs = None
         lens = torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device=device)
         flush = flush_buffer(device)
-        _INPUTS.update(problem=p, q=q, k=k, v=v, table=table, lens=lens, flush=flush)
+        _INPUTS.update(problem=p, q=q, k=k, v=v, ks=ks, vs=vs, table=table, lens=lens, flush=flush)
     return _INPUTS
 
 
@@ -263,8 +327,10 @@ def _cold_copies(inp) -> list:
 
 
 def _reference(inp, p: DecodeProblem, rows: int):
-    """fp32 attention of the first ``rows`` sequences (non-causal over every cached key)."""
+    """fp32 attention of the first ``rows`` sequences (non-causal over every cached key; an fp8 cache dequantised)."""
     import torch
+
+    from rocmflash.tuning.decode_kv import dequantised
 
     outs = []
     for b in range(rows):
@@ -274,6 +340,8 @@ def _reference(inp, p: DecodeProblem, rows: int):
             k, v = inp["k"][phys, idx % p.page_size], inp["v"][phys, idx % p.page_size]
         else:
             k, v = inp["k"][b], inp["v"][b]
+        if inp["ks"] is not None:
+            k, v = dequantised(k, inp["ks"][b]), dequantised(v, inp["vs"][b])
         q = inp["q"][b].float().transpose(0, 1)  # (Hq, Sq, D)
         k = k.float().repeat_interleave(p.group, 1).transpose(0, 1)
         v = v.float().repeat_interleave(p.group, 1).transpose(0, 1)
@@ -298,13 +366,13 @@ def measure_decode(task: dict) -> dict:
         device = torch.device("cpu" if interpreting() else "cuda")
         inp = _decode_inputs(p, device)
         call = KD.DecodeCall(p.batch, p.seqlen_q, p.heads_kv, p.group, p.head_dim, p.page_size > 0,
-                             p.page_size, 1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
+                             p.page_size, 1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30), kv_fp8=bool(p.kv_dtype))
         table = inp["table"] if inp["table"] is not None else inp["lens"]
         out = torch.empty_like(inp["q"])
         splits = split_choices(p, cfg, num_compute_units(device))
 
         def run(n, k=inp["k"], v=inp["v"]):
-            KD.launch(call, inp["q"], k, v, table, inp["lens"], cfg, n, out)
+            KD.launch(call, inp["q"], k, v, table, inp["lens"], cfg, n, out, k_descale=inp["ks"], v_descale=inp["vs"])
 
         rows = min(p.batch, 2)
         ref = _reference(inp, p, rows)
@@ -383,16 +451,22 @@ def prewarm_decode(task: dict) -> Optional[str]:
         cfg = KD.DecodeConfig.from_dict(task["config"])
         dev, pad = torch.device("cuda"), pads_storage()
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
-        t = stand_ins(prewarm_specs(p), dtype, dev, pad)
+        specs = prewarm_specs(p)
+        if p.kv_dtype:  # an fp8 cache: its own stand-ins (one byte an element) and descales
+            t = stand_ins({n: specs[n] for n in ("q", "out")}, dtype, dev, pad)
+            t.update(stand_ins({n: specs[n] for n in ("k", "v")}, p.kv_torch_dtype, dev, pad))
+            ks = vs = torch.ones(1, p.heads_kv, dtype=torch.float32, device=dev)
+        else:
+            t, ks, vs = stand_ins(specs, dtype, dev, pad), None, None
         call = KD.DecodeCall(1, p.seqlen_q, p.heads_kv, p.group, p.head_dim, p.page_size > 0, p.page_size,
-                             1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30))
+                             1 / math.sqrt(p.head_dim), 0.0, (1 << 30), (1 << 30), kv_fp8=bool(p.kv_dtype))
         lens = torch.full((1,), p.seqlen_k, dtype=torch.int32, device=dev)
         pages = t["k"].shape[0] if p.page_size else 0
         table = torch.randperm(pages, device=dev).view(1, pages).to(torch.int32) if p.page_size else lens
         for n, real in prewarm_launches(p, call, task["splits"]):
             ws = None if n == 1 else stand_ins(partial_specs(p, call, n, real), torch.float32, dev, pad)
             KD.launch(call, t["q"], t["k"], t["v"], table, lens, cfg, n, t["out"],
-                      workspace=None if ws is None else (ws["po"], ws["pl"]))
+                      workspace=None if ws is None else (ws["po"], ws["pl"]), k_descale=ks, v_descale=vs)
         torch.cuda.synchronize()
         return None
     except Exception as err:

@@ -21,11 +21,15 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
     """Static phase for ``gpu_name``'s arch; on a matching live GPU (or ``pool``'s) every survivor is gated and
     timed; the entry is written to the database (atomically, under the tune lock). ``configs`` replaces the
     default space (a list of DecodeConfig dicts). The problem is a
-    :class:`~rocmflash.tuning.items_decode.DecodeItem` run through the tune pipeline."""
+    :class:`~rocmflash.tuning.items_decode.DecodeItem` run through the tune pipeline.
+
+    ``problem.kv_dtype`` ``fp8``/``fp8_e4m3``/``fp8_e5m2`` is resolved to the GPU's format first
+    (:meth:`~rocmflash.tuning.decode.DecodeProblem.for_gpu`: a one-line ``ValueError`` on gfx90a)."""
     from rocmflash.tuning.items_decode import DecodeItem
 
     return tune_one(gpu_name, problem,
-                    lambda ctx: DecodeItem(ctx, problem, cache_dir, workers, timeout_s, configs, on_result),
+                    lambda ctx: DecodeItem(ctx, problem.for_gpu(ctx.gpu), cache_dir, workers, timeout_s, configs,
+                                           on_result),
                     db_path, timeout_s, pool)
 
 

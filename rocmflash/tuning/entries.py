@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rocmflash.config import KernelConfig
-from rocmflash.db import now_iso, problem_key, seqlen_bucket
+from rocmflash.config import FP8, KernelConfig
+from rocmflash.db import key_dtype, now_iso, problem_key, seqlen_bucket
 from rocmflash.hw.gpus import GPU
 from rocmflash.hw.roofline import Shape, roofline
 from rocmflash.tuning.spec import NEAR_BEST_PCT, STATIC_SCORE_DOC
@@ -35,12 +35,14 @@ def measured_entry(gpu: GPU, shape: Shape, records: list, static: StaticResult, 
     for status in ("ok", "incorrect", "failed", "timeout", "crashed"):
         counts[status] = sum(1 for r in latest if r["status"] == status)
     roof = roofline(gpu, shape)
-    entry = {"problem": _problem_dict(shape), "shape": shape.to_dict(), "measured": True, "strategy": strategy,
+    entry = {"problem": _problem_dict(shape, gpu), "shape": shape.to_dict(), "measured": True, "strategy": strategy,
              "complete": complete, "best": None, "tflops": None, "time_ms": None, "near_best": [],
              "near_best_pct": NEAR_BEST_PCT, "best_per_variant": {}, "roofline": roof.to_dict(), "efficiency": None,
              "counts": counts, "when": now_iso(), "fingerprint": env}
     if seeds:
         entry["seeds"] = seeds
+    if shape.dtype == FP8:
+        entry["incumbent_note"] = NO_FP8_INCUMBENT
     if any(r.get("interpreted") for r in records):
         entry["timing"] = "interpreter"
         entry["note"] = ("timed in Triton's CPU interpreter (TRITON_INTERPRET=1) at a tiny shape: the ranking says "
@@ -68,7 +70,7 @@ def static_entry(gpu: GPU, shape: Shape, static: StaticResult, why: str, env: di
     per_variant = {}
     for c in ranked:
         per_variant.setdefault(c.config.variant, {"config": c.config.to_dict(), "tflops": None})
-    return {"problem": _problem_dict(shape), "shape": shape.to_dict(), "measured": False, "strategy": "static",
+    return {"problem": _problem_dict(shape, gpu), "shape": shape.to_dict(), "measured": False, "strategy": "static",
             "complete": True, "best": ranked[0].config.to_dict() if ranked else None, "tflops": None,
             "time_ms": None, "near_best": [], "near_best_pct": NEAR_BEST_PCT, "best_per_variant": per_variant,
             "ranked": [c.summary() for c in ranked[:8]], "roofline": roofline(gpu, shape).to_dict(),
@@ -80,11 +82,35 @@ def static_entry(gpu: GPU, shape: Shape, static: StaticResult, why: str, env: di
             "when": now_iso(), "fingerprint": env}
 
 
-def _problem_dict(shape: Shape) -> dict:
-    return {"head_dim": shape.head_dim, "dtype": shape.dtype, "causal": shape.causal,
-            "gqa_ratio": shape.heads_q // shape.heads_kv, "seqlen_bucket": seqlen_bucket(shape.seqlen_k)}
+#: why an fp8 entry has no ``incumbent`` (the platform's SDPA timed beside the winner, :mod:`rocmflash.api.incumbent`)
+NO_FP8_INCUMBENT = ("no incumbent: torch's SDPA has no fp8 attention (its backends take fp16/bf16/fp32 q, k, v), so "
+                    "nothing of the platform's computes this problem to time beside the fp8 kernel")
 
 
-def shape_key(shape: Shape) -> str:
-    return problem_key(shape.head_dim, shape.dtype, shape.causal, shape.heads_q // shape.heads_kv,
+def entry_dtype(shape: Shape, gpu: Optional[GPU] = None) -> str:
+    """The dtype a database key gives ``shape``: ``fp16``/``bf16``, or for an fp8 shape the format ``gpu``
+    computes in (``fp8e4m3fnuz`` on gfx942, ``fp8e4m3fn`` on gfx950/sm_89+: :func:`rocmflash.db.key_dtype`);
+    ``ValueError`` for an fp8 shape without a GPU (its key would not say the format)."""
+    if shape.dtype != FP8:
+        return key_dtype(shape.dtype)
+    if gpu is None:
+        raise ValueError("an fp8 shape's database key needs the GPU: the key names its fp8 format")
+    from rocmflash.static.space import fp8_format
+
+    return key_dtype(fp8_format(gpu))
+
+
+def _problem_dict(shape: Shape, gpu: Optional[GPU] = None) -> dict:
+    out = {"head_dim": shape.head_dim, "dtype": entry_dtype(shape, gpu), "causal": shape.causal,
+           "gqa_ratio": shape.heads_q // shape.heads_kv, "seqlen_bucket": seqlen_bucket(shape.seqlen_k)}
+    if shape.dtype == FP8:  # the inputs' torch dtype (q, k and v; the output is bf16)
+        from rocmflash.static.space import fp8_format
+
+        out["fp8_format"] = fp8_format(gpu)
+    return out
+
+
+def shape_key(shape: Shape, gpu: Optional[GPU] = None) -> str:
+    """The database key of a forward shape (``gpu``: required for an fp8 shape, whose key names the format)."""
+    return problem_key(shape.head_dim, entry_dtype(shape, gpu), shape.causal, shape.heads_q // shape.heads_kv,
                        seqlen_bucket(shape.seqlen_k))

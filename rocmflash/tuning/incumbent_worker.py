@@ -84,3 +84,178 @@ def _train_ms(forward, shape, settings) -> float:
         times.append(a.elapsed_time(b))
     times.sort()
     return times[len(times) // 2]
+
+
+# ----------------------------------------------------------------------------- decode: eager, host time included
+def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, iters: int = 20) -> dict:
+    """A dense decode step (``problem``: :class:`rocmflash.tuning.decode.DecodeProblem`'s fields, 16-bit unpaged
+    cache) as a user's eager call pays for it: ``rocmflash.attention(q, k, v)`` (q ``(B, Hq, 1, D)`` and k/v
+    ``(B, Hkv, L, D)`` views of ``(B, S, H, D)`` tensors) served by the decode kernel (``config``: a
+    ``DecodeConfig`` dict served in place of the run-time selection's; None: what the selection serves), and the
+    same call served by each SDPA backend of ``backends`` (default :func:`rocmflash.api.incumbent.candidates`)
+    as the dispatch serves it (``enable_gqa``, no copies): both sides pay the same validation and dispatch.
+
+    Each path is first gated against an fp32 reference of the first two sequences (the tuner's tolerance),
+    then timed over ``rounds`` interleaved rounds of ``iters`` back-to-back calls between two events (host time
+    included, as ``bench/decode_entry.py`` times); medians in ms. Which side serves is forced in the call's
+    dispatch plan, so what a database already says does not matter. In the interpreter nothing is timed (gates
+    only). Never raises for a backend that refuses the shape."""
+    import torch
+
+    from rocmflash.api.incumbent import DECODE_TIMING, candidates
+    from rocmflash.tuning.decode import DecodeProblem
+    from rocmflash.tuning.live_gate import interpreting
+    from rocmflash.tuning.live_worker import error_line
+
+    p = DecodeProblem(**problem).validate()
+    if p.page_size or p.kv_dtype:
+        raise ValueError(f"measure_decode times dense 16-bit decode calls; got page_size={p.page_size}, "
+                         f"kv_dtype={p.kv_dtype!r}")
+    start, timed = time.perf_counter(), not interpreting()
+    held = list(_decode_inputs(torch, p, torch.device("cuda" if timed else "cpu")))  # q, k, v, ref: freed at the end
+    q, k, v, ref = held
+    tol = 1e-2 if p.dtype == "fp16" else 2e-2
+    paths, results = {}, {}
+    with _served_decode(config) as served:
+        route = _route(held, None)
+        r = _gated(route, ref, tol, error_line)
+        result = {"status": r["status"], "error": r["error"], "triton_rel_err": r["rel_err"], "triton_ms": None,
+                  "config": served(p), "timing": DECODE_TIMING, "backends": results}
+        if r["status"] == "ok":
+            paths["rocmflash"] = route
+        for name in backends or candidates():
+            call = _route(held, name)
+            results[name] = _gated(call, ref, tol, error_line)
+            if results[name]["status"] == "ok":
+                paths[name] = call
+        if timed and "rocmflash" in paths:
+            medians = _interleaved_ms(torch, paths, rounds, iters)
+            result["triton_ms"] = medians.pop("rocmflash")
+            for name, ms in medians.items():
+                results[name]["time_ms"] = ms
+        else:
+            why = "the rocmflash route failed its gate" if timed else "interpreter: not timed on the CPU"
+            for r in results.values():
+                if r["status"] == "ok":
+                    r["status"], r["error"] = "skipped", why
+    del q, k, v, ref
+    held.clear()
+    paths.clear()
+    if timed:
+        torch.cuda.empty_cache()
+    result["worker_s"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _decode_inputs(torch, p, device):
+    """q ``(B, Hq, Sq, D)`` and k/v ``(B, Hkv, L, D)`` views of ``(B, S, H, D)`` tensors (a model's cache in
+    flash-attn's layout), and the fp32 reference of the first two sequences ``(rows, Hq, Sq, D)``."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device=device, dtype=dtype, generator=gen)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    rows = min(p.batch, 2)
+    kr = k[:rows].float().repeat_interleave(p.group, 1)
+    vr = v[:rows].float().repeat_interleave(p.group, 1)
+    s = q[:rows].float() @ kr.transpose(-1, -2) / math.sqrt(p.head_dim)
+    return q, k, v, torch.softmax(s, -1) @ vr
+
+
+def _gated(fn, ref, tol: float, error_line) -> dict:
+    """``{"status", "time_ms", "rel_err", "error"}`` of one call of ``fn`` against ``ref`` (its first rows)."""
+    r = {"status": None, "time_ms": None, "rel_err": None, "error": None}
+    try:
+        out = fn()
+        rows = ref.shape[0]
+        err = ((out[:rows].float() - ref).norm() / ref.norm()).item()
+        r["rel_err"] = None if math.isnan(err) else round(err, 6)
+        if not math.isfinite(err) or err > tol:
+            r.update(status="incorrect", error=f"relative error {err:.3g} against the fp32 reference")
+        else:
+            r["status"] = "ok"
+    except Exception as exc:  # a backend that does not take this shape, dtype or GQA on this GPU
+        r.update(status="failed", error=error_line(exc))
+    return r
+
+
+def _route(held: list, backend):
+    """``rocmflash.attention(q, k, v)`` of ``held``'s q, k, v, served by SDPA ``backend`` (None: the decode kernel):
+    the public call with the call's dispatch plan (:func:`rocmflash.api.ops._call_plan`) told which side serves,
+    host time included. The plan is looked up on every call (one dict lookup, on both sides alike)."""
+    import rocmflash
+    from rocmflash.api import ops
+
+    def call():
+        q, k, v = held[0], held[1], held[2]
+        ops._call_plan(q, k, False).incumbent = backend
+        return rocmflash.attention(q, k, v)
+
+    return call
+
+
+class _served_decode:
+    """Within: the decode route serves ``config`` (a DecodeConfig dict; None: the run-time selection's) for every
+    problem; ``as served``: ``served(problem)`` -> the config dict the route serves for that problem. The decode
+    kernel's plans and choices (and on exit the dispatch plans :func:`_route` set) are forgotten on entry and
+    exit, so no call keeps a config across the swap; and
+    ``ROCMFLASH_NO_INCUMBENT`` is unset within (it would keep the SDPA side on the decode kernel)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def __enter__(self):
+        from rocmflash.api import decode as DEC
+        from rocmflash.kernels.kv_decode import DecodeConfig
+
+        import os
+
+        from rocmflash.api.selection import NO_INCUMBENT_ENV
+
+        self.module, self.saved = DEC, DEC.decode_config
+        self.env = os.environ.pop(NO_INCUMBENT_ENV, None)
+        DEC.clear_cache()
+        if self.config is not None:
+            cfg = DecodeConfig.from_dict(self.config)
+            DEC.decode_config = lambda *args, **kwargs: cfg
+        return self.served
+
+    def served(self, p) -> dict:
+        import torch
+
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return self.module.decode_config(device, p.head_dim, dtype, p.group, p.seqlen_k, p.batch).to_dict()
+
+    def __exit__(self, *exc):
+        import os
+
+        from rocmflash.api.selection import NO_INCUMBENT_ENV
+
+        from rocmflash.api import ops
+
+        self.module.decode_config = self.saved
+        self.module.clear_cache()
+        ops._CALLS.clear()  # the dispatch plans :func:`_route` told which side serves
+        if self.env is not None:
+            os.environ[NO_INCUMBENT_ENV] = self.env
+        return False
+
+
+def _interleaved_ms(torch, paths: dict, rounds: int, iters: int) -> dict:
+    """``{path: median ms per call}`` over ``rounds`` rounds, each timing every path's ``iters`` back-to-back calls
+    (after one warm-up call) between two events, path after path (drift hits all alike)."""
+    times = {name: [] for name in paths}
+    for _ in range(max(1, rounds)):
+        for name, fn in paths.items():
+            fn()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b) / iters)
+    return {name: round(sorted(t)[len(t) // 2], 5) for name, t in times.items()}

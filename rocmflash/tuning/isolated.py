@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
@@ -48,30 +49,57 @@ def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: i
                 pass
 
 
+#: the most pre-warm workers a runner keeps by default (each holds torch and a device context)
+MAX_PREWARM_WORKERS = 32
+
+
+def prewarm_pool_size(max_workers: Optional[int] = None) -> int:
+    """Pre-warm workers of a runner: ``max_workers`` (``--workers``) or every core but one, at most
+    :data:`MAX_PREWARM_WORKERS`."""
+    return max(1, max_workers or min(MAX_PREWARM_WORKERS, (os.cpu_count() or 2) - 1))
+
+
 class TaskPrewarmPool:
-    """A pool of spawned build workers kept for a whole tune: each pre-warm of a family's tasks (backward,
-    decode, varlen) reuses the same processes instead of starting (and importing torch in) new ones per
-    problem. ``close()`` stops them."""
+    """A pool of spawned build workers kept for a whole tune: every pre-warm of the tune (the forward's
+    configs, each backward, decode and varlen problem's tasks) reuses the same processes instead of starting
+    (and importing torch in) new ones per problem. Static phases running at once (compile slots) share it:
+    their builds queue on its workers. ``close()`` stops them."""
 
     def __init__(self, triton_cache_dir: Optional[str], env: dict, max_workers: Optional[int] = None):
         self.triton_cache_dir, self.env = triton_cache_dir, env
-        self.max_workers = max(1, max_workers or min(8, (os.cpu_count() or 2) - 1))  # 8: each may hold a GPU context
+        self.max_workers = prewarm_pool_size(max_workers)
         self._pool = None
+        self._lock = threading.Lock()  # two compile-pool threads may start it at once
 
-    def run(self, tasks: list, fn: Callable, timeout_s: float) -> list:
-        """``fn(task)`` for every task in the kept workers; a task's entry is None where it raised or hung
-        (it fails again, isolated, when timed)."""
+    def _started(self):
         import pebble
 
         from rocmflash.tuning.live_worker import worker_init
 
+        with self._lock:
+            if self._pool is None:
+                self._pool = pebble.ProcessPool(max_workers=self.max_workers,
+                                                context=multiprocessing.get_context("spawn"), initializer=worker_init,
+                                                initargs=(self.triton_cache_dir, self.env, False))
+            return self._pool
+
+    def start(self) -> None:
+        """Start every worker now (non-blocking): each imports torch and opens the device while the caller goes on."""
+        pool = self._started()
+        for _ in range(self.max_workers):
+            pool.schedule(_started_worker)
+
+    def schedule(self, fn: Callable, task: dict, timeout_s: float):
+        """``fn(task)`` on a kept worker; its future."""
+        return self._started().schedule(fn, args=(task,), timeout=timeout_s)
+
+    def run(self, tasks: list, fn: Callable, timeout_s: float) -> list:
+        """``fn(task)`` for every task in the kept workers; a task's entry is None where it raised or hung
+        (it fails again, isolated, when timed)."""
         if not tasks:
             return []
-        if self._pool is None:
-            self._pool = pebble.ProcessPool(max_workers=self.max_workers, context=multiprocessing.get_context("spawn"),
-                                            initializer=worker_init, initargs=(self.triton_cache_dir, self.env, False))
         results = []
-        for future in [self._pool.schedule(fn, args=(task,), timeout=timeout_s) for task in tasks]:
+        for future in [self.schedule(fn, task, timeout_s) for task in tasks]:
             try:
                 results.append(future.result())
             except Exception:  # a crash or hang here shows again in the timing worker
@@ -79,10 +107,36 @@ class TaskPrewarmPool:
         return results
 
     def close(self) -> None:
-        if self._pool is not None:
+        with self._lock:
             pool, self._pool = self._pool, None
+        if pool is not None:
             pool.stop()
             pool.join(timeout=30)
+
+
+def _started_worker() -> bool:
+    """A no-op task: scheduling it makes the pool start a worker (its initializer) ahead of the first build."""
+    return True
+
+
+#: what a timing worker's first task imports, so that no family's first measurement pays it
+WARM_MODULES = ("rocmflash.tuning.live_worker", "rocmflash.tuning.live_gate", "rocmflash.tuning.backward",
+                "rocmflash.tuning.decode", "rocmflash.tuning.incumbent_worker", "rocmflash.kernels.backward",
+                "rocmflash.kernels.kv_decode")
+
+
+def warm_up() -> bool:
+    """A timing worker's first task, scheduled when the tune starts (:meth:`rocmflash.tuning.live.LiveRunner.
+    start_worker`): the worker process starts (its initializer imports torch and opens the device) and imports
+    the modules every family's measurement needs, while the static phases run."""
+    import importlib
+
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the measurement that needs it reports the error
+            pass
+    return True
 
 
 def measure_isolated(tasks: list, fn: Callable, timeout_s: float, interpret: bool,
@@ -228,5 +282,5 @@ def graph_replay_ms(fns: list, calls: int, replays: int = 5, warmup: int = 1) ->
     return statistics.median(times)
 
 
-__all__ = ["prewarm_parallel", "measure_isolated", "time_flushed", "back_to_back_ms", "capture_graph",
-           "graph_replay_ms"]
+__all__ = ["prewarm_parallel", "TaskPrewarmPool", "prewarm_pool_size", "warm_up", "measure_isolated", "time_flushed",
+           "back_to_back_ms", "capture_graph", "graph_replay_ms"]

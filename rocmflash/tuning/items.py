@@ -71,25 +71,70 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
     return items
 
 
-def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: Optional[list] = None):
+#: set to a file path, every pipeline event of a tune (static phases, jobs, workers, on the wall clock since the
+#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (bench/scale_gpus.py)
+TRACE_ENV = "ROCMFLASH_PIPELINE_TRACE"
+
+
+def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: Optional[list] = None,
+              compile_slots: int = 1):
     """Run ``items`` through one :class:`~rocmflash.tuning.pipeline.Pipeline` on ``runners`` (a list, or a
     :class:`~rocmflash.tuning.pool.WorkerPool`: its runners, labels and stats, which then count what the
-    pipeline's workers did); with ``ctx``'s progress on, one display for the whole run. Its stats."""
+    pipeline's workers did); with ``ctx``'s progress on, one display for the whole run. Its stats.
+
+    The static phases start in the items' order; on several timing workers the workers take the jobs of the
+    largest items first (:func:`~rocmflash.tuning.pipeline.largest_first`: the longest timing starts first,
+    the short jobs of small items end the run); on one, in the items' order (the total is the same).
+    ``compile_slots``: static phases at once (their compile workers should split the cores)."""
     import contextlib
 
-    from rocmflash.tuning.pipeline import Pipeline
+    from rocmflash.tuning.pipeline import Pipeline, largest_first
 
-    pipe = Pipeline(items, runners, labels=labels)
+    n_workers = len(getattr(runners, "runners", None) or runners or [])
+    trace = _Trace.open()
+    pipe = Pipeline(items, runners, compile_slots=compile_slots, labels=labels, on_event=trace,
+                    priority=largest_first(items) if n_workers > 1 else None)
     pool_stats = getattr(runners, "stats", None)
     if pool_stats is not None and len(pool_stats) == len(pipe.workers):
         pipe.workers = pool_stats  # the pool's own display and counts follow the pipeline's workers
     show = ctx is not None and ctx.measuring and ctx.out.progress and ctx.out.live is None
+    if ctx is not None:
+        ctx.start_prewarm()  # its processes start beside the first static phase's cross-compile
     with (ctx.out.shared(_Workers(pipe.workers), len(items)) if show else contextlib.nullcontext()):
         try:
             return pipe.run()
         finally:
+            if trace is not None:
+                trace.close()
             if pool_stats is not None and hasattr(runners, "_alive"):  # WorkerPool.parallelism counts the living
                 runners._alive = sum(not s.lost for s in pool_stats)
+
+
+class _Trace:
+    """The pipeline's events as JSON lines in ``$ROCMFLASH_PIPELINE_TRACE`` (see :data:`TRACE_ENV`)."""
+
+    def __init__(self, f):
+        self.f = f
+
+    @classmethod
+    def open(cls):
+        import os
+
+        path = os.environ.get(TRACE_ENV)
+        if not path:
+            return None
+        try:
+            return cls(open(path, "a", encoding="utf-8"))
+        except OSError as err:
+            raise ValueError(f"${TRACE_ENV}={path}: cannot write it ({err})") from None
+
+    def __call__(self, event: dict) -> None:
+        import json
+
+        self.f.write(json.dumps(event, default=str) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
 
 
 def timing_workers(runner):
@@ -108,5 +153,5 @@ class _Workers:
 
 
 __all__ = ["ForwardItem", "BackwardItem", "DecodeItem", "forward_items", "backward_items", "items_for_plan",
-           "run_items", "timing_workers", "TuneContext", "SharedStatics", "open_context", "family_results",
+           "run_items", "TRACE_ENV", "timing_workers", "TuneContext", "SharedStatics", "open_context", "family_results",
            "config_json", "FamilyTiming", "cached_compile_seconds"]

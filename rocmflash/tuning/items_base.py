@@ -63,6 +63,23 @@ class TuneContext:
             except Exception as err:  # a pre-warm is an optimisation: the timing meets any real error again
                 self.out.note(f"pre-warm failed ({type(err).__name__}: {err}); configs compile when timed")
 
+    def start_prewarm(self) -> None:
+        """Start the pre-warm workers now (non-blocking), while the first static phase cross-compiles, instead of
+        at its first pre-warm: on the runner(s) that will pre-warm (a pool whose runners share a Triton cache
+        pre-warms on its first runner only)."""
+        target = self.prewarmer
+        if not self.measuring or self.interpret or target is None:  # interpreted: pre-warms start it if need be
+            return
+        if hasattr(target, "runners"):
+            target = target.runners[:1] if getattr(target, "shared_cache", False) else target.runners
+        for runner in target if isinstance(target, list) else [target]:
+            start = getattr(runner, "start_prewarm", None)
+            if callable(start):
+                try:
+                    start()
+                except Exception:  # noqa: BLE001 - an optimisation: the first pre-warm starts them again
+                    pass
+
     def prewarm_tasks(self, tasks: list, fn: Callable, timeout_s: float) -> None:
         """The same for worker tasks (backward, decode)."""
         if not tasks or self.interpret:

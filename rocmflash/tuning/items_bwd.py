@@ -19,6 +19,16 @@ from rocmflash.tuning.backward import KERNELS, BwdStatic
 from rocmflash.tuning.items_base import FamilyTiming
 
 
+#: estimated timing-worker seconds of one backward item at :data:`WORK_REFERENCE` (:meth:`BackwardItem.work_s`),
+#: and how it grows with the problem's work: the 2-GPU H200 run of 2026-11-26 (llama-3-8b bf16) timed 58 configs
+#: in 17.3 s at S=2048 and 48.8 s at S=8192 (4x the work of one call: 2.8x the seconds, ~ work ** 0.75). Below
+#: the reference a config's fixed costs (the gate, inputs, the worker's round trip) dominate: no less is assumed.
+BACKWARD_WORK_S = 17.3
+BACKWARD_WORK_EXPONENT = 0.75
+#: (batch, query heads, sequence length, head dim) of that S=2048 problem
+WORK_REFERENCE = (8, 32, 2048, 128)
+
+
 class BackwardItem:
     """One backward problem of a tune (see the module docstring)."""
 
@@ -38,18 +48,31 @@ class BackwardItem:
         self.entry: dict = {}
         self.seconds = 0.0
         self._start = None
+        #: the problems of one static problem share one static phase (the pipeline runs it once at a time)
+        self.static_group = ("bwd", self._static_problem())
+
+    def _static_problem(self):
+        from rocmflash.tuning.spec import static_problem
+
+        return dataclasses.replace(static_problem(self.shape), batch=1)
+
+    def work_s(self) -> float:
+        """Estimated timing-worker seconds (:data:`BACKWARD_WORK_S` scaled by the work of one call), for the order
+        of a plan on several workers."""
+        b, h, s, d = WORK_REFERENCE
+        work = self.shape.batch * self.shape.heads_q * self.shape.seqlen_q * self.shape.seqlen_k * self.shape.head_dim
+        return BACKWARD_WORK_S * max(1.0, work / (b * h * s * s * d)) ** BACKWARD_WORK_EXPONENT
 
     def static(self) -> None:
         """The backward space compiled and pruned per kernel (shared per static problem), what is timed
         chosen, and pre-warmed on the timing workers."""
         from rocmflash.tuning.backward import prewarm_bwd, static_phase
-        from rocmflash.tuning.spec import static_problem
 
         self._start = time.perf_counter()
         spec, ctx = self.spec, self.ctx
-        sp = dataclasses.replace(static_problem(self.shape), batch=1)
-        self.static_result = ctx.statics.get(("bwd", sp), lambda: static_phase(ctx.gpu, sp, spec.cache_dir,
-                                                                               spec.workers, spec.prune_settings))
+        sp = self.static_group[1]
+        self.static_result = ctx.statics.get(self.static_group, lambda: static_phase(ctx.gpu, sp, spec.cache_dir,
+                                                                                     spec.workers, spec.prune_settings))
         if not ctx.measuring:
             return
         chosen = to_time(self.static_result, spec.strategy, spec.top_k, self.defaults)

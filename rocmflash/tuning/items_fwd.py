@@ -24,6 +24,10 @@ from rocmflash.tuning.spec import static_problem
 
 #: the payload tag of the incumbent's job
 INCUMBENT = "incumbent"
+#: estimated timing-worker seconds of one forward item (:meth:`ForwardItem.work_s`): the 2-GPU H200 run of
+#: 2026-11-26 (llama-3-8b bf16, reports/raw/scale-gpus-2026-11-26-h200x2) timed a race of 100 configs in 5-9 s
+#: (round budgets are in milliseconds, so hardly with the size) and the incumbent in ~6 s
+FORWARD_WORK_S = 12.0
 
 
 @dataclasses.dataclass
@@ -48,7 +52,9 @@ class ForwardItem:
     def __init__(self, ctx, spec, shape, space, inject: Optional[dict] = None):
         self.ctx, self.spec, self.shape, self.space = ctx, spec, shape, space
         self.inject = inject if inject is not None else {}  #: shared by the items of one spec, consumed
-        self.key = shape_key(shape)
+        self.key = shape_key(shape, ctx.gpu)  # an fp8 key names the GPU's format
+        #: the items of one static problem share one static phase (the pipeline runs it once at a time)
+        self.static_group = ("fwd", static_problem(shape), id(space), spec.seeds, tuple(spec.variants or ()))
         stale = ctx.journal.stale(self.key, shape.to_dict(), ctx.eid) if ctx.journal is not None else 0
         self.outcome = ProblemOutcome(self.key, shape, {}, stale=stale)
         self.static_result = None
@@ -66,9 +72,8 @@ class ForwardItem:
         """Compile and prune (shared per static problem), choose what is timed, pre-warm it."""
         self._start = time.perf_counter()
         sp = static_problem(self.shape)
-        self.static_result = self.ctx.statics.get(
-            ("fwd", sp, id(self.space), self.spec.seeds, tuple(self.spec.variants or ())),
-            lambda: self.ctx.out.static(self.ctx.gpu, sp, self.space, self.spec))
+        self.static_result = self.ctx.statics.get(self.static_group,
+                                                  lambda: self.ctx.out.static(self.ctx.gpu, sp, self.space, self.spec))
         self.outcome.static_seconds = time.perf_counter() - self._start
         if not self.ctx.measuring:
             return
@@ -81,6 +86,10 @@ class ForwardItem:
         if self.spec.prewarm and todo:
             with self.ctx.out.spinner(f"{self.key}: compiling {len(todo)} config(s) in parallel"):
                 self.ctx.prewarm([c.config for c in todo], self.shape)
+
+    def work_s(self) -> float:
+        """Estimated timing-worker seconds (:data:`FORWARD_WORK_S`), for the order of a plan on several workers."""
+        return FORWARD_WORK_S
 
     def compile_seconds(self) -> list:
         """Per-config compile seconds of the static phase (the compile cache's records)."""

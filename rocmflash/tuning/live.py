@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import os
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -118,9 +117,11 @@ class LiveRunner:
         self.worker_env = worker_env(device_index)
         self.interpret = _interpreting()
         self._pool = None
-        self._prewarm_pool = None
-        self._task_prewarm = None  #: the backward/decode/varlen pre-warm workers, kept for the runner's life
-        # a pre-warm (compile-pool thread) and a measurement (timing thread) may both start the timing pool
+        #: the pre-warm workers of every family (forward configs, backward/decode/varlen tasks), kept for the
+        #: runner's life: one pool, started once, that concurrent static phases share
+        self._task_prewarm = None
+        # a pre-warm (compile-pool thread) and a measurement (timing thread) may both start the timing pool,
+        # and two static phases (compile slots) the pre-warm pool
         self._pool_lock = threading.Lock()
         self.restarts = 0
         self.device = _device_name(device_index)
@@ -143,14 +144,32 @@ class LiveRunner:
         self.restarts += 1
         self._close_timing_pool()
 
+    def _prewarm_workers(self):
+        """The runner's one kept pre-warm pool (:class:`~rocmflash.tuning.isolated.TaskPrewarmPool`)."""
+        from rocmflash.tuning.isolated import TaskPrewarmPool
+
+        with self._pool_lock:
+            if self._task_prewarm is None:
+                self._task_prewarm = TaskPrewarmPool(self.triton_cache_dir, self.worker_env, self.prewarm_workers)
+            return self._task_prewarm
+
+    def start_worker(self) -> None:
+        """Start the timing worker now (non-blocking): its process imports torch, opens the device and imports the
+        families' modules (:func:`~rocmflash.tuning.isolated.warm_up`) while the static phases run, instead of
+        inside the first measurement. The tune pipeline calls it on every runner when it starts."""
+        from rocmflash.tuning.isolated import warm_up
+
+        self._get_pool().schedule(warm_up)
+
+    def start_prewarm(self) -> None:
+        """Start the kept pre-warm pool's processes now (non-blocking; :meth:`TuneContext.start_prewarm
+        <rocmflash.tuning.items_base.TuneContext.start_prewarm>`)."""
+        self._prewarm_workers().start()
+
     def close(self) -> None:
         self._close_timing_pool()
         if self._task_prewarm is not None:
             self._task_prewarm.close()
-        if self._prewarm_pool is not None:
-            pool, self._prewarm_pool = self._prewarm_pool, None
-            pool.stop()
-            pool.join(timeout=30)
 
     def _close_timing_pool(self) -> None:
         if self._pool is not None:
@@ -169,22 +188,15 @@ class LiveRunner:
     def prewarm(self, configs: list[KernelConfig], shape: Shape) -> dict:
         """Compile every config in parallel (one GPU launch each at a tiny shape, or a cross-compile for
         the active target under the interpreter); ``{config json: error or None}``."""
-        import pebble
-
         if not configs:
             return {}
-        if self._prewarm_pool is None:  # kept for the runner's life: workers start (import torch) once
-            workers = max(1, self.prewarm_workers or max(1, (os.cpu_count() or 2) - 1))
-            self._prewarm_pool = pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
-                                                    initializer=prewarm_init,
-                                                    initargs=(self.triton_cache_dir, self.worker_env))
-        pool = self._prewarm_pool
+        pool = self._prewarm_workers()  # kept for the runner's life: workers start (import torch) once
         # the timing worker starts (imports torch, creates its device context: seconds) while the configs compile
         self._get_pool().schedule(_ready)
         errors = {}
-        futures = {cfg.to_json(): pool.schedule(prewarm_one, args=({"config": cfg.to_dict(), "shape": shape.to_dict(),
-                                                                     "cross_compile": self.interpret},),
-                                                timeout=self.settings.timeout_s) for cfg in configs}
+        futures = {cfg.to_json(): pool.schedule(prewarm_one, {"config": cfg.to_dict(), "shape": shape.to_dict(),
+                                                              "cross_compile": self.interpret}, self.settings.timeout_s)
+                   for cfg in configs}
         for key, future in futures.items():
             try:
                 errors[key] = future.result()
@@ -218,12 +230,9 @@ class LiveRunner:
         return result
 
     def prewarm_tasks(self, tasks: list, fn, timeout_s: float) -> None:
-        """``fn(task)`` for every task in parallel processes sharing this runner's Triton cache."""
-        from rocmflash.tuning.isolated import TaskPrewarmPool
-
-        if self._task_prewarm is None:  # started once: each problem's pre-warm reuses its processes
-            self._task_prewarm = TaskPrewarmPool(self.triton_cache_dir, self.worker_env, self.prewarm_workers)
-        self._task_prewarm.run(tasks, fn, timeout_s)
+        """``fn(task)`` for every task in parallel processes sharing this runner's Triton cache (the kept pool:
+        each problem's pre-warm reuses its processes)."""
+        self._prewarm_workers().run(tasks, fn, timeout_s)
 
     def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
                 budget: Optional[dict] = None) -> dict:

@@ -11,6 +11,10 @@ element must be finite and the relative error ``||out - ref|| / ||ref||`` must b
 next configs are gated on them). A config that fails is ``incorrect`` and is never timed.
 Runs in the live runner's worker (:mod:`rocmflash.tuning.live`).
 
+fp8 shapes (``Shape.dtype == "fp8"``): fp8 q, k, v in the live arch's format with fp32 descales, a bf16
+output, the reference computed from the dequantised inputs, and the fp8 bound (V's unit roundoff,
+``2**-4`` for e4m3) as the tolerance: :mod:`rocmflash.tuning.live_fp8` says why.
+
 The 2 GiB line. On AMD, Triton reads a tensor whose storage is under 2 GiB with 32-bit buffer
 loads and one past it with global loads: two binaries of one config. A batch-1 stand-in of a
 timed tensor past the line would build the other one, so on ROCm such stand-ins (the gate's
@@ -28,10 +32,11 @@ import math
 import os
 from typing import Optional
 
-from rocmflash.config import KernelConfig
+from rocmflash.config import FP8, KernelConfig
 from rocmflash.hw.roofline import Shape
 
-TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
+#: the gate's bound on the relative L2 error; fp8: V's unit roundoff, 2**-4 for e4m3 (:func:`tolerance`)
+TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2, "fp8": 2.0 ** -4}
 
 
 def interpreting() -> bool:
@@ -57,8 +62,22 @@ def synchronize() -> None:
 
 
 def torch_dtype(torch, name: str):
-    """The torch dtype of ``"fp16"`` / ``"bf16"``."""
+    """The torch dtype of ``"fp16"`` / ``"bf16"``, or of ``"fp8"``: the worker's arch's e4m3 format
+    (:func:`rocmflash.tuning.live_fp8.input_dtype`)."""
+    if name == FP8:
+        from rocmflash.tuning import live_fp8
+
+        return live_fp8.input_dtype(live_fp8.worker_arch())
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def tolerance(shape: Shape, dtype=None) -> float:
+    """The gate's bound for ``shape`` (:data:`TOLERANCE`); for fp8 the unit roundoff of the inputs' format ``dtype``."""
+    if shape.dtype == FP8 and dtype is not None:
+        from rocmflash.tuning.live_fp8 import tolerance as fp8_tolerance
+
+        return fp8_tolerance(dtype)
+    return TOLERANCE[shape.dtype]
 
 
 def reference(q, k, v, causal: bool, scale: float):
@@ -152,9 +171,21 @@ def stand_in_bytes(own: int, real: int) -> int:
 
 
 def tensor_bytes(shape: Shape) -> tuple[int, int]:
-    """``(q bytes, k bytes)``: the storage of the timed ``q``/``out`` and ``k``/``v`` of ``shape`` (2-byte dtypes)."""
-    q = 2 * shape.batch * shape.heads_q * shape.seqlen_q * shape.head_dim
-    return q, 2 * shape.batch * shape.heads_kv * shape.seqlen_k * shape.head_dim
+    """``(q bytes, k bytes)``: the storage of the timed ``q`` and ``k``/``v`` of ``shape`` (2-byte dtypes; fp8: 1)."""
+    size = 1 if shape.dtype == FP8 else 2
+    q = size * shape.batch * shape.heads_q * shape.seqlen_q * shape.head_dim
+    return q, size * shape.batch * shape.heads_kv * shape.seqlen_k * shape.head_dim
+
+
+def out_bytes(shape: Shape) -> int:
+    """The storage of the timed output of ``shape``: q's shape in a 2-byte dtype (an fp8 run writes bf16)."""
+    return 2 * shape.batch * shape.heads_q * shape.seqlen_q * shape.head_dim
+
+
+def largest_bytes(shape: Shape) -> int:
+    """The storage of the largest timed tensor of ``shape`` (inputs and output): which side of the 2 GiB line
+    its builds must take (:func:`beyond_32bit_range`)."""
+    return max(*tensor_bytes(shape), out_bytes(shape))
 
 
 def storage_plan(specs: dict, itemsize: int) -> dict:
@@ -199,8 +230,19 @@ def stand_ins(specs: dict, dtype, dev, pad: bool, generator=None) -> dict:
             t = shared[offsets[name]:offsets[name] + math.prod(dims)].view(dims)
         else:
             t = torch.empty(dims, device=dev, dtype=dtype)
-        out[name] = t.normal_(generator=generator)
+        out[name] = _random(t, generator)
     return out
+
+
+def _random(t, generator=None):
+    """``t`` filled with N(0, 1) values (fp8: spread over the format's range, :func:`rocmflash.tuning.live_fp8.fill`)."""
+    from rocmflash.hw.fp8 import is_fp8
+
+    if is_fp8(t.dtype):
+        from rocmflash.tuning.live_fp8 import fill
+
+        return fill(t, generator)
+    return t.normal_(generator=generator)
 
 
 # ---------------------------------------------------------------------- the gate
@@ -214,7 +256,7 @@ def gate_specs(shape: Shape) -> dict:
     q_real, kv_real = tensor_bytes(shape)
     q_dims = (1, shape.heads_q, shape.seqlen_q, shape.head_dim)
     kv_dims = (1, shape.heads_kv, shape.seqlen_k, shape.head_dim)
-    return {"q": (q_dims, q_real), "k": (kv_dims, kv_real), "v": (kv_dims, kv_real), "out": (q_dims, q_real)}
+    return {"q": (q_dims, q_real), "k": (kv_dims, kv_real), "v": (kv_dims, kv_real), "out": (q_dims, out_bytes(shape))}
 
 
 def gate_inputs(shape: Shape, pad: Optional[bool] = None):
@@ -228,11 +270,33 @@ def gate_inputs(shape: Shape, pad: Optional[bool] = None):
         dev = device()
         gen = torch.Generator(device=dev)
         gen.manual_seed(int.from_bytes(os.urandom(7), "little"))
-        t = stand_ins(gate_specs(shape), torch_dtype(torch, shape.dtype), dev,
-                      pads_storage() if pad is None else pad, gen)
+        pad = pads_storage() if pad is None else pad
+        if shape.dtype == FP8:
+            return _fp8_gate_inputs(shape, dev, pad, gen)
+        t = stand_ins(gate_specs(shape), torch_dtype(torch, shape.dtype), dev, pad, gen)
         q, k, v = t["q"], t["k"], t["v"]
         ref = reference(q, k, v, shape.causal, 1.0 / math.sqrt(shape.head_dim))
         _GATE.update(shape=shape, tensors=(q, k, v, ref), out=t["out"], fingerprint=_fingerprint((q, k, v)))
+    return _GATE["tensors"]
+
+
+def _fp8_gate_inputs(shape: Shape, dev, pad: bool, gen):
+    """:func:`gate_inputs` of an fp8 shape: fp8 q, k, v (the worker's format) and their descales (kept in
+    ``_GATE["descales"]``), a bf16 output, and the fp32 reference of the dequantised inputs."""
+    import torch
+
+    from rocmflash.tuning import live_fp8
+
+    specs = gate_specs(shape)
+    dtype = torch_dtype(torch, FP8)
+    t = stand_ins({n: specs[n] for n in ("q", "k", "v")}, dtype, dev, pad, gen)
+    out = stand_ins({"out": specs["out"]}, torch.bfloat16, dev, pad, gen)["out"]
+    d = live_fp8.descales(1, shape.heads_kv, dtype, dev, gen)
+    q, k, v = t["q"], t["k"], t["v"]
+    ref = reference(*(live_fp8.dequantised(x, s) for x, s in zip((q, k, v), d)), shape.causal,
+                    1.0 / math.sqrt(shape.head_dim))
+    _GATE.update(shape=shape, tensors=(q, k, v, ref), out=out, descales=d, dtype=dtype,
+                 fingerprint=_fingerprint((q, k, v, *d)))
     return _GATE["tensors"]
 
 
@@ -243,7 +307,7 @@ def _fingerprint(tensors) -> list:
 
 def _inputs_intact() -> bool:
     """Whether the kept gate inputs are unchanged; if not they are dropped (the next gate draws new ones)."""
-    intact = _fingerprint(_GATE["tensors"][:3]) == _GATE["fingerprint"]
+    intact = _fingerprint(_GATE["tensors"][:3] + _GATE.get("descales", ())) == _GATE["fingerprint"]
     if not intact:
         _GATE.clear()
     return intact
@@ -255,16 +319,18 @@ def gate(mod, cfg: KernelConfig, shape: Shape) -> tuple[bool, float, str]:
 
     q, k, v, ref = gate_inputs(shape)
     out = _GATE["out"].fill_(float("nan"))  # poisoned: an unwritten element fails the gate
-    mod.launch(q, k, v, cfg, shape.causal, 1.0 / math.sqrt(shape.head_dim), out=out)
+    fp8 = {"descales": _GATE["descales"]} if shape.dtype == FP8 else {}
+    mod.launch(q, k, v, cfg, shape.causal, 1.0 / math.sqrt(shape.head_dim), out=out, **fp8)
     synchronize()
     finite = bool(torch.isfinite(out).all())
     err = ((out.float() - ref).norm() / ref.norm()).item() if finite else float("nan")
     if not _inputs_intact():
-        return False, err, "the kernel wrote into its inputs q/k/v"
-    tol = TOLERANCE[shape.dtype]
+        return False, err, "the kernel wrote into its inputs q/k/v" + ("/descales" if fp8 else "")
+    tol = tolerance(shape, _GATE.get("dtype"))
     if not finite:
         bad = int((~torch.isfinite(out)).sum())
         return False, err, f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
     if not err <= tol:
-        return False, err, f"relative error {err:.3e} > {tol:g} against the fp32 reference"
+        against = "the fp32 reference of the dequantised fp8 inputs" if fp8 else "the fp32 reference"
+        return False, err, f"relative error {err:.3e} > {tol:g} against {against}"
     return True, err, ""

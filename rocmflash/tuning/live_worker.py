@@ -13,7 +13,7 @@ import os
 import time
 from typing import Optional
 
-from rocmflash.config import KernelConfig, Problem
+from rocmflash.config import FP8, KernelConfig, Problem
 from rocmflash.hw.roofline import Shape, tflops
 from rocmflash.tuning.live_gate import gate as _gate
 from rocmflash.tuning.live_gate import interpreting as _interpreting
@@ -75,25 +75,57 @@ def worker_init(triton_cache_dir: Optional[str], env: Optional[dict] = None, int
         torch.cuda.init()
 
 
-def _inputs(shape: Shape, settings: LiveSettings, dev=None):
-    """Rotating input sets and the cache flush buffer for a shape (kept across configs in this worker)."""
+def kernel_module(cfg: KernelConfig, shape: Shape):
+    """What a worker launches for ``cfg`` on ``shape``: the variant's module, or for an fp8 shape the fp8 forward
+    (:class:`rocmflash.tuning.live_fp8.Fp8Forward`, the worker's arch; online only)."""
+    if shape.dtype == FP8:
+        from rocmflash.tuning import live_fp8
+
+        if cfg.variant != "online":
+            raise ValueError(f"fp8 attention runs the online kernel only; got variant={cfg.variant!r}")
+        return live_fp8.kernel()
+    from rocmflash.kernels import get_variant
+
+    return get_variant(cfg.variant)
+
+
+def launch_set(mod, cfg: KernelConfig, causal: bool, scale: float, s: tuple):
+    """Launch ``mod`` on one input set ``(q, k, v, out, descales or None)`` (:func:`_inputs`)."""
+    q, k, v, out, descales = s
+    if descales is None:
+        return mod.launch(q, k, v, cfg, causal, scale, out=out)
+    return mod.launch(q, k, v, cfg, causal, scale, out=out, descales=descales)
+
+
+def input_set(shape: Shape, dev, arch=None) -> tuple:
+    """One random input set ``(q, k, v, out, descales)`` of ``shape`` (descales None but for fp8:
+    :func:`rocmflash.tuning.live_fp8.inputs`, in ``arch``'s format)."""
+    import torch
+
+    if shape.dtype == FP8:
+        from rocmflash.tuning import live_fp8
+
+        return live_fp8.inputs(shape, dev, arch=arch)
+    dtype = _torch_dtype(torch, shape.dtype)
+    q = torch.randn(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype)
+    k = torch.randn(shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype)
+    return q, k, torch.randn_like(k), torch.empty_like(q), None
+
+
+def _inputs(shape: Shape, settings: LiveSettings, dev=None, arch=None):
+    """Rotating input sets (:func:`input_set`) and the cache flush buffer for a shape (kept across configs in
+    this worker)."""
     import torch
 
     from rocmflash.tuning.live_gate import flush_buffer
 
     dev = torch.device("cuda") if dev is None else dev
-    key = (shape, settings.n_inputs, settings.flush_bytes, dev)
+    key = (shape, settings.n_inputs, settings.flush_bytes, dev, arch)
     if _STATE.get("key") != key:
         _STATE.clear()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        dtype = _torch_dtype(torch, shape.dtype)
-        sets = []
-        for _ in range(settings.n_inputs):
-            q = torch.randn(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype)
-            k = torch.randn(shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype)
-            v = torch.randn_like(k)
-            sets.append((q, k, v, torch.empty_like(q)))
+        sets = [input_set(shape, dev, arch) for _ in range(settings.n_inputs)]
         flush = flush_buffer(dev, settings.flush_bytes)
         _STATE.update(key=key, sets=sets, flush=flush)
     return _STATE["sets"], _STATE["flush"]
@@ -102,9 +134,9 @@ def _inputs(shape: Shape, settings: LiveSettings, dev=None):
 def _time(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> list[float]:
     import torch
 
-    sets, flush = _inputs(shape, settings)
+    sets, flush = _inputs(shape, settings, arch=getattr(mod, "arch", None))
     scale = 1.0 / math.sqrt(shape.head_dim)
-    fns = [(lambda s=s: mod.launch(s[0], s[1], s[2], cfg, shape.causal, scale, out=s[3])) for s in sets]
+    fns = [(lambda s=s: launch_set(mod, cfg, shape.causal, scale, s)) for s in sets]
     n_sets = len(fns)
     fns[0]()  # the first launch of a config loads its binary
     torch.cuda.synchronize()
@@ -158,15 +190,12 @@ def _time_interpreted(mod, cfg: KernelConfig, shape: Shape) -> tuple[list[float]
     import torch
 
     tiny = interpreted_shape(shape)
-    dtype = _torch_dtype(torch, tiny.dtype)
-    q = torch.randn(1, tiny.heads_q, tiny.seqlen_q, tiny.head_dim, dtype=dtype)
-    k = torch.randn(1, tiny.heads_kv, tiny.seqlen_k, tiny.head_dim, dtype=dtype)
-    v, out = torch.randn_like(k), torch.empty_like(q)
+    s = input_set(tiny, torch.device("cpu"), getattr(mod, "arch", None))
     scale = 1.0 / math.sqrt(tiny.head_dim)
     times = []
     for _ in range(INTERPRET_REPS):
         start = time.perf_counter()
-        mod.launch(q, k, v, cfg, tiny.causal, scale, out=out)
+        launch_set(mod, cfg, tiny.causal, scale, s)
         times.append((time.perf_counter() - start) * 1e3)
     return times, tiny
 
@@ -233,8 +262,6 @@ def _oob_kernel():
 
 def measure(task: dict) -> dict:
     """Worker entry: gate, then time, one config on one shape. Never raises for a bad config."""
-    from rocmflash.kernels import get_variant
-
     start = time.perf_counter()
     cfg = KernelConfig.from_dict(task["config"])
     shape = Shape.from_dict(task["shape"])
@@ -246,7 +273,7 @@ def measure(task: dict) -> dict:
     try:
         if task.get("inject"):
             _inject(task["inject"], shape)
-        mod = get_variant(cfg.variant)
+        mod = kernel_module(cfg, shape)
         t0 = time.perf_counter()
         if task.get("gate", True):
             ok, err, why = _gate(mod, cfg, shape)
@@ -302,15 +329,13 @@ def prewarm_one(task: dict) -> Optional[str]:
     cross-compile for Triton's active target (nothing to do when there is none).
     Returns None, or the error's first line.
     """
-    from rocmflash.kernels import get_variant
-
     cfg = KernelConfig.from_dict(task["config"])
     s = Shape.from_dict(task["shape"])
     try:
         if task.get("cross_compile"):
-            _cross_compile(get_variant(cfg.variant), cfg, s)
+            _cross_compile(kernel_module(cfg, s), cfg, s)
         else:
-            _launch_once(get_variant(cfg.variant), cfg, s)
+            _launch_once(kernel_module(cfg, s), cfg, s)
         return None
     except Exception as err:
         return error_line(err, 200)
@@ -339,11 +364,11 @@ def prewarm_specs(s: Shape, seqlen_q: int, seqlen_k: int) -> dict:
     """The pre-warm launch's tensors ``{"q", "k", "out": (dims, bytes of the timed tensor)}`` (``k`` serves
     as ``v`` too): batch 1 at the planned lengths, each standing for the timed tensor of ``s``, whose side
     of the 2 GiB line it must keep (:func:`rocmflash.tuning.live_gate.stand_ins`)."""
-    from rocmflash.tuning.live_gate import tensor_bytes
+    from rocmflash.tuning.live_gate import out_bytes, tensor_bytes
 
     q_real, kv_real = tensor_bytes(s)
     q_dims = (1, s.heads_q, seqlen_q, s.head_dim)
-    return {"q": (q_dims, q_real), "k": ((1, s.heads_kv, seqlen_k, s.head_dim), kv_real), "out": (q_dims, q_real)}
+    return {"q": (q_dims, q_real), "k": ((1, s.heads_kv, seqlen_k, s.head_dim), kv_real), "out": (q_dims, out_bytes(s))}
 
 
 def _launch_once(mod, cfg: KernelConfig, s: Shape) -> None:
@@ -354,8 +379,17 @@ def _launch_once(mod, cfg: KernelConfig, s: Shape) -> None:
 
     dev = torch.device("cuda")
     cfg, seqlen_q, seqlen_k = prewarm_plan(mod, cfg, s, num_compute_units(dev))
-    t = stand_ins(prewarm_specs(s, seqlen_q, seqlen_k), _torch_dtype(torch, s.dtype), dev, pads_storage())
-    mod.launch(t["q"], t["k"], t["k"], cfg, s.causal, 0.125, out=t["out"])
+    specs = prewarm_specs(s, seqlen_q, seqlen_k)
+    if s.dtype != FP8:
+        t = stand_ins(specs, _torch_dtype(torch, s.dtype), dev, pads_storage())
+        mod.launch(t["q"], t["k"], t["k"], cfg, s.causal, 0.125, out=t["out"])
+    else:  # fp8 inputs, a bf16 output, V laid out as the timed launches read it
+        from rocmflash.tuning import live_fp8
+
+        t = stand_ins({"q": specs["q"], "k": specs["k"]}, mod.dtype, dev, pads_storage())
+        out = stand_ins({"out": specs["out"]}, torch.bfloat16, dev, pads_storage())["out"]
+        descales = live_fp8.descales(1, s.heads_kv, mod.dtype, dev)
+        mod.launch(t["q"], t["k"], live_fp8.timed_v(t["k"], mod.arch), cfg, s.causal, 0.125, out, descales)
     torch.cuda.synchronize()
 
 
@@ -373,9 +407,9 @@ def prewarm_problem(s: Shape) -> Problem:
     """The compile-only problem of a pre-warm cross-compile for ``s``: batch 1 at short lengths of the same
     specialisation, unless a tensor of ``s`` is past the 2 GiB line (then ``s``'s own sizes, as
     :func:`rocmflash.tuning.spec.static_problem` keeps them: a compile-only build allocates nothing)."""
-    from rocmflash.tuning.live_gate import beyond_32bit_range, tensor_bytes
+    from rocmflash.tuning.live_gate import beyond_32bit_range, largest_bytes
 
-    if beyond_32bit_range(max(tensor_bytes(s))):
+    if beyond_32bit_range(largest_bytes(s)):
         batch, seqlen_q, seqlen_k = s.batch, s.seqlen_q, s.seqlen_k
     else:
         batch, seqlen_q, seqlen_k = 1, _prewarm_seqlen(s.seqlen_q), _prewarm_seqlen(s.seqlen_k)

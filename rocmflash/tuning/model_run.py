@@ -35,9 +35,13 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
                seeds: bool = True, resume: bool = False, console=None, progress: bool = True,
                on_stage=None) -> ModelTuneResult:
     """Run ``plan`` through one pipeline; ``pool`` (a :class:`~rocmflash.tuning.pool.WorkerPool`) times on
-    its workers, None times on the current device when it is the plan's GPU (else the static phase only)."""
+    its workers, None times on the current device when it is the plan's GPU (else the static phase only).
+
+    Several static phases run at once (:func:`~rocmflash.tuning.pipeline.default_compile_slots`), each
+    cross-compiling on its share of the cores (``workers``, when given, is each one's compile processes)."""
     from rocmflash.db import default_db_path, tune_lock
     from rocmflash.tuning.items import items_for_plan, run_items, timing_workers
+    from rocmflash.tuning.pipeline import compile_workers, default_compile_slots
 
     start = time.perf_counter()
     gpu = plan.gpu
@@ -51,11 +55,12 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
         if own_runner:
             runner = _live_runner(timeout_s, cache_dir, workers)
         runners = list(getattr(runner, "runners", None) or ([runner] if runner is not None else []))
-        items = items_for_plan(plan, db_path, strategy, cache_dir, workers, timeout_s, seeds, resume, console,
-                               progress, device, measuring, why, prewarmer=runner, runners=runners)
+        slots = default_compile_slots()
+        items = items_for_plan(plan, db_path, strategy, cache_dir, workers or compile_workers(slots), timeout_s, seeds,
+                               resume, console, progress, device, measuring, why, prewarmer=runner, runners=runners)
         say(f"[bold]{plan.model.name}[/bold]: {len(items)} problem(s) in one pipeline "
             f"({', '.join(sorted({i.family for i in items}))}; {len(runners) or 'no'} timing worker(s))")
-        stats = run_items(items, timing_workers(runner), items[0].ctx if items else None)
+        stats = run_items(items, timing_workers(runner), items[0].ctx if items else None, compile_slots=slots)
     finally:
         if own_runner and runner is not None:
             runner.close()

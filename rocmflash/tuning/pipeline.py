@@ -3,15 +3,22 @@ timing workers (one per runner) that stay up across items and families.
 
 An :class:`Item` is one (family, problem) of a plan. Its ``static()`` phase (config space,
 cross-compile, prune, pre-warm) runs on a compile-pool thread, in plan order, ahead of the
-timing. Then it hands out batches of :class:`Job` (a race round, or the single round of a
-pruned/exhaustive tune); every free timing worker takes the next job of ANY item (plan order,
-then batch order), with no barrier between families, passes or dtypes.
+timing; ``compile_slots`` of them at once (:func:`default_compile_slots`), never two of one
+``static_group`` (items sharing a static phase: the second would only wait for the first's
+compile, holding a slot). Then it hands out batches of :class:`Job` (a race round, or the single
+round of a pruned/exhaustive tune); every free timing worker takes the next job of ANY item (by
+``priority``, default plan order, then batch order), with no barrier between families, passes or
+dtypes. Every timing worker is started when the run starts, beside the first static phase
+(``start_worker()`` of a runner that has one), not at its first job. :func:`largest_first` gives the
+priority of several workers: the items by estimated timing work (``work_s()``), largest first, so the
+longest work starts first and the short jobs of small items end the run.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from typing import Callable, Optional, Protocol
 
 from rocmflash.tuning.pool import NoWorkersLeft, WorkerLost, WorkerStats
@@ -55,6 +62,9 @@ class Item(Protocol):
         """Build the entry from what is recorded and store it (atomic DB write); scheduler thread.
         complete=False after Ctrl-C/stop: the entry reflects exactly what the journal holds."""
 
+    # optional: ``static_group`` (hashable; items sharing one static phase) and ``work_s()`` (estimated
+    # timing-worker seconds, for :func:`largest_first`)
+
 
 # ------------------------------------------------------------------------------------------- statistics
 @dataclasses.dataclass
@@ -97,6 +107,7 @@ class _State:
         self.queue: "collections.deque" = collections.deque()  # jobs of the current batch not yet started
         self.outstanding = 0  # jobs of the current batch not yet recorded
         self.stats = ItemStats(str(item.key), str(item.family))
+        self.group = getattr(item, "static_group", None)  # items of one group never run their statics at once
 
 
 class Pipeline:
@@ -109,14 +120,19 @@ class Pipeline:
     :class:`~rocmflash.tuning.pipeline_exec.SimulatedExecutor`. ``on_event(dict)`` sees every step
     (``event``: static_start, static_done, job_start, job_done, job_retry, worker_lost, item_done;
     ``t``: executor seconds; ``item``, ``worker``, ``label``, ``status`` where they apply).
+    ``compile_slots``: static phases at once; ``start_workers``: start every timing worker when the run
+    starts (False: each at its first job); ``priority``: the items in the order workers take their jobs
+    (default: ``items``' order, which is also the order the static phases start in).
 
     The pipeline neither opens nor closes the runners: the caller does (closing them also ends the work
     in flight after a Ctrl-C).
     """
 
     def __init__(self, items: list, runners, compile_slots: int = 1, executor=None,
-                 labels: Optional[list] = None, on_event: Optional[Callable[[dict], None]] = None):
+                 labels: Optional[list] = None, on_event: Optional[Callable[[dict], None]] = None,
+                 start_workers: bool = True, priority: Optional[list] = None):
         self.items = _check_items(items)
+        self.priority = _check_priority(priority, self.items)
         self.runners, labels = _unwrap_runners(runners, labels)
         if type(compile_slots) is not int or compile_slots < 1:
             raise ValueError(f"compile_slots={compile_slots!r} is invalid; expected a positive int")
@@ -127,6 +143,7 @@ class Pipeline:
             executor = ThreadExecutor()
         self.executor = executor
         self.on_event = on_event
+        self.start_workers = start_workers  #: start every timing worker at once (False: at its first job)
         self.workers = [WorkerStats(str(label)) for label in labels]
 
     # ------------------------------------------------------------------ main loop
@@ -137,13 +154,17 @@ class Pipeline:
         exception is re-raised."""
         self._states = [_State(item, i) for i, item in enumerate(self.items)]
         self._by_item = {id(s.item): s for s in self._states}
+        self._by_priority = [self._by_item[id(item)] for item in self.priority]
         self._busy: dict = {}  # worker index -> job in flight
         self._statics = 0  # static phases in flight
+        self._groups: collections.Counter = collections.Counter()  # static groups in flight
         self._lost: dict = {}  # job -> ["worker: error", ...]
         self._died: dict = {}  # job -> error of its first worker death
         ex = self.executor
         ex.start(self.runners, self.compile_slots)
         try:
+            if self.start_workers and hasattr(ex, "start_workers"):
+                ex.start_workers()  # worker processes start (import torch, open a device) beside the first static
             while any(s.phase != "done" for s in self._states):
                 self._dispatch()
                 if not self._busy and not self._statics:
@@ -174,13 +195,15 @@ class Pipeline:
 
     # ------------------------------------------------------------------ what runs next
     def _dispatch(self) -> None:
-        """Start static phases (plan order) on free compile slots, and jobs on free timing workers."""
+        """Start static phases (list order) on free compile slots, and jobs on free timing workers."""
         for s in self._states:
             if self._statics >= self.compile_slots:
                 break
-            if s.phase == "waiting":
+            if s.phase == "waiting" and not self._groups[s.group]:
                 s.phase = "static"
                 self._statics += 1
+                if s.group is not None:
+                    self._groups[s.group] += 1
                 self._emit("static_start", item=s.stats.key)
                 self.executor.submit_static(s.item)
         for w, stats in enumerate(self.workers):
@@ -195,8 +218,8 @@ class Pipeline:
             self.executor.submit_job(w, job)
 
     def _next_job(self):
-        """The next job by priority: plan order of items, then batch order (retries first)."""
-        for s in self._states:
+        """The next job by priority: the items' priority (default plan order), then batch order (retries first)."""
+        for s in self._by_priority:
             if s.phase == "timing" and s.queue:
                 return s.queue.popleft()
         return None
@@ -215,9 +238,11 @@ class Pipeline:
 
     def _static_done(self, event) -> None:
         self._statics -= 1
+        s = self._state(event.item)
+        if s.group is not None:
+            self._groups[s.group] -= 1
         if event.error is not None:
             raise event.error
-        s = self._state(event.item)
         s.stats.static_s = event.end - event.start
         s.stats.static_done_at_s = event.end
         s.phase = "timing"
@@ -296,6 +321,54 @@ class Pipeline:
             self._advance(s)
 
 
+# ------------------------------------------------------------------------------------------- settings
+#: cores per concurrent static phase: each runs a cross-compile pool of ``cores / slots`` processes and feeds the
+#: runner's one pre-warm pool; the slots overlap what a single static phase leaves idle (a pool starting, the
+#: serial pruning and ranking, the pre-warm's device launches)
+CORES_PER_COMPILE_SLOT = 16
+#: GiB of memory per concurrent static phase (its compile workers hold Triton and LLVM)
+GIB_PER_COMPILE_SLOT = 24
+MAX_COMPILE_SLOTS = 4
+
+
+def _memory_gib() -> Optional[float]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - not a POSIX system
+        return None
+
+
+def default_compile_slots(cpu_cores: Optional[int] = None, mem_gib: Optional[float] = None) -> int:
+    """How many static phases a tune runs at once: one per :data:`CORES_PER_COMPILE_SLOT` cores and per
+    :data:`GIB_PER_COMPILE_SLOT` GiB of memory, at least 1, at most :data:`MAX_COMPILE_SLOTS` (32 cores and
+    256 GiB, the 2-GPU machine: 2; a 16-core machine: 1). Defaults: this machine's."""
+    cores = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
+    mem = mem_gib if mem_gib is not None else _memory_gib()
+    if type(cores) is not int or cores < 1:
+        raise ValueError(f"cpu_cores={cpu_cores!r} is invalid; expected a positive int")
+    slots = min(MAX_COMPILE_SLOTS, cores // CORES_PER_COMPILE_SLOT)
+    if mem is not None:
+        slots = min(slots, int(mem // GIB_PER_COMPILE_SLOT))
+    return max(1, slots)
+
+
+def compile_workers(slots: int, cpu_cores: Optional[int] = None) -> int:
+    """Cross-compile processes per static phase when ``slots`` run at once: the cores split between them, so
+    concurrent static phases do not oversubscribe the CPU."""
+    cores = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
+    return max(1, cores // max(1, slots))
+
+
+def largest_first(items: list) -> list:
+    """``items`` ordered by estimated timing work (each item's ``work_s()``), largest first, ties in the given
+    order: on several timing workers the longest work starts first and the many short jobs of the small items
+    fill the end, so the workers finish together. If any item has no estimate the list comes back unchanged."""
+    if not all(callable(getattr(item, "work_s", None)) for item in items):
+        return list(items)
+    work = [float(item.work_s()) for item in items]
+    return [items[i] for i in sorted(range(len(items)), key=lambda i: (-work[i], i))]
+
+
 def _as_result(result, error: Optional[Exception]) -> dict:
     """A job's result dict; a runner bug (an exception, a non-dict) costs that config only, as in WorkerPool."""
     if error is not None:
@@ -321,6 +394,14 @@ def _check_items(items) -> list:
     return items
 
 
+def _check_priority(priority: Optional[list], items: list) -> list:
+    if priority is None:
+        return list(items)
+    if sorted(map(id, priority)) != sorted(map(id, items)):
+        raise ValueError("priority must list every item of the pipeline once (the order its jobs are taken in)")
+    return list(priority)
+
+
 def _unwrap_runners(runners, labels: Optional[list]) -> tuple:
     if hasattr(runners, "runners") and hasattr(runners, "stats"):  # a WorkerPool: its runners and labels
         labels = labels or [s.label for s in runners.stats]
@@ -333,4 +414,5 @@ def _unwrap_runners(runners, labels: Optional[list]) -> tuple:
     return list(runners), labels
 
 
-__all__ = ["Job", "Item", "ItemStats", "PipelineStats", "Pipeline"]
+__all__ = ["Job", "Item", "ItemStats", "PipelineStats", "Pipeline", "default_compile_slots", "compile_workers",
+           "largest_first"]

@@ -3,7 +3,8 @@ simulated clock that replays recorded durations.
 
 Both give the scheduler the same four calls: ``start(runners, compile_slots)``,
 ``submit_static(item)``, ``submit_job(worker, job)`` and ``next_event()`` (blocking), plus
-``now()`` (seconds since start) and ``shutdown()``. The scheduler alone decides what runs
+``now()`` (seconds since start), ``start_workers()`` (start every timing worker now, not at its
+first job) and ``shutdown()``. The scheduler alone decides what runs
 next; an executor only runs it and reports when it ended, so the simulated clock exercises
 exactly the scheduling code a real tune uses.
 """
@@ -17,6 +18,9 @@ import queue
 import threading
 import time
 from typing import Callable, Optional
+
+#: an inbox message of a timing thread: start the runner's worker process now (``runner.start_worker()``)
+_START = object()
 
 
 @dataclasses.dataclass
@@ -93,12 +97,20 @@ class ThreadExecutor:
             job = inbox.get()
             if job is None:
                 return
+            if job is _START:
+                _start_worker(runner)
+                continue
             start, result, error = self.now(), None, None
             try:
                 result = job.run(runner)
             except BaseException as err:  # WorkerLost, a runner bug, an interrupt: the scheduler's call
                 error = err
             self._events.put(JobDone(index, job, result, error, start, self.now()))
+
+    def start_workers(self) -> None:
+        """Each timing thread starts its runner's worker process (non-blocking: the process starts on its own)."""
+        for inbox in self._inboxes:
+            inbox.put(_START)
 
     def submit_static(self, item) -> None:
         self._statics.put(item)
@@ -121,6 +133,16 @@ class ThreadExecutor:
                 self._statics.put(None)
 
 
+def _start_worker(runner) -> None:
+    """``runner.start_worker()`` where a runner has one; a failure shows again at the runner's first job."""
+    start = getattr(runner, "start_worker", None)
+    if callable(start):
+        try:
+            start()
+        except Exception:  # noqa: BLE001 - an optimisation: the first job meets any real error again
+            pass
+
+
 def result_wall_s(job, result: dict) -> float:
     """The default duration of a simulated job: the result's ``wall_s`` (what a replayed journal recorded)."""
     return float(result.get("wall_s") or 0.0)
@@ -128,17 +150,29 @@ def result_wall_s(job, result: dict) -> float:
 
 class SimulatedExecutor:
     """The scheduler on a simulated clock: a job's duration is ``duration(job, result)`` (default: the
-    result's ``wall_s``), a static phase lasts the makespan of ``item.compile_seconds()`` on
-    ``cpu_cores / compile_slots`` cores, and the clock jumps from event to event.
+    result's ``wall_s``), a static phase lasts ``static_duration(item, cores)`` (default: the makespan of
+    ``item.compile_seconds()``) on ``cores = cpu_cores / compile_slots``, and the clock jumps from event
+    to event.
+
+    A timing worker's process takes ``worker_start_s`` to start: from the run's start when the scheduler
+    starts every worker at once (``start_workers()``), or the workers in ``prestarted`` (the old code's
+    first pre-warm started worker 0), else inside its first job (as a real first measurement includes it).
 
     ``item.static()`` and ``job.run(runner)`` really run (inline, when submitted), so the items decide
     what to time from real results; only the clock is simulated."""
 
-    def __init__(self, duration: Optional[Callable] = None, cpu_cores: int = 32):
+    def __init__(self, duration: Optional[Callable] = None, cpu_cores: int = 32, worker_start_s: float = 0.0,
+                 static_duration: Optional[Callable] = None, prestarted: tuple = ()):
         if type(cpu_cores) is not int or cpu_cores < 1:
             raise ValueError(f"cpu_cores={cpu_cores!r} is invalid; expected a positive int")
+        if not (isinstance(worker_start_s, (int, float)) and worker_start_s >= 0):
+            raise ValueError(f"worker_start_s={worker_start_s!r} is invalid; expected seconds >= 0")
         self.duration = duration or result_wall_s
         self.cpu_cores = cpu_cores
+        self.worker_start_s = float(worker_start_s)
+        self.static_duration = static_duration or (lambda item, cores: makespan(list(item.compile_seconds() or []),
+                                                                                cores))
+        self.prestarted = tuple(prestarted)
 
     def start(self, runners: list, compile_slots: int) -> None:
         self._now = 0.0
@@ -146,6 +180,15 @@ class SimulatedExecutor:
         self._seq = itertools.count()
         self._runners = list(runners)
         self._cores = max(1, self.cpu_cores // compile_slots)
+        self._ready_at: list = [None] * len(self._runners)  # when each worker's process is up (None: not started)
+        for i in self.prestarted:
+            if 0 <= i < len(self._runners):
+                self._ready_at[i] = self.worker_start_s
+
+    def start_workers(self) -> None:
+        for i, ready in enumerate(self._ready_at):
+            if ready is None:
+                self._ready_at[i] = self._now + self.worker_start_s
 
     def now(self) -> float:
         return self._now
@@ -157,7 +200,7 @@ class SimulatedExecutor:
         error, seconds = None, 0.0
         try:
             item.static()
-            seconds = makespan(list(item.compile_seconds() or []), self._cores)
+            seconds = float(self.static_duration(item, self._cores))
         except BaseException as err:
             error = err
         self._push(self._now + seconds, StaticDone(item, error, self._now, self._now + seconds))
@@ -172,7 +215,13 @@ class SimulatedExecutor:
             seconds = float(self.duration(job, result))
             if not seconds >= 0:
                 raise ValueError(f"duration of job {job.label!r} is {seconds!r}; expected seconds >= 0")
-        self._push(self._now + seconds, JobDone(worker, job, result, error, self._now, self._now + seconds))
+        begin = self._now
+        if self._ready_at[worker] is None:  # started by its first job: the job lasts the start-up longer
+            self._ready_at[worker] = self._now
+            seconds += self.worker_start_s
+        else:  # started earlier: the job waits for the process (idle, not busy)
+            begin = max(self._now, self._ready_at[worker])
+        self._push(begin + seconds, JobDone(worker, job, result, error, begin, begin + seconds))
 
     def next_event(self):
         if not self._heap:

@@ -6,10 +6,11 @@ import dataclasses
 import time
 from typing import Optional
 
+from rocmflash.config import FP8
 from rocmflash.db import default_db_path, journal_path, tune_lock
 from rocmflash.hw.detect import identify_live_device
 from rocmflash.hw.gpus import GPU, get_gpu
-from rocmflash.tuning.items import forward_items, open_context, run_items, timing_workers
+from rocmflash.tuning.items import backward_items, forward_items, open_context, run_items, timing_workers
 from rocmflash.tuning.items_fwd import ProblemOutcome  # noqa: F401  (public here, as before)
 from rocmflash.tuning.spec import NoLiveGPUError, TuneSpec
 
@@ -24,6 +25,8 @@ class TuneResult:
     outcomes: list
     seconds: float
     interrupted: bool = False
+    #: the backward's BwdOutcome per problem when it was tuned in the same pipeline (``--pass both``), else None
+    backward_outcomes: Optional[list] = None
 
 
 def resolve_gpu(name: str) -> tuple[GPU, Optional[GPU]]:
@@ -60,11 +63,16 @@ def _no_live_reason(gpu: Optional[GPU]) -> str:
     return f"the live GPU is {match.gpu.name}"
 
 
-def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> TuneResult:
+def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True, backward: bool = False) -> TuneResult:
     """Run a tune: one :class:`~rocmflash.tuning.items_fwd.ForwardItem` per sequence length, through the
     tune pipeline (:func:`rocmflash.tuning.items.run_items`). ``runner`` overrides live detection (tests:
     ReplayRunner; several GPUs: a :class:`~rocmflash.tuning.pool.WorkerPool`, whose runners become the
-    pipeline's timing workers)."""
+    pipeline's timing workers). ``backward=True`` (``--pass both``) puts the backward's problems in the same
+    pipeline, with no barrier between the passes (their outcomes: ``result.backward_outcomes``).
+
+    ``spec.dtype == "fp8"``: the fp8 forward in the GPU's e4m3 format (its space: ``default_space(gpu,
+    variants, "fp8")``), entries keyed by that format (``d128-fp8e4m3fnuz-...`` on gfx942); a GPU without
+    fp8 matrix instructions is a one-line ``ValueError`` naming its arch."""
     from rocmflash.static.space import default_space
 
     spec.validate()
@@ -87,13 +95,18 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
         device_name = getattr(runner, "device", "replay")
     db_path = spec.db_path or default_db_path(gpu.name)
     jpath = journal_path(db_path) if measuring else None
-    space = spec.space or default_space(gpu, spec.variants)
+    if spec.dtype == FP8:  # no fp8 matrix instructions (gfx90a, sm_80): one line naming the arch, before anything
+        from rocmflash.static.space import fp8_format
+
+        fp8_format(gpu)
+    space = spec.space or default_space(gpu, spec.variants, spec.dtype)
     if own_runner:
         match = identify_live_device()
         if match is not None and match.problem and console is not None:  # e.g. an unnamed board that fits two
             console.print(f"live GPU: {match.describe()}", highlight=False)
     lock = tune_lock(db_path)
     items: list = []
+    bwd_items: list = []
     interrupted = False
     try:
         if own_runner:
@@ -104,20 +117,46 @@ def tune(spec: TuneSpec, runner=None, console=None, progress: bool = True) -> Tu
         if spec.resume:
             ctx.out.note(f"resuming from {jpath}: {len(ctx.journal.records)} recorded result(s)" if measuring
                          else "--resume: nothing to resume (nothing is measured without a live GPU)")
-        items = forward_items(ctx, spec, space)
+        slots, item_spec = _compile_slots(spec, backward)
+        items = forward_items(ctx, item_spec, space)
+        bwd_items = backward_items(ctx, item_spec) if backward else []
         # static only: the pipeline runs the static phases and writes the entries; no job reaches a worker
-        run_items(items, timing_workers(runner), ctx)
+        run_items(items + bwd_items, timing_workers(runner), ctx, compile_slots=slots)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         if own_runner and runner is not None:
             runner.close()
         lock.release()
+        if backward:
+            _clear_backward_lookups()
     result = TuneResult(gpu, db_path, jpath, measuring, why, [i.outcome for i in items], time.perf_counter() - start,
                         interrupted)
+    if backward:
+        result.backward_outcomes = [i.outcome() for i in bwd_items]
     if interrupted:
         raise TuneInterrupted(result)
     return result
+
+
+def _compile_slots(spec: TuneSpec, backward: bool) -> tuple:
+    """``(compile slots, spec of the items)``: with the backward, the two passes' static phases run at once,
+    each compiling on its share of the cores (unless ``--workers`` says how many)."""
+    from rocmflash.tuning.pipeline import compile_workers, default_compile_slots
+
+    slots = default_compile_slots() if backward else 1
+    if slots > 1 and spec.workers is None:
+        return slots, dataclasses.replace(spec, workers=compile_workers(slots))
+    return slots, spec
+
+
+def _clear_backward_lookups() -> None:
+    """Run-time lookups read the new backward entries."""
+    from rocmflash.api import selection
+    from rocmflash.tuning.backward import clear_cache
+
+    clear_cache()
+    selection.clear_cache()
 
 
 def _own_runner(spec: TuneSpec):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from rocmflash.config import Problem, normalize_dtype
+from rocmflash.config import FP8, Problem, normalize_problem_dtype
 from rocmflash.hw.roofline import Shape
 from rocmflash.static.prune import PruneSettings
 from rocmflash.tuning.live_worker import LiveSettings
@@ -33,7 +33,7 @@ class NoLiveGPUError(ValueError):
 class TuneSpec:
     gpu: str
     head_dim: int
-    dtype: str
+    dtype: str  #: fp16, bf16 or fp8 (the GPU's e4m3 format, bf16 output: :mod:`rocmflash.kernels.fp8_forward`)
     seqlens: list
     causal: bool = False
     batch: Optional[int] = None  #: default 16384 // S (at least 1)
@@ -55,7 +55,15 @@ class TuneSpec:
     incumbent: bool = True  #: also time the platform's SDPA backends (:mod:`rocmflash.api.incumbent`); --no-incumbent
 
     def validate(self) -> "TuneSpec":
-        self.dtype = normalize_dtype(self.dtype)
+        """Normalise and check every field (one-line ``ValueError``). fp8: the online variant only; no seeds
+        (AMD publishes fp16/bf16 forward configs) and no incumbent (torch's SDPA has no fp8 attention)."""
+        self.dtype = normalize_problem_dtype(self.dtype)
+        if self.dtype == FP8:
+            others = [v for v in (self.variants or ()) if v != "online"]
+            if others:
+                raise ValueError(f"--variant {' '.join(others)} has no fp8 build; fp8 attention runs the online "
+                                 "kernel only (--variant online)")
+            self.seeds = self.incumbent = False
         if type(self.head_dim) is not int or not 16 <= self.head_dim <= 256:
             raise ValueError(f"head dim {self.head_dim!r} is unsupported; expected an int in 16..256")
         if not self.seqlens:
@@ -104,12 +112,12 @@ def static_problem(shape: Shape) -> Problem:
     with buffer loads): batch 1 and S 4096, unless the shape's tensors are larger than that
     (then its own sizes).
     """
-    from rocmflash.tuning.live_gate import beyond_32bit_range, tensor_bytes
+    from rocmflash.tuning.live_gate import beyond_32bit_range, largest_bytes
 
     def canon(s):
         return 4096 if s % 16 == 0 else s
 
-    if beyond_32bit_range(max(tensor_bytes(shape))):  # the real sizes decide the pointer attributes: keep them
+    if beyond_32bit_range(largest_bytes(shape)):  # the real sizes decide the pointer attributes: keep them
         return Problem(head_dim=shape.head_dim, dtype=shape.dtype, causal=shape.causal, batch=shape.batch,
                        heads_q=shape.heads_q, heads_kv=shape.heads_kv, seqlen_q=shape.seqlen_q,
                        seqlen_k=shape.seqlen_k)

@@ -1,0 +1,134 @@
+"""fp8 in the live runner: what a timing worker gates and times for an fp8 forward shape (``Shape.dtype == "fp8"``).
+
+* **The format** is the live arch's e4m3 (:func:`input_dtype`: FNUZ ``float8_e4m3fnuz`` on gfx942, OCP
+  ``float8_e4m3fn`` on gfx950 and sm_89+). A tune measures only on the GPU it names, so the worker's arch
+  (:func:`worker_arch`, Triton's active target) is the tuned GPU's; without a target (the bare CPU
+  interpreter) the OCP format stands in.
+* **Inputs** are fp8 tensors whose values spread over the format's range (``N(0, 1) * fp8_max / 8``,
+  saturated: :func:`fill`) with fp32 ``(B, Hkv)`` descales of ``8 / fp8_max`` times a factor in ``[0.5, 1.5]``
+  per (batch, kv head) (:func:`descales`): the dequantised values are ``N(0, s^2)``, as an amax-scaled
+  activation's are, so ``1/sqrt(D)`` gives scores of the size real ones have.
+* **The kernel** is :mod:`rocmflash.kernels.fp8_forward` behind the variants' interface
+  (:class:`Fp8Forward`: ``launch(q, k, v, cfg, causal, scale, out, descales)``, ``compile_for``).
+  Timed inputs hold V K-major where the arch reads it so (:func:`timed_v`): the timing is the kernel's,
+  without the per-call copy the public API makes of a row-major V.
+* **The gate** compares with fp32 attention of the *dequantised* inputs; the tolerance on the relative L2
+  error is V's unit roundoff ``u`` (e4m3: ``2**-4``, :func:`tolerance`), the bound that
+  ``tests/test_fp8_forward.py`` holds every interpreted and compiled (H100) run to: P is rounded to fp8 at
+  the format's scale, its relative errors have rms below ``u/sqrt(3)`` (typically 2-2.5e-2 measured), so a
+  correct config stays under ``u`` and a wrong tile, mask or descale goes far past it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+#: the dequantised inputs' scale: fp8 values ``N(0, 1) * fp8_max / DIVISOR``, descales ``DIVISOR / fp8_max``
+DIVISOR = 8.0
+
+
+def worker_arch() -> Optional[str]:
+    """The arch of Triton's active target (``gfx942``, ``sm_90``), or None without one (plain CPU)."""
+    from triton.runtime import driver
+
+    try:
+        target = driver.active.get_current_target()
+    except RuntimeError:  # Triton found no active backend
+        return None
+    return str(target.arch) if target.backend == "hip" else f"sm_{target.arch}"
+
+
+def input_dtype(arch: Optional[str]):
+    """The torch e4m3 dtype ``arch`` computes fp8 attention in (OCP when the arch has none or is unknown)."""
+    from rocmflash.hw.fp8 import FAMILY_DTYPES, fp8_family
+
+    return FAMILY_DTYPES[fp8_family(arch) or "ocp"][0]
+
+
+def tolerance(dtype) -> float:
+    """The gate's bound on the relative L2 error of an fp8 run: V's unit roundoff (see the module docstring)."""
+    from rocmflash.hw.fp8 import unit_roundoff
+
+    return unit_roundoff(dtype)
+
+
+def fill(t, generator=None):
+    """Fill the fp8 tensor ``t`` (any view) with ``N(0, 1) * fp8_max / DIVISOR``, saturated; returns ``t``."""
+    import torch
+
+    from rocmflash.hw.fp8 import fp8_max
+
+    top = fp8_max(t.dtype)
+    values = torch.empty(t.shape, dtype=torch.float32, device=t.device).normal_(generator=generator)
+    t.copy_(values.mul_(top / DIVISOR).clamp_(-top, top))
+    return t
+
+
+def descales(batch: int, kv_heads: int, dtype, device, generator=None) -> tuple:
+    """``(q_descale, k_descale, v_descale)``: fp32 ``(batch, kv_heads)``, ``DIVISOR / fp8_max`` times [0.5, 1.5]."""
+    import torch
+
+    from rocmflash.hw.fp8 import fp8_max
+
+    base = DIVISOR / fp8_max(dtype)
+    return tuple(torch.empty(batch, kv_heads, dtype=torch.float32, device=device)
+                 .uniform_(0.5, 1.5, generator=generator).mul_(base) for _ in range(3))
+
+
+def dequantised(x, descale):
+    """``x`` (fp8 ``(B, H, S, D)``) as fp32 values: each head times its kv head's descale (GQA: ``h // group``)."""
+    group = x.shape[1] // descale.shape[1]
+    return x.float() * descale.repeat_interleave(group, 1)[:, :, None, None]
+
+
+def timed_v(v, arch: Optional[str]):
+    """V as the timed launches read it: K-major (keys contiguous) where the kernel reads it so on ``arch``
+    (:func:`rocmflash.kernels.fp8_forward.kmajor_v`: one copy here instead of one per launch), else ``v``."""
+    from rocmflash.kernels import fp8_forward
+
+    return fp8_forward.as_kmajor_v(v)[0] if fp8_forward.kmajor_v(arch) else v
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Forward:
+    """:mod:`rocmflash.kernels.fp8_forward` with the interface the live runner gives a variant's module."""
+
+    arch: Optional[str]
+
+    @property
+    def dtype(self):
+        return input_dtype(self.arch)
+
+    def launch(self, q, k, v, cfg, causal: bool, scale: float, out, descales: tuple):
+        from rocmflash.kernels import fp8_forward
+
+        return fp8_forward.launch(q, k, v, *descales, cfg, causal, scale, out, arch=self.arch)
+
+    def compile_for(self, target, cfg, problem):
+        """Cross-compile the fp8 build of ``problem`` (``dtype="fp8"``: bf16 output) for ``target``."""
+        from rocmflash.kernels import fp8_forward
+
+        return fp8_forward.compile_for(target, cfg, dataclasses.replace(problem, dtype="bf16"), self.dtype)
+
+
+def kernel() -> Fp8Forward:
+    """The fp8 forward for this worker's arch."""
+    return Fp8Forward(worker_arch())
+
+
+def inputs(shape, dev, generator=None, arch: Optional[str] = None) -> tuple:
+    """``(q, k, v, out, descales)``: one timed input set of an fp8 ``shape`` (V laid out as :func:`timed_v`)."""
+    import torch
+
+    dtype = input_dtype(arch)
+    q = fill(torch.empty(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim, device=dev, dtype=dtype),
+             generator)
+    k, v = (fill(torch.empty(shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype),
+                 generator) for _ in range(2))
+    out = torch.empty(q.shape, device=dev, dtype=torch.bfloat16)
+    return q, k, timed_v(v, arch), out, descales(shape.batch, shape.heads_kv, dtype, dev, generator)
+
+
+__all__ = ["Fp8Forward", "kernel", "inputs", "fill", "descales", "dequantised", "timed_v", "tolerance",
+           "input_dtype", "worker_arch", "DIVISOR"]
