@@ -210,3 +210,19 @@ def test_bad_fp8_tune_input_is_one_line(tmp_path, monkeypatch, capsys, argv, sai
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert said in err and "Traceback" not in err, err
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))  # nothing compiled
+
+
+def test_selection_details_for_cuda_find_what_a_call_on_cuda0_chose(monkeypatch):
+    """The H100 run's failure: a call on ``cuda:0`` (a tensor's ``.device``) chose, ``fp8_selection_details``
+    asked with ``torch.device("cuda")`` found nothing. Both name the current GPU: one key."""
+    from rocmflash.api import selection_fp8 as SF
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    args = (128, torch.float8_e4m3fn, True, 1, 4096)
+    assert SF._key(torch.device("cuda"), *args) == SF._key(torch.device("cuda", 0), *args)
+    assert SF._key(torch.device("cuda", 1), *args) != SF._key(torch.device("cuda", 0), *args)
+    SF._LAST_SOURCE[SF._key(torch.device("cuda", 0), *args)] = {"source": "db", "entry": "k"}
+    try:
+        assert SF.fp8_selection_details(torch.device("cuda"), *args) == {"source": "db", "entry": "k"}
+    finally:
+        SF._LAST_SOURCE.pop(SF._key(torch.device("cuda", 0), *args))

@@ -22,8 +22,7 @@ def select_fp8_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int
     that format (``rocmflash tune --dtype fp8``: same head dim, causal flag and GQA ratio, nearest bucket of the
     key length), or None (the caller uses the fp8 kernel's per-arch default). An entry whose config the fp8
     kernel cannot run (another variant, key blocks under 32) is not served. Cached per bucket; logged once."""
-    key = ("fp8", getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
-           int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k))
+    key = _key(device, head_dim, dtype, causal, gqa_ratio, seqlen_k)
     if key in _FWD:
         return _FWD[key]
     gpu_name, arch = device_identity(device)
@@ -47,9 +46,18 @@ def select_fp8_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int
 def fp8_selection_details(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) -> Optional[dict]:
     """For fp8 inputs already selected on ``device``: ``{"source": "db" | "default", "asked", "entry", ...}``
     (as :func:`selection_details`), else None."""
-    return _LAST_SOURCE.get(("fp8", getattr(device, "type", str(device)), getattr(device, "index", None),
-                             _interpreting(), int(head_dim), str(dtype), bool(causal), int(gqa_ratio),
-                             _bucket(seqlen_k)))
+    return _LAST_SOURCE.get(_key(device, head_dim, dtype, causal, gqa_ratio, seqlen_k))
+
+
+def _key(device, head_dim, dtype, causal, gqa_ratio, seqlen_k) -> tuple:
+    """The cache key of a selection: ``device`` as the error words key it (``"cuda"`` is the current GPU's index,
+    as a tensor's ``.device`` names it), so ``fp8_selection_details(torch.device("cuda"), ...)`` finds what a call
+    on ``cuda:0`` chose."""
+    from rocmflash.kernels.error_words import device_key
+
+    device = device_key(device)
+    return ("fp8", device.type, device.index, _interpreting(), int(head_dim), str(dtype), bool(causal),
+            int(gqa_ratio), _bucket(seqlen_k))
 
 
 __all__ = ["select_fp8_config", "fp8_selection_details"]
