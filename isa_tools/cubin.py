@@ -18,6 +18,7 @@ import struct
 from typing import Optional
 
 from elftools.common.exceptions import ELFError
+from elftools.construct import ConstructError
 from elftools.elf.elffile import ELFFile
 
 from isa_tools.errors import CodeObjectError
@@ -71,7 +72,7 @@ def read_cubin(data: bytes, path: Optional[str] = None) -> list[CudaKernelResour
                 local_bytes=attrs.get((name, EIATTR_FRAME_SIZE), 0),
                 static_shared_bytes=shared["sh_size"] if shared is not None else 0,
             ))
-    except (ELFError, struct.error, ValueError, IndexError, KeyError) as err:
+    except (ELFError, ConstructError, struct.error, ValueError, IndexError, KeyError) as err:
         if isinstance(err, CodeObjectError):
             raise
         raise CodeObjectError(f"malformed cubin ({type(err).__name__}: {err})", path) from err

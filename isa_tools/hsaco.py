@@ -25,6 +25,7 @@ from typing import Optional, Union
 
 import msgpack
 from elftools.common.exceptions import ELFError
+from elftools.construct import ConstructError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
@@ -88,7 +89,7 @@ def read_code_object(source: Union[bytes, bytearray, str, os.PathLike], path: Op
         return _parse(data, path)
     except CodeObjectError as err:
         raise err.with_path(path) if path else err
-    except (ELFError, struct.error, ValueError, KeyError, IndexError, TypeError, AttributeError,
+    except (ELFError, ConstructError, struct.error, ValueError, KeyError, IndexError, TypeError, AttributeError,
             OverflowError, UnicodeDecodeError, MemoryError, AssertionError) as err:
         # pyelftools reports a damaged ELF through many exception types; each means
         # the same thing to a user: the bytes are not a well-formed object.

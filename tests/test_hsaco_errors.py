@@ -112,6 +112,15 @@ def test_cli_bad_inputs_one_line_exit_2(hsaco, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
+def test_a_damaged_note_header_is_a_code_object_error(hsaco):
+    """Hypothesis found it in CI: byte 512 set to 1 breaks the note section so that pyelftools' parser raises
+    its own ``construct`` error (ArrayError), which the reader let through as a traceback."""
+    blob = bytearray(hsaco)
+    blob[512] = 1
+    with pytest.raises(CodeObjectError, match="malformed"):
+        read_code_object(bytes(blob), path="mutated.hsaco")
+
+
 def test_empty_directory_is_an_error(tmp_path):
     result = _cli(str(tmp_path))
     assert result.returncode == 2 and "no .hsaco" in result.stderr
