@@ -224,6 +224,21 @@ def test_explain_shows_the_decode_entry_both_times_and_the_kvcache_route(tmp_pat
         explain("h100", D, "fp16", False, 1, seqlen_k=SK, gqa_ratio=4, db_path=path, check=False, batch=0)
 
 
+def test_cli_explain_takes_the_batch_of_a_decode_problem(tmp_path, monkeypatch, capsys):
+    import json
+
+    from rocmflash.cli import main
+
+    path = _decode_db(tmp_path, monkeypatch, SDPA_WINS)
+    argv = ["explain", "--gpu", "h100", "--head-dim", str(D), "--dtype", "fp16", "--seqlen", "1", "--seqlen-k", str(SK),
+            "--gqa", "4", "--db", path, "--no-compile", "--json"]
+    for batch, runs in ((B, "SDPA (default)"), (32, "rocmflash")):
+        assert main(argv + ["--batch", str(batch)]) == 0
+        assert json.loads(capsys.readouterr().out)["runs"]["forward"]["runs"].startswith(runs), batch
+    assert main(argv + ["--batch", "0"]) == 2
+    assert "batch" in capsys.readouterr().err
+
+
 def test_measure_decode_gates_the_route_with_the_entry_config_and_each_backend(interpret, monkeypatch, sdpa_spy):
     """Both sides are the public call: the decode kernel with the forced config, then each backend through the
     dispatch (whatever ROCMFLASH_NO_INCUMBENT says outside: it is restored after)."""

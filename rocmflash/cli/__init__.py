@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--seqlen-k", type=int, default=None, metavar="S", help="key length (default: --seqlen)")
     explain.add_argument("--gqa", type=int, default=1, metavar="R", help="query heads per key/value head (default 1)")
     explain.add_argument("--variant", default="online", help="kernel variant (default online)")
+    explain.add_argument("--batch", type=int, default=1, metavar="B",
+                         help="batch (read for a decode-shaped problem only: its decode entry is per batch bucket)")
     explain.add_argument("--db", default=None, metavar="PATH", help="read this database only")
     explain.add_argument("--no-compile", action="store_true", help="skip the cross-compile check of the choice")
     explain.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache (default: the user cache)")
@@ -288,7 +290,7 @@ def _explain(args: argparse.Namespace) -> int:
 
         check_cache_dir(args.cache_dir)
     result = explain(args.gpu, args.head_dim, args.dtype, args.causal, args.seqlen, args.seqlen_k, args.gqa,
-                     args.variant, args.db, check=not args.no_compile, cache_dir=args.cache_dir)
+                     args.variant, args.db, check=not args.no_compile, cache_dir=args.cache_dir, batch=args.batch)
     if args.json:
         import json
 
