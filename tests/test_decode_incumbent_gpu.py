@@ -3,7 +3,6 @@ decode route and the platform's SDPA backends eagerly (host time included) on th
 ``decode-`` entry makes every dense entry point run the winner with the right answer, and where SDPA is chosen
 the dispatch adds at most a few µs to SDPA's own eager call."""
 
-import statistics
 
 import pytest
 import torch
@@ -45,18 +44,10 @@ def _db(tmp_path, monkeypatch, live, entry):
 
 
 def _us_per_call(fn, iters=200, rounds=5):
-    times = []
-    for _ in range(rounds):
-        fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / iters * 1e3)
-    return statistics.median(times)
+    """µs per call: the worker's own eager timing (:func:`rocmflash.tuning.incumbent_worker._interleaved_ms`)."""
+    from rocmflash.tuning.incumbent_worker import _interleaved_ms
+
+    return _interleaved_ms(torch, {"call": fn}, rounds, iters)["call"] * 1e3
 
 
 def test_measured_decode_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeypatch):
