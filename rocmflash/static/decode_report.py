@@ -27,14 +27,17 @@ def main(args, command: str) -> int:
     gpu = get_gpu(args.gpu)
     problem = DecodeProblem(head_dim=args.head_dim, dtype=args.dtype, heads_q=args.heads or 32,
                             heads_kv=args.kv_heads or 8, batch=args.batch or 32, seqlen_k=args.seqlen or 4096,
-                            page_size=args.page_size or 0).validate()
+                            page_size=args.page_size or 0,
+                            kv_dtype=getattr(args, "kv_dtype", None) or "").validate().for_gpu(gpu)
     static = static_phase(gpu, problem, args.cache_dir, args.workers)
     p = problem
-    header = [f"problem: D={p.head_dim} {p.dtype}, Hq {p.heads_q} / Hkv {p.heads_kv} (GQA {p.group}), "
+    cache = f"{p.kv_dtype} cache" if p.kv_dtype else f"{p.dtype} cache"  # the arch's fp8 format, or 16-bit
+    header = [f"problem: D={p.head_dim} {p.dtype}, {cache}, Hq {p.heads_q} / Hkv {p.heads_kv} (GQA {p.group}), "
               f"Sq {p.seqlen_q}, {'paged, page ' + str(p.page_size) if p.page_size else 'contiguous cache'}",
               f"{len(static.rows)} configs, {len(static.ranked)} kept; registers and occupancy read from the "
               "code objects (`isa_tools`), verdicts from `rocmflash.static.prune`"]
-    publish(args.out or os.path.join("reports", f"vgpr-decode-{gpu.name}-d{problem.head_dim}-{problem.dtype}"),
-            f"decode kernels on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, static.report_order,
+    suffix = f"-kv{p.kv_dtype}" if p.kv_dtype else ""  # fp8-cache reports do not overwrite the 16-bit one
+    publish(args.out or os.path.join("reports", f"vgpr-decode-{gpu.name}-d{p.head_dim}-{p.dtype}{suffix}"),
+            f"decode kernels on {gpu.name} ({gpu.arch}), {cache}, cross-compiled", header, COLUMNS, static.report_order,
             row_values, command, args.json, f"{len(static.ranked)} of {len(static.rows)} decode configs kept")
     return 0
