@@ -237,8 +237,8 @@ def test_a_model_plan_runs_in_one_pipeline_and_its_families_interleave(tmp_path,
     assert {s.label for s in result.workers} == {"gpu0", "gpu1"} and all(s.done > 0 for s in result.workers)
     records = D.Journal(str(tmp_path / "h100.journal.jsonl"), "h100").records
     assert {r.get("family", "fwd") for r in records} == {"fwd", "bwd", "decode"}
-    # each forward winner's incumbent timing ran as one more job on a timing worker (not journaled)
-    assert sum(s.done for s in result.workers) == len(records) + 4
+    # each forward and decode winner's incumbent timing ran as one more job on a timing worker (not journaled)
+    assert sum(s.done for s in result.workers) == len(records) + 4 + 4
     assert all(entries[o.key]["incumbent"]["error"] == "failed: no incumbent in a replay"
                for r in result.forward for o in r.outcomes)
     # no barrier between passes: within a dtype, backward jobs ran before its forward ended

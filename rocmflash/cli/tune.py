@@ -174,7 +174,8 @@ def _run_decode_tune(args: argparse.Namespace, console) -> int:
                                         heads_kv=args.kv_heads or 8, batch=args.batch or 32, seqlen_k=seqlen,
                                         seqlen_q=args.seqlen_q, page_size=page_size,
                                         kv_dtype=args.kv_dtype or "").validate()
-                results.append(tune_decode(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout))
+                results.append(tune_decode(args.gpu, problem, args.db, args.cache_dir, args.workers, args.timeout,
+                                           incumbent=not args.no_incumbent))
                 print_decode_summary(results[-1], console)
             if len(results) > 1:
                 print_page_size_comparison(results, console)

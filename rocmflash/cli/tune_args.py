@@ -63,8 +63,9 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--no-seeds", action="store_true",
                       help="do not add the AMD-published configs of the GPU's arch to the configs timed")
     tune.add_argument("--no-incumbent", action="store_true",
-                      help="do not time the platform's own attention (SDPA's backends) beside each forward "
-                           "winner; without it, an entry where SDPA was faster makes run-time calls use SDPA")
+                      help="do not time the platform's own attention (SDPA's backends) beside each forward (or, with "
+                           "--mode decode, dense 16-bit decode) winner; without it, an entry where SDPA was faster "
+                           "makes run-time calls use SDPA")
     tune.add_argument("--variant", nargs="+", default=None, metavar="NAME",
                       help="limit the space to these variants: online split_kv two_phase split_d")
     tune.add_argument("--timeout", type=positive_seconds, default=120.0, metavar="SEC",
@@ -223,7 +224,7 @@ def _error(msg: str) -> int:
 
 #: tune flags that only some kinds of tune read (flag, attribute, kinds): elsewhere they are refused, not ignored
 SCOPED_TUNE_FLAGS = (("--strategy", "strategy", ("prefill", "model")), ("--top-k", "top_k", ("prefill",)),
-                     ("--no-seeds", "no_seeds", ("prefill", "model")), ("--no-incumbent", "no_incumbent", ("prefill",)),
+                     ("--no-seeds", "no_seeds", ("prefill", "model")), ("--no-incumbent", "no_incumbent", ("prefill", "decode")),
                      ("--seqlen-q", "seqlen_q", ("decode",)), ("--kv-dtype", "kv_dtype", ("decode",)),
                      ("--page-size", "page_size", ("decode",)), ("--causal", "causal", ("prefill", "varlen", "model")))
 

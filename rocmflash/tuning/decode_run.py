@@ -17,10 +17,11 @@ from rocmflash.tuning.items_decode import measured_entry, static_entry  # noqa: 
 
 def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = None, cache_dir=None, workers=None,
                 timeout_s: float = 120.0, on_result=None, configs: Optional[list] = None,
-                pool=None) -> FamilyTuneResult:
+                pool=None, incumbent: bool = True) -> FamilyTuneResult:
     """Static phase for ``gpu_name``'s arch; on a matching live GPU (or ``pool``'s) every survivor is gated and
     timed; the entry is written to the database (atomically, under the tune lock). ``configs`` replaces the
-    default space (a list of DecodeConfig dicts). The problem is a
+    default space (a list of DecodeConfig dicts). ``incumbent``: time the platform's SDPA beside the winner
+    (dense 16-bit caches) and store it in the entry's ``incumbent``. The problem is a
     :class:`~rocmflash.tuning.items_decode.DecodeItem` run through the tune pipeline.
 
     ``problem.kv_dtype`` ``fp8``/``fp8_e4m3``/``fp8_e5m2`` is resolved to the GPU's format first
@@ -29,7 +30,7 @@ def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = 
 
     return tune_one(gpu_name, problem,
                     lambda ctx: DecodeItem(ctx, problem.for_gpu(ctx.gpu), cache_dir, workers, timeout_s, configs,
-                                           on_result),
+                                           on_result, incumbent),
                     db_path, timeout_s, pool)
 
 

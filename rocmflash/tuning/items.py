@@ -67,7 +67,7 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
             for s in plan.seqlens:
                 problem = DecodeProblem(head_dim=model.head_dim, dtype=dtype, heads_q=model.heads_q,
                                         heads_kv=model.heads_kv, batch=plan.decode_batch, seqlen_k=s).validate()
-                items.append(DecodeItem(ctx, problem, cache_dir, workers, timeout_s))
+                items.append(DecodeItem(ctx, problem, cache_dir, workers, timeout_s, incumbent=incumbent))
     return items
 
 

@@ -3,11 +3,14 @@
 :class:`DecodeItem` does what the decode tune did for its problem: the static phase, every
 survivor pre-warmed at the split counts it is timed at, then timed as one batch of worker tasks
 (gated, then timed at each split count), each result journaled as it arrives, and the entry of
-:func:`~rocmflash.tuning.decode_run.measured_entry`.
+:func:`~rocmflash.tuning.decode_run.measured_entry`. Once the winner is known, one more job on the same
+timing worker times the platform's SDPA beside it (:func:`measure_incumbent`; a dense 16-bit cache only, as
+the forward's incumbent job does) and the entry carries its ``incumbent`` field.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
 
@@ -20,6 +23,20 @@ from rocmflash.tuning.spec import NEAR_BEST_PCT
 #: 2026-11-26 (llama-3-8b bf16, batch 32) timed 50 configs in 7-11 s at 2k and 8k cached tokens
 DECODE_WORK_S = 9.0
 
+_log = logging.getLogger("rocmflash.tuning.items_decode")
+
+#: the payload tag of the incumbent's job
+INCUMBENT = "incumbent"
+
+
+def measure_incumbent(task: dict) -> dict:
+    """Worker side of the incumbent job: :func:`rocmflash.tuning.incumbent_worker.measure_decode` of
+    ``task["problem"]`` served by the winner ``task["config"]``, beside SDPA's ``task["backends"]`` (module level:
+    a timing worker runs it)."""
+    from rocmflash.tuning.incumbent_worker import measure_decode
+
+    return measure_decode(task["problem"], task["config"], task.get("backends"))
+
 
 class DecodeItem(TaskItem):
     """One decode problem of a tune (see the module docstring)."""
@@ -28,8 +45,11 @@ class DecodeItem(TaskItem):
     compile_family = "decode"
 
     def __init__(self, ctx, problem, cache_dir=None, workers=None, timeout_s: float = 120.0,
-                 configs: Optional[list] = None, on_result=None):
+                 configs: Optional[list] = None, on_result=None, incumbent: bool = True):
         self.cache_dir, self.workers, self.configs = cache_dir, workers, configs
+        self.incumbent = incumbent  #: time the platform's SDPA beside the winner (``--no-incumbent``: not)
+        self._incumbent_asked = False
+        self._incumbent: Optional[dict] = None
         super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
 
     def work_s(self) -> float:
@@ -57,9 +77,58 @@ class DecodeItem(TaskItem):
         return dict(task, splits=split_choices(self.problem, DecodeConfig.from_dict(task["config"]),
                                                compute_units(self.ctx.gpu)))
 
+    def next_batch(self) -> Optional[list]:
+        """The survivors' tasks once, then the incumbent's job (where it applies), then None."""
+        jobs = super().next_batch()
+        if jobs is not None or self._incumbent_asked:
+            return jobs
+        self._incumbent_asked = True
+        job = self._incumbent_job()
+        return [job] if job is not None else None
+
+    def _incumbent_job(self):
+        """SDPA timed beside the winner on a timing worker; None where it does not apply: ``--no-incumbent``,
+        workers that run no tasks, no winner, a paged or fp8 cache (SDPA serves neither)."""
+        from rocmflash.api import incumbent
+        from rocmflash.tuning.incumbents import TIMEOUT_S
+        from rocmflash.tuning.pipeline import Job
+
+        p = self.problem
+        if not (self.incumbent and self.ctx.measuring and self.ctx.runs_tasks) or p.page_size or p.kv_dtype:
+            return None
+        best = self.measured_entry(self.timing.results()).get("best")
+        if not best:
+            return None
+        self.ctx.out.note(f"{self.key}: timing the platform's SDPA backends beside the winner")
+        task = {"problem": self.problem_dict, "config": best, "backends": incumbent.candidates()}  # the tune's side
+
+        def run(runner, task=task):
+            if not hasattr(runner, "call"):
+                return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
+            return runner.call(measure_incumbent, task, TIMEOUT_S)
+
+        return Job(self, run, INCUMBENT, (self.key, INCUMBENT, None), payload=INCUMBENT)
+
+    def record(self, job, result: dict) -> None:
+        """Journal one config's result; the incumbent's goes to the entry only (a failure is logged, no field)."""
+        if job.payload != INCUMBENT:
+            super().record(job, result)
+            return
+        from rocmflash.api.incumbent import decode_field
+
+        if result.get("status") == "ok":
+            self._incumbent = decode_field(result)
+        else:  # the entry is written all the same; say why it has no incumbent (also without a console)
+            why = f"{self.key}: no incumbent in the entry: SDPA's timing {result.get('status')}: {result.get('error')}"
+            _log.warning(why)
+            self.ctx.out.note(why)
+
     def measured_entry(self, results: list) -> dict:
-        return measured_entry(self.ctx.gpu, self.problem, self.static_result, results, self.ctx.env,
-                              self.ctx.interpret)
+        entry = measured_entry(self.ctx.gpu, self.problem, self.static_result, results, self.ctx.env,
+                               self.ctx.interpret)
+        if self._incumbent is not None and entry.get("best"):
+            entry["incumbent"] = self._incumbent
+        return entry
 
     def static_entry(self) -> dict:
         return static_entry(self.problem, self.static_result, self.ctx.why, self.ctx.env)
