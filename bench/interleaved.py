@@ -12,16 +12,13 @@ import statistics
 
 
 def back_to_back_us(torch, fn, n: int) -> float:
-    """µs per call of ``n`` back-to-back calls of ``fn`` (after one warm-up call), by CUDA events."""
+    """µs per call of ``n`` back-to-back calls of ``fn`` (after one warm-up call), by CUDA events (the tuner's
+    own timer, ``rocmflash.tuning.live_worker.events_ms``)."""
+    from rocmflash.tuning.live_worker import events_ms
+
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n * 1e3
+    return events_ms([fn], n) * 1e3
 
 
 def capture_graph(torch, fn, calls: int = 1, warmup: int = 1):

@@ -26,7 +26,7 @@ DEMO_CONSTEXPRS = {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_DIM": 128}
 
 def build_parser() -> argparse.ArgumentParser:
     from rocmflash.cli.tune import add_tune_parsers, int_at_least
-    from rocmflash.cli.tune_args import KV_DTYPES
+    from rocmflash.cli.tune_args import KV_DTYPE_HELP, KV_DTYPES
 
     parser = argparse.ArgumentParser(
         prog="rocmflash",
@@ -92,9 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--page-size", type=int_at_least(0), default=None, metavar="P",
                         help="--mode decode: paged cache with this page size (default 0: contiguous)")
     report.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
-                        help="--mode decode: the KV cache's dtype: auto (default: --dtype), fp8 or fp8_e4m3 (the "
-                             "GPU's e4m3: FNUZ on MI300X, OCP on MI355X and H100), fp8_e5m2 (its e5m2), with fp32 "
-                             "k_descale/v_descale (vLLM's kv_cache_dtype names); not on gfx90a (no fp8)")
+                        help=KV_DTYPE_HELP + "; not on gfx90a (no fp8)")
     report.add_argument("--reference-file", metavar="PATH", default=None,
                         help="a reference file of the same format to use instead of the packaged one "
                              "(implies --reference)")

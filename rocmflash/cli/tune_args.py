@@ -96,9 +96,7 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--seqlen-q", type=int_at_least(1), default=None, metavar="N",
                       help="--mode decode: new tokens per step (default 1)")
     tune.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
-                      help="--mode decode: the KV cache's dtype: auto (default: --dtype), fp8 or fp8_e4m3 (the "
-                           "GPU's e4m3: FNUZ on MI300X, OCP on MI355X and H100), fp8_e5m2 (its e5m2), with fp32 "
-                           "k_descale/v_descale (vLLM's kv_cache_dtype names); entries decode-...-kv<format>")
+                      help=KV_DTYPE_HELP + "; entries decode-...-kv<format>")
     tune.add_argument("--page-size", type=_page_sizes, default=None, metavar="P[,P...]",
                       help="--mode decode: tune for a paged cache with this page size (default 0: contiguous); "
                            "a comma list (e.g. 16,64,256) tunes each and compares them: which page size to give "
@@ -116,6 +114,10 @@ def add_tune_parsers(subparsers) -> None:
 
 #: ``--kv-dtype`` of ``tune --mode decode`` (vLLM's ``kv_cache_dtype`` names; :func:`rocmflash.tuning.decode.kv_format`)
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: what ``--kv-dtype`` means, for ``tune`` and ``vgpr-report`` alike (each adds its own tail)
+KV_DTYPE_HELP = ("--mode decode: the KV cache's dtype: auto (default: --dtype), fp8 or fp8_e4m3 (the GPU's e4m3: "
+                 "FNUZ on MI300X, OCP on MI355X and H100), fp8_e5m2 (its e5m2), with fp32 k_descale/v_descale "
+                 "(vLLM's kv_cache_dtype names)")
 
 
 def _page_sizes(text: str) -> tuple:

@@ -245,17 +245,14 @@ class _served_decode:
 
 def _interleaved_ms(torch, paths: dict, rounds: int, iters: int) -> dict:
     """``{path: median ms per call}`` over ``rounds`` rounds, each timing every path's ``iters`` back-to-back calls
-    (after one warm-up call) between two events, path after path (drift hits all alike)."""
+    (after one warm-up call) between two events (:func:`rocmflash.tuning.live_worker.events_ms`), path after path
+    (drift hits all alike)."""
+    from rocmflash.tuning.live_worker import events_ms
+
     times = {name: [] for name in paths}
     for _ in range(max(1, rounds)):
         for name, fn in paths.items():
             fn()
             torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(iters):
-                fn()
-            b.record()
-            torch.cuda.synchronize()
-            times[name].append(a.elapsed_time(b) / iters)
+            times[name].append(events_ms([fn], iters))
     return {name: round(sorted(t)[len(t) // 2], 5) for name, t in times.items()}
