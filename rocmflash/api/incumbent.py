@@ -155,9 +155,8 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
     decode-shaped call: the measured 16-bit, unpaged ``decode-`` entry nearest in KV-length and batch buckets
     (ranked as :func:`rocmflash.tuning.decode.lookup_decode` ranks them, so it is the entry whose config the
     decode kernel serves), read from ``db_path`` or the GPU's databases (the user's, then the shipped one)."""
-    from rocmflash.config import normalize_dtype
-    from rocmflash.db import ConfigDB, iter_database_entries, servable
-    from rocmflash.tuning.decode import _bucket, parse_decode_key
+    from rocmflash.db import ConfigDB, iter_database_entries
+    from rocmflash.tuning.decode import nearest_decode_entry
 
     if gpu_name is None:
         return None, None, "no GPU in the catalog: no decode entry (the decode kernel's per-arch default)"
@@ -165,22 +164,10 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
         rows = ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items())
     else:
         rows = iter_database_entries(gpu_name)
-    want = (int(head_dim), normalize_dtype(dtype), int(group), 0, "")
-    want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
-    best = None
-    for order, _path, key, entry in rows:
-        p = parse_decode_key(key)
-        if p is None or (p["head_dim"], p["dtype"], p["group"], p["page_size"], p.get("kv_dtype", "")) != want:
-            continue
-        if not isinstance(entry, dict) or not servable(entry) or not entry.get("best"):
-            continue
-        d_kv, d_b = abs(p["kv_bucket"].bit_length() - want_kv), abs(p["batch_bucket"].bit_length() - want_b)
-        rank = (d_kv + d_b, d_kv, order)
-        if best is None or rank < best[0]:
-            best = (rank, key, entry)
-    if best is None:
+    found = nearest_decode_entry(rows, int(head_dim), dtype, int(group), seqlen_k, batch, same_page_size=True)
+    if found is None:
         return None, None, "no measured decode entry: the decode kernel (no incumbent timed)"
-    (distance, _, _), key, entry = best
+    distance, key, entry, _ = found
     field = entry.get("incumbent") or None
     if distance > DECODE_MAX_BUCKET_DISTANCE:
         return key, field, f"the decode entry {key} is {distance} buckets away: its incumbent timing is not used"

@@ -226,37 +226,59 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
     used only when none of this page size exists. None when the GPU's databases hold no
     measured decode entry of this head dim, dtype and GQA ratio.
     """
-    from rocmflash.db import iter_database_entries, servable
+    from rocmflash.db import iter_database_entries
     from rocmflash.kernels.kv_decode import DecodeConfig
+
+    def config(entry, distance):
+        try:
+            cfg = DecodeConfig.from_dict(entry["best"])
+        except (TypeError, ValueError):
+            return None
+        # a split count fits the grid it was timed on only: elsewhere choose per call
+        return dataclasses.replace(cfg, num_splits=0) if distance else cfg
+
+    found = nearest_decode_entry(iter_database_entries(gpu_name), head_dim, dtype, group, seqlen_k, batch, page_size,
+                                 kv_dtype, value=config)
+    return found[3] if found else None
+
+
+def nearest_decode_entry(rows, head_dim: int, dtype, group: int, seqlen_k: int, batch: int, page_size: int = 0,
+                         kv_dtype: str = "", same_page_size: bool = False, value=None) -> Optional[tuple]:
+    """``(distance, key, entry, value)`` of the servable decode entry among ``rows`` (``(order, path, key,
+    entry)``, :func:`rocmflash.db.iter_database_entries`) nearest to this problem, or None: the rule of
+    :func:`lookup_decode` (fewest powers of two away in KV length and batch together; ties: the nearer KV
+    bucket, then the earlier file; another page size only when none of this one exists, never with
+    ``same_page_size``). ``distance`` counts those powers of two. ``value(entry, distance)``: what the caller
+    takes from an entry (None: unusable, the next nearest is tried); without it, the entry."""
+    from rocmflash.db import servable
 
     want_kv, want_b = _bucket(seqlen_k).bit_length(), _bucket(batch).bit_length()
     want = (head_dim, normalize_dtype(dtype), group, key_dtype(kv_dtype) if kv_dtype else "")
     best = None
-    for order, _path, key, entry in iter_database_entries(gpu_name):
+    for order, _path, key, entry in rows:
         p = parse_decode_key(key)
         if p is None or (p["head_dim"], p["dtype"], p["group"], p.get("kv_dtype", "")) != want:
             continue
-        if not servable(entry) or not entry.get("best"):
+        if same_page_size and p["page_size"] != page_size:
+            continue
+        if not isinstance(entry, dict) or not servable(entry) or not entry.get("best"):
             continue
         d_kv = abs(p["kv_bucket"].bit_length() - want_kv)
         d_b = abs(p["batch_bucket"].bit_length() - want_b)
         rank = (p["page_size"] != page_size, d_kv + d_b, d_kv, order)
         if best is None or rank < best[0]:
-            try:
-                cfg = DecodeConfig.from_dict(entry["best"])
-            except (TypeError, ValueError):
-                continue
-            if d_kv or d_b:  # a split count fits the grid it was timed on only: choose per call
-                cfg = dataclasses.replace(cfg, num_splits=0)
-            best = (rank, cfg)
-    return best[1] if best else None
+            taken = value(entry, d_kv + d_b) if value is not None else entry
+            if taken is not None:
+                best = (rank, key, entry, taken)
+    return (best[0][1], best[1], best[2], best[3]) if best else None
 
 
 def clear_cache() -> None:
     lookup_decode.cache_clear()
 
 
-__all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "static_phase", "lookup_decode"]
+__all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "static_phase", "lookup_decode",
+           "nearest_decode_entry"]
 
 
 # ----------------------------------------------------------------------------- live phase (worker side)
