@@ -19,7 +19,9 @@ with and without its host read of the lengths, against SDPA on the dense cache.
 Paths: ``sdpa`` (PyTorch's default backend choice), ``rocmflash.attention``,
 ``flash_attn_func``, the torch op ``torch.ops.rocmflash.attn_fwd``, the transformers
 attention function (``rocmflash.integrations.hf``), and ``F.scaled_dot_product_attention``
-under ``rocmflash.patch_sdpa()``. Configs come from the shipped databases, as a user gets them.
+under ``rocmflash.patch_sdpa()``: ``patch_sdpa (patched once)`` is the form a model uses (one plain
+``patch_sdpa()`` call for the run, then SDPA calls), ``patch_sdpa (with-block per call)`` enters and
+leaves ``with rocmflash.patch_sdpa():`` around every call (a new wrapper each time). Configs come from the shipped databases, as a user gets them.
 
 Usage (on a GPU)::
 
@@ -52,9 +54,18 @@ def _paths(torch, F, rf, tag=""):
         _Module.is_causal = causal
         return hf.rocmflash_attention_forward(_Module, q, k, v, None, is_causal=causal)[0]
 
-    def patched(q, k, v, causal):
+    def patched_per_call(q, k, v, causal):  # a context entered and left around every call
         with rf.patch_sdpa():
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+    # the form a model uses: patched once (a plain call, kept open for the run) and F's attribute called. Its
+    # wrapper is called directly: another package's wrapper may be installed on top of it (--modules)
+    sdpa_mod = _submodule(rf, "api.sdpa", "sdpa")
+    rf.patch_sdpa()
+    wrapper = sdpa_mod._WRAPPER
+
+    def patched(q, k, v, causal):
+        return wrapper(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
     return {
         "rocmflash.attention" + suffix: lambda q, k, v, c: rf.attention(q, k, v, causal=c),
@@ -63,15 +74,26 @@ def _paths(torch, F, rf, tag=""):
         "torch op attn_fwd" + suffix: lambda q, k, v, c: ops_ns.attn_fwd(q, k, v, c, q.shape[-1] ** -0.5,
                                                                          "online", "")[0],
         "transformers (hf)" + suffix: hf_path,
-        "patch_sdpa" + suffix: patched,
+        "patch_sdpa (patched once)" + suffix: patched,
+        "patch_sdpa (with-block per call)" + suffix: patched_per_call,
     }
+
+
+def _submodule(rf, name: str, flat: str):
+    """``rf.name`` (the subpackage layout), else ``rf.flat`` (an older flat copy)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{rf.__name__}.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{rf.__name__}.{flat}")
 
 
 def _all_paths(torch, F, modules):
     import importlib
 
-    paths = {"sdpa (default)": lambda q, k, v, c: F.scaled_dot_product_attention(
-        q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1])}
+    sdpa = _SDPA[0]  # torch's own, bound before any patch_sdpa handle opens
+    paths = {"sdpa (default)": lambda q, k, v, c: sdpa(q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1])}
     for name in modules:
         rf = importlib.import_module(name)
         for ops in (name + ".api.ops", name + ".ops"):  # registers the torch ops (rocmflash.ops before the layout)
@@ -114,9 +136,15 @@ def _time_loop(torch, run, n):
     return (enqueued - start) / n * 1e6, (end - start) / n * 1e6
 
 
+_SDPA: list = []  #: ``F.scaled_dot_product_attention`` as torch defines it (the patched-once rows replace it)
+
+
 def measure(n: int, rounds: int, modules=("rocmflash",)) -> dict:
     import torch
     import torch.nn.functional as F
+
+    if not _SDPA:
+        _SDPA.append(F.scaled_dot_product_attention)
 
     paths = _all_paths(torch, F, list(modules))
     results = {}
@@ -155,7 +183,7 @@ def _decode_runs(torch, F, modules, batch, kv):
     k_cache, v_cache = (torch.randn(batch, kv, 4, 128, device=dev, dtype=dt) for _ in range(2))
     seqlens = torch.full((batch,), kv, device=dev, dtype=torch.int32)
     qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    runs = {"sdpa (default)": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)}
+    runs = {"sdpa (default)": lambda: _SDPA[0](qt, kt, vt, enable_gqa=True)}
     for name in modules:
         rf = importlib.import_module(name)
         suffix = f" [{name}]" if len(modules) > 1 else ""

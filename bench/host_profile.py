@@ -54,10 +54,20 @@ import sys
 import time
 
 
+def _module(package: str, name: str):
+    """``package.name`` (the subpackage layout: ``api.attention``), else the flat module of an older copy
+    (``api`` for ``api.attention``, ``decode`` for ``api.decode``)."""
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ModuleNotFoundError:
+        flat = {"api.attention": "api"}.get(name, name.split(".")[-1])
+        return importlib.import_module(f"{package}.{flat}")
+
+
 def _stub_launches(package: str = "rocmflash"):
     """CPU tensors through the compiled-launch path of ``package``, with Triton's launcher replaced by a no-op."""
-    api, decode, sdpa, L = (importlib.import_module(f"{package}.{m}") for m in ("api", "decode", "sdpa",
-                                                                                   "kernels.launch"))
+    api, decode, sdpa, L = (_module(package, m) for m in ("api.attention", "api.decode", "api.sdpa",
+                                                            "kernels.launch"))
 
     class _NoLaunch:  # stands in for Triton's CompiledKernel: compiled[grid](*args) does nothing
         def __getitem__(self, grid):
@@ -163,7 +173,7 @@ def _forward_case(torch, device, packages):
 def _package_rows(torch, rf, q, k, v, do, sdpa_fwd, tag):
     """``(rows, profiled, incumbent rows)`` of one rocmflash package ``rf``."""
     qb, kb, vb = (t.detach().transpose(1, 2).requires_grad_(True) for t in (q, k, v))  # (B, S, H, D) views
-    sdpa_mod = importlib.import_module(rf.__name__ + ".sdpa")
+    sdpa_mod = _module(rf.__name__, "api.sdpa")
     sdpa_mod.patch_sdpa()  # kept open; its wrapper is called directly (another package may patch on top)
     patched = sdpa_mod._WRAPPER
 
@@ -203,7 +213,7 @@ def _incumbent_db(q, packages) -> None:
     tmp = tempfile.mkdtemp(prefix="rocmflash-host-profile-")
     atexit.register(shutil.rmtree, tmp, True)
     for package in packages:
-        db, selection = importlib.import_module(f"{package}.db"), importlib.import_module(f"{package}.selection")
+        db, selection = importlib.import_module(f"{package}.db"), _module(package, "api.selection")
         KernelConfig = importlib.import_module(f"{package}.config").KernelConfig
         os.environ[db.CONFIG_DIR_ENV] = tmp
         os.environ.pop(selection.NO_DB_ENV, None)

@@ -33,6 +33,7 @@ from rocmflash.api.fp8 import attention_fp8, refuse_descales  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
 from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E402
 from rocmflash.hw.fp8 import is_fp8  # noqa: E402
+from rocmflash.kernels import launch as _L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -132,9 +133,45 @@ def _ops():
     statement in the call path costs each call about a microsecond."""
     if not _OPS:
         from rocmflash.api import ops
+        from rocmflash.api.selection import register_clear
 
+        register_clear(_PLANS.clear)
         _OPS.append(ops)
     return _OPS[0]
+
+
+_PLANS: dict = {}  #: :func:`_signature` of a default call that passed every check -> its ops plan (``ops._Call``)
+_MAX_PLANS = 4096
+
+
+def _signature(q, k, v, causal: bool, layout: str) -> tuple:
+    """What every check of a default call reads (shapes, dtypes, devices, and whether the device can run
+    here: CUDA/ROCm, or the CPU under the interpreter, read per call) plus what its ops plan is keyed by
+    (q's strides): a call with a signature that passed before passes again, so it skips the checks."""
+    return (q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal,
+            q.is_cuda or _L.interpreting(), layout)
+
+
+def _planned(q, k, v, causal, softmax_scale, layout: str):
+    """The ops plan of a default call whose signature passed the checks before, or None (check it in full).
+    Only plain tensors (a subclass or a traced tensor takes the checked path) and a scale the checks need
+    not see again (None or a finite float)."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor \
+            or not (causal is True or causal is False) \
+            or not (softmax_scale is None or type(softmax_scale) is float and math.isfinite(softmax_scale)):
+        return None
+    return _PLANS.get((q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+                       v.device, causal, q.is_cuda or _L.interpreting(), layout))  # _signature, inlined: per call
+
+
+def _keep_plan(q, k, v, causal, layout: str) -> None:
+    """Remember that this default call passed every check (eager plain tensors only: a traced call keeps none)."""
+    if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor \
+            and not torch.compiler.is_compiling():
+        if len(_PLANS) >= _MAX_PLANS:  # a new shape every call: start over, never grow unbounded
+            _PLANS.clear()
+        bhsd = (q, k, v) if layout == "bhsd" else (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        _PLANS[_signature(q, k, v, causal, layout)] = _ops()._call_plan(bhsd[0], bhsd[1], causal)
 
 
 class _nullcontext:
@@ -169,6 +206,15 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     Returns:
         ``(B, Hq, Sq, D)`` output in q's dtype (fp8: ``out_dtype``), or ``(out, lse)`` with ``return_lse``.
     """
+    default = config is None and variant == "online" and q_descale is None and k_descale is None \
+        and v_descale is None and out_dtype is None
+    if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
+        call = _planned(q, k, v, causal, softmax_scale, "bhsd")
+        if call is not None:
+            out, lse = _OPS[0].attention_forward(q, k, v, causal, call.scale if softmax_scale is None else softmax_scale,
+                                                 "online", None, return_lse, call)
+            out = out.contiguous()
+            return (out, lse) if return_lse else out
     if _is_fp8(q):
         if variant != "online":
             raise ValueError(f"variant={variant!r}: fp8 attention has one kernel; pass variant='online'")
@@ -182,6 +228,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     out, lse = _run(q, k, v, causal, softmax_scale, variant, config, return_lse)
+    if default:
+        _keep_plan(q, k, v, causal, "bhsd")
     out = out.contiguous()  # (B, Hq, Sq, D) contiguous, as before (a no-op unless q was a transposed view)
     return (out, lse) if return_lse else out
 
@@ -207,6 +255,19 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     the output is bf16, or ``out_dtype=torch.float16``. Plain or causal attention only (no window,
     no softcap), inference only; see :func:`attention` and :mod:`rocmflash.api.fp8`.
     """
+    default = q_descale is None and k_descale is None and v_descale is None and out_dtype is None \
+        and alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
+        and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float and dropout_p == 0.0 \
+        and (deterministic is True or deterministic is False) \
+        and (return_attn_probs is True or return_attn_probs is False)
+    if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
+        call = _planned(q, k, v, causal, softmax_scale, "bshd")
+        if call is not None:
+            out, lse = _OPS[0].attention_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
+                                                 call.scale if softmax_scale is None else softmax_scale, "online",
+                                                 None, return_attn_probs, call)
+            out = out.transpose(1, 2).contiguous()
+            return (out, lse, None) if return_attn_probs else out
     fp8_in = _is_fp8(q)
     if not fp8_in:
         if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
@@ -247,6 +308,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         # (B, S, H, D) inputs the op's output is (B, S, H, D) in memory, so this is contiguous
         out, lse = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
                         "online", None, return_attn_probs)
+        if default:
+            _keep_plan(q, k, v, causal, "bshd")
         out = out.transpose(1, 2).contiguous()
     return (out, lse, None) if return_attn_probs else out
 

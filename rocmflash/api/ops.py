@@ -69,7 +69,7 @@ class _Call:
     first launch and the first backward (:func:`select_config` is never asked for a call SDPA serves)."""
 
     __slots__ = ("device", "out_stride", "lse_shape", "lse_stride", "empty", "decode", "gqa", "incumbent",
-                 "incumbent_train", "sdpa_causal", "cfg", "bwd_cfg", "kv_layout")
+                 "incumbent_train", "sdpa_causal", "cfg", "bwd_cfg", "kv_layout", "scale")
 
     def __init__(self, device, out_stride: tuple, lse_shape: tuple, empty: bool, decode: bool, gqa: bool,
                  incumbent: Optional[str], incumbent_train: Optional[str], sdpa_causal: bool = False):
@@ -84,6 +84,7 @@ class _Call:
         #: from its decode- entry (:func:`decode_incumbent`), timed eagerly with host time
         self.incumbent = incumbent
         self.incumbent_train = incumbent_train  #: ... and forward+backward; ROCMFLASH_NO_INCUMBENT is read per call
+        self.scale = 1.0  #: the default softmax scale ``1/sqrt(D)`` (set by :func:`_new_call`)
         self.cfg: Optional[KernelConfig] = None
         self.bwd_cfg = None
         self.kv_layout: Optional[tuple] = None  #: (k's strides, v's, v's shape, dk's strides, dv's) of the last backward
@@ -156,6 +157,8 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
             train = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, True)
     call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
                  sdpa_causal(causal, Sq))
+    if D > 0:
+        call.scale = 1.0 / math.sqrt(D)  # what the API computes for softmax_scale=None
     if len(_CALLS) >= _MAX_CALLS:  # a new shape every call (a growing cache): start over, never grow unbounded
         _CALLS.clear()
     _CALLS[key] = call
@@ -371,7 +374,7 @@ def _needs_dispatcher(q, k, v) -> bool:
 
 
 def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "online",
-                      config: Optional[KernelConfig] = None, need_lse: bool = True):
+                      config: Optional[KernelConfig] = None, need_lse: bool = True, call: Optional[_Call] = None):
     """``(out, lse)`` of validated tensors, differentiable; ``lse`` is None when not needed and no grad flows.
 
     A default call (online variant, no config) whose database entry says the platform's SDPA won
@@ -381,15 +384,18 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     by its ``decode-`` entry (:func:`decode_incumbent`: eager times, host included; forward only: a call that
     needs gradients runs the decode kernel and the Triton backward). Otherwise plain eager calls run the
     implementation directly (an autograd Function when a gradient is needed); traced, subclassed or
-    mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``.
+    mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``. ``call``: the default call's plan
+    (:func:`_call_plan` of these tensors and ``causal``) when the caller kept it, else looked up here.
     """
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    call = None
     if config is None and variant == "online" and not torch.compiler.is_compiling():
-        call = _call_plan(q, k, causal)
+        if call is None:
+            call = _call_plan(q, k, causal)
         backend = call.incumbent_train if grad else call.incumbent
         if backend is not None and not need_lse and not incumbent_disabled():
             return sdpa_attention(backend, q, k, v, call.sdpa_causal, float(scale), call.gqa), None
+    else:
+        call = None
     if _needs_dispatcher(q, k, v):
         return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
                                             config.to_json() if config is not None else "")

@@ -38,6 +38,7 @@ import warnings
 from typing import Optional
 
 from rocmflash.config import KernelConfig, default_config, normalize_dtype
+from rocmflash.kernels.launch import env_reader
 
 NO_DB_ENV = "ROCMFLASH_NO_DB"
 _log = logging.getLogger("rocmflash.api.selection")
@@ -177,8 +178,10 @@ _INCUMBENT: dict = {}  #: (device, problem, bucket, train) -> the entry's SDPA b
 
 
 def incumbent_disabled() -> bool:
-    """Whether ``ROCMFLASH_NO_INCUMBENT`` forbids running the platform's SDPA in place of rocmflash's kernels."""
-    return os.environ.get(NO_INCUMBENT_ENV, "") not in ("", "0")
+    """Whether ``ROCMFLASH_NO_INCUMBENT`` forbids running the platform's SDPA in place of rocmflash's kernels.
+    Read on every call (a change of ``os.environ`` acts on the next call), at a dict read's cost
+    (:func:`rocmflash.kernels.launch.env_reader`: ``os.environ.get`` of an unset name costs ~1 µs)."""
+    return _NO_INCUMBENT() not in _OFF
 
 
 def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_k: int,
@@ -215,6 +218,8 @@ def entry_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
 
 #: ``ROCMFLASH_NO_INCUMBENT=1``: never run the platform's SDPA in place of rocmflash's kernels
 NO_INCUMBENT_ENV = "ROCMFLASH_NO_INCUMBENT"
+_NO_INCUMBENT = env_reader(NO_INCUMBENT_ENV)  #: reads the switch as os.environ holds it now (a dict lookup)
+_OFF = (None, "", "0", b"", b"0")
 #: an entry's incumbent decides only for problems within this many length buckets (powers of two) of it
 INCUMBENT_MAX_BUCKET_DISTANCE = 1
 

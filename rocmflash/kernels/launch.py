@@ -24,9 +24,35 @@ from triton.runtime.jit import JITFunction
 from rocmflash.config import KernelConfig
 
 
+def env_reader(name: str):
+    """A no-argument function that reads ``name`` from ``os.environ`` as it is at each call: its value, or
+    None when unset (the value is ``bytes`` on POSIX CPython, else ``str``: compare against both). There,
+    ``os.environ`` keeps its values in the dict ``_data`` (bytes keys; ``setenv`` and ``monkeypatch`` write
+    through it) and ``get`` of an unset name raises and catches a KeyError inside ``Mapping.get`` (~1 µs,
+    once per launch); the reader is ``_data.get`` bound to the encoded name (a C call, no Python frame).
+    Elsewhere (no ``_data`` dict, or keys not encoded as bytes): ``os.environ.get`` of the name."""
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and encode is not None and isinstance(encode(name), bytes):
+        return functools.partial(data.get, encode(name))
+    return functools.partial(os.environ.get, name)
+
+
+def env_value(name: str):
+    """``os.environ.get(name)`` (a ``str`` or None), through :func:`env_reader`'s dict read."""
+    raw = _READERS.get(name) or _READERS.setdefault(name, env_reader(name))
+    value = raw()
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+_READERS: dict = {}
+_TRITON_INTERPRET = env_reader("TRITON_INTERPRET")
+_ON = ("1", "true", "on", "yes", b"1", b"true", b"on", b"yes")
+
+
 def interpreting() -> bool:
-    """True when launches should go through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    """True when launches should go through Triton's CPU interpreter (``TRITON_INTERPRET=1``); read per call."""
+    value = _TRITON_INTERPRET()
+    return value is not None and value.lower() in _ON
 
 # ----------------------------------------------------------------------------- interpreter
 _BF16_DOT_PATCHED = False
