@@ -12,10 +12,16 @@ calls between events), and adds an entry for every problem of the decode grid (B
 Hq 32, D128, bf16) the database lacks: it keeps the config run-time selection serves today (its ``strategy`` says
 so) and carries the measured incumbent. In this process, one problem after another (about 3 minutes on an H100).
 
+``--small`` adds an entry for every short dense problem of :data:`SMALL_GRID` (sequence buckets 16, 64 and 256,
+where a call is host-bound) the database lacks, timed the same eager way, forward and forward+backward
+(:func:`rocmflash.tuning.incumbent_worker.measure_eager`): each keeps the forward config run-time selection
+serves today (its ``strategy`` says so) and the measured incumbent, which decides for calls one bucket away.
+
 Usage (on a GPU)::
 
     python bench/refresh_incumbents.py --db configs/h100.json --out-db $OUT/h100.json --out $OUT
     python bench/refresh_incumbents.py --decode --db configs/h100.json --out-db $OUT/h100.json --out $OUT
+    python bench/refresh_incumbents.py --small --db configs/h100.json --out-db $OUT/h100.json --out $OUT
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ def main(argv=None) -> int:
                     "--decode: every decode entry and grid problem)")
     ap.add_argument("--decode", action="store_true",
                     help="refresh the decode entries (eager, host time included) and add the decode grid's missing ones")
-    ap.add_argument("--rounds", type=int, default=3, help="--decode: interleaved rounds per problem")
-    ap.add_argument("--iters", type=int, default=20, help="--decode: back-to-back calls per path and round")
+    ap.add_argument("--small", action="store_true",
+                    help="add entries for the short dense problems of SMALL_GRID (eager, host time included)")
+    ap.add_argument("--rounds", type=int, default=3, help="--decode/--small: interleaved rounds per problem")
+    ap.add_argument("--iters", type=int, default=20, help="--decode/--small: back-to-back calls per path and round")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -64,8 +72,13 @@ def main(argv=None) -> int:
              "- one live-runner worker: the stored winner re-timed and each SDPA backend gated and timed on the same "
              "rotating inputs with the same cache flush (forward: the tuner's median; forward+backward: median of "
              "flushed steps, rocmflash's served step beside it)", ""]
+    if args.decode and args.small:
+        print("bench/refresh_incumbents.py: pass one of --decode and --small", file=sys.stderr)
+        return 2
     if args.decode:
         return _main_decode(args, db, lines)
+    if args.small:
+        return _main_small(args, db, lines)
     settings = LiveSettings()
     with LiveRunner(settings, device_index=0) as runner:
         n = incumbents.refresh(db, runner, settings.to_dict(), note=lambda s: (print(s, flush=True), lines.append(f"- {s}")),
@@ -177,6 +190,104 @@ def _main_decode(args, db, lines) -> int:
     lines += ["", f"{len(new)} decode entries refreshed or added"]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "incumbents_decode.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- short dense problems
+#: short dense problems (host-bound in eager use) every database should carry an eager-timed incumbent for: one
+#: sequence of 8 query heads (K/V heads 8 / gqa), each (head dim, dtype, mask, GQA) at sequence buckets 16, 64, 256
+SMALL_GRID = {"head_dim": (64, 128), "dtype": ("bf16", "fp16"), "causal": (False, True), "gqa": (1, 4),
+              "seqlen": (16, 64, 256), "batch": 1, "heads_q": 8}
+SMALL_STRATEGY = ("served-config: not tuned; the forward config run-time selection served when the incumbent was "
+                  "timed eagerly, host time included (bench/refresh_incumbents.py --small)")
+
+
+def small_problems(grid: dict = SMALL_GRID) -> list:
+    """``[(entry key, problem), ...]`` of the grid (``problem``: :func:`measure_eager`'s fields)."""
+    from rocmflash.db_files import problem_key
+
+    out = []
+    for d in grid["head_dim"]:
+        for dt in grid["dtype"]:
+            for causal in grid["causal"]:
+                for gqa in grid["gqa"]:
+                    for s in grid["seqlen"]:
+                        problem = {"batch": grid["batch"], "heads_q": grid["heads_q"], "heads_kv": grid["heads_q"] // gqa,
+                                   "seqlen": s, "head_dim": d, "dtype": dt, "causal": causal}
+                        out.append((problem_key(d, dt, causal, gqa, 1 << (s - 1).bit_length()), problem))
+    return out
+
+
+def small_entry(problem: dict, field: dict, config: dict, stamp: dict) -> dict:
+    """The database entry of a short dense problem: the served ``config`` as its ``best`` and the eager ``field``
+    as its ``incumbent`` (no Triton tuning record: ``time_ms`` is the served forward's eager time)."""
+    gqa = problem["heads_q"] // problem["heads_kv"]
+    s = problem["seqlen"]
+    return {"problem": {"head_dim": problem["head_dim"], "dtype": problem["dtype"], "causal": problem["causal"],
+                        "gqa_ratio": gqa, "seqlen_bucket": 1 << (s - 1).bit_length()},
+            "shape": {"batch": problem["batch"], "heads_q": problem["heads_q"], "heads_kv": problem["heads_kv"],
+                      "seqlen_q": s, "seqlen_k": s, "head_dim": problem["head_dim"], "dtype": problem["dtype"],
+                      "causal": problem["causal"]},
+            "measured": True, "strategy": SMALL_STRATEGY, "complete": False, "best": config,
+            "time_ms": field.get("triton_ms"), **stamp, "incumbent": field}
+
+
+def refresh_small(entries: dict, measure, served_config, stamp: dict, note=print, keys=None) -> dict:
+    """``{key: new entry}`` for each :data:`SMALL_GRID` problem whose key ``entries`` lacks (``keys``: only these):
+    ``measure(problem)`` (:func:`~rocmflash.tuning.incumbent_worker.measure_eager`) gives its ``incumbent``,
+    ``served_config(problem)`` its ``best``. A problem whose rocmflash route failed is left out (noted)."""
+    from rocmflash.api.incumbent import eager_field
+
+    out = {}
+    for key, problem in small_problems():
+        if key in entries or key in out or (keys and key not in keys):
+            continue
+        field = eager_field(measure(problem))
+        if field.get("error"):
+            note(f"{key}: not added ({field['error']})")
+            continue
+        out[key] = small_entry(problem, field, served_config(problem), stamp)
+        train = field.get("train") or {}
+        note(f"{key} (added, B{problem['batch']} Hq{problem['heads_q']} Hkv{problem['heads_kv']} S{problem['seqlen']}): "
+             f"forward {field['backend']} {field['time_ms']} ms vs rocmflash {field['triton_ms']} ms; forward+backward "
+             f"{train.get('backend')} {train.get('time_ms')} ms vs rocmflash {train.get('triton_ms')} ms per eager call")
+    return out
+
+
+def _main_small(args, db, lines) -> int:
+    import torch
+
+    from rocmflash.api.selection import select_config
+    from rocmflash.db import environment, now_iso
+    from rocmflash.tuning.incumbent_worker import measure_eager
+
+    def served_config(problem):
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem["dtype"]]
+        s = problem["seqlen"]
+        return select_config(torch.device("cuda"), problem["head_dim"], dtype, problem["causal"],
+                             problem["heads_q"] // problem["heads_kv"], s, s).to_dict()
+
+    lines[0] = lines[0].replace("the shipped forward entries", "short dense problems (eager, host time included)")
+    lines[-2] = ("- per problem, in this process: rocmflash.attention(q, k, v, causal) served by the Triton kernels "
+                 "(the configs selection serves) and by each SDPA backend through the dispatch, forward gated against "
+                 f"fp32, then {args.rounds} interleaved rounds of {args.iters} back-to-back eager calls between events "
+                 "(host time included), forward and forward + autograd.grad of q, k, v")
+
+    def note(s):
+        print(s, flush=True)
+        lines.append(f"- {s}")
+
+    stamp = {"when": now_iso(), "fingerprint": environment(torch.cuda.get_device_name())}
+    new = refresh_small(db.data.get("entries", {}),
+                        lambda p: measure_eager(p, rounds=args.rounds, iters=args.iters), served_config, stamp, note,
+                        set(args.keys.split(",")) if args.keys else None)
+    for key, entry in new.items():
+        db.put(key, entry)
+    db.save()
+    lines += ["", f"{len(new)} short dense entries added"]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "incumbents_small.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0
 

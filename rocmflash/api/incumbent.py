@@ -145,6 +145,11 @@ def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
 #: what a decode entry's incumbent times are (the field's ``timing``): what a user's eager call pays
 DECODE_TIMING = ("eager per call, host time included (back-to-back calls between two events): rocmflash.attention "
                  "served by the decode kernel with the entry's config vs the same call served by each SDPA backend")
+#: what the incumbent times of a short dense problem's entry are (``bench/refresh_incumbents.py --small``): what a user's
+#: eager call pays, forward and forward+backward -- short sequences are host-bound, the kernel time alone hides that
+EAGER_TIMING = ("eager per call, host time included (back-to-back calls between two events): rocmflash.attention "
+                "served by the Triton kernel vs the same call served by each SDPA backend; forward, and forward + "
+                "torch.autograd.grad of q, k, v")
 #: a decode entry's incumbent decides for calls this many buckets (KV length and batch together) from it at most
 DECODE_MAX_BUCKET_DISTANCE = 1
 
@@ -190,6 +195,19 @@ def decode_field(result: dict) -> dict:
     return field
 
 
-__all__ = ["DEFAULT", "DECODE_TIMING", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
+def eager_field(result: dict) -> dict:
+    """A short dense problem's ``incumbent`` from :func:`rocmflash.tuning.incumbent_worker.measure_eager`'s result:
+    the forward's field shape with its training side (:func:`incumbent_field`) and ``timing`` =
+    :data:`EAGER_TIMING`; an ``error`` (and no backend) when rocmflash's own route did not run."""
+    triton_ms = result.get("triton_ms")
+    if result.get("status") != "ok" or triton_ms is None:
+        return {"backend": None, "time_ms": None, "triton_ms": triton_ms, "timing": EAGER_TIMING,
+                "error": f"{result.get('status')}: {result.get('error')}"}
+    field = incumbent_field(result, round(triton_ms, 5))
+    field["timing"] = EAGER_TIMING
+    return field
+
+
+__all__ = ["DEFAULT", "DECODE_TIMING", "EAGER_TIMING", "eager_field", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
            "sdpa_causal", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "incumbent_field",
            "winner"]

@@ -147,6 +147,102 @@ def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, i
     return result
 
 
+# ----------------------------------------------------------------------------- short dense calls: eager, host included
+def measure_eager(problem: dict, backends=None, rounds: int = 3, iters: int = 20) -> dict:
+    """A short dense problem (``problem``: ``batch``, ``heads_q``, ``heads_kv``, ``seqlen``, ``head_dim``, ``dtype``
+    "bf16"/"fp16", ``causal``) as a user's eager calls pay for it, forward and forward+backward: the public
+    ``rocmflash.attention(q, k, v, causal=...)`` served by rocmflash's Triton kernels (the run-time selection's
+    configs), and the same call served by each SDPA backend of ``backends`` (default
+    :func:`rocmflash.api.incumbent.candidates`) as the dispatch serves it. Both sides pay the same checks and
+    dispatch; which side serves is forced in the call's dispatch plan, so what a database says does not matter.
+
+    Each route's forward is gated against an fp32 reference (the tuner's tolerance); then ``rounds`` interleaved
+    rounds of ``iters`` back-to-back calls between two events time the forward, and the same for one training step
+    (forward and ``torch.autograd.grad`` of q, k, v). Medians in ms: ``triton_ms``/``triton_train_ms`` and per
+    backend ``time_ms``/``train_ms``. In the interpreter nothing is timed (gates only). Never raises for a backend
+    that refuses the shape."""
+    import torch
+
+    from rocmflash.api.incumbent import candidates
+    from rocmflash.tuning.live_gate import interpreting
+    from rocmflash.tuning.live_worker import error_line
+
+    start, timed = time.perf_counter(), not interpreting()
+    held = list(_dense_inputs(torch, problem, torch.device("cuda" if timed else "cpu")))
+    tol = 1e-2 if problem["dtype"] == "fp16" else 2e-2
+    causal = bool(problem["causal"])
+    results, paths = {}, {}
+    with _served_decode(None):  # ROCMFLASH_NO_INCUMBENT unset within; the dispatch plans forgotten on exit
+        r = _gated(_dense_route(held, None, causal, False), held[3], tol, error_line)
+        result = {"status": r["status"], "error": r["error"], "triton_rel_err": r["rel_err"], "triton_ms": None,
+                  "triton_train_ms": None, "backends": results}
+        if r["status"] == "ok":
+            paths["rocmflash"] = _dense_route(held, None, causal, False)
+            paths["rocmflash train"] = _dense_route(held, None, causal, True)
+        for name in backends or candidates():
+            results[name] = _gated(_dense_route(held, name, causal, False), held[3], tol, error_line)
+            if results[name]["status"] == "ok":
+                paths[name] = _dense_route(held, name, causal, False)
+                paths[name + " train"] = _dense_route(held, name, causal, True)
+        if timed and "rocmflash" in paths:
+            medians = _interleaved_ms(torch, paths, rounds, iters)
+            result["triton_ms"] = medians.pop("rocmflash")
+            result["triton_train_ms"] = medians.pop("rocmflash train")
+            for name, r in results.items():
+                if name in medians:
+                    r["time_ms"], r["train_ms"] = medians[name], medians[name + " train"]
+        else:
+            why = "the rocmflash route failed its gate" if timed else "interpreter: not timed on the CPU"
+            for r in results.values():
+                if r["status"] == "ok":
+                    r["status"], r["error"] = "skipped", why
+    held.clear()
+    paths.clear()
+    if timed:
+        torch.cuda.empty_cache()
+    result["worker_s"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _dense_inputs(torch, p: dict, device):
+    """q ``(B, Hq, S, D)``, k/v ``(B, Hkv, S, D)`` (requiring gradients), the fp32 reference output and an output
+    gradient, fresh random (seeded) inputs."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p["dtype"]]
+    B, Hq, Hkv, S, D = p["batch"], p["heads_q"], p["heads_kv"], p["seqlen"], p["head_dim"]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(B, h, S, D, device=device, dtype=dtype, generator=gen).requires_grad_(True)
+               for h in (Hq, Hkv, Hkv))
+    group = Hq // Hkv
+    s = q.detach().float() @ k.detach().float().repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(D)
+    if p["causal"]:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=device).triu(1), float("-inf"))
+    ref = torch.softmax(s, -1) @ v.detach().float().repeat_interleave(group, 1)
+    return q, k, v, ref, torch.randn(B, Hq, S, D, device=device, dtype=dtype, generator=gen)
+
+
+def _dense_route(held: list, backend, causal: bool, train: bool):
+    """``rocmflash.attention(q, k, v, causal=causal)`` of ``held``'s tensors with the call's dispatch plan told which
+    side serves (``backend`` None: the Triton kernels); ``train``: one step, forward and ``torch.autograd.grad``
+    of q, k, v (returns the forward's output either way, detached)."""
+    import torch
+
+    import rocmflash
+    from rocmflash.api import ops
+
+    def call():
+        q, k, v = held[0], held[1], held[2]
+        plan = ops._call_plan(q, k, causal)
+        plan.incumbent = plan.incumbent_train = backend
+        if not train:
+            with torch.no_grad():
+                return rocmflash.attention(q, k, v, causal=causal)
+        out = rocmflash.attention(q, k, v, causal=causal)
+        torch.autograd.grad(out, (q, k, v), held[4])
+        return out.detach()
+
+    return call
+
+
 def _decode_inputs(torch, p, device):
     """q ``(B, Hq, Sq, D)`` and k/v ``(B, Hkv, L, D)`` views of ``(B, S, H, D)`` tensors (a model's cache in
     flash-attn's layout), and the fp32 reference of the first two sequences ``(rows, Hq, Sq, D)``."""
@@ -214,8 +310,12 @@ class _served_decode:
         from rocmflash.api.selection import NO_INCUMBENT_ENV
 
         self.module, self.saved = DEC, DEC.decode_config
+        from rocmflash.api import attention, ops
+
         self.env = os.environ.pop(NO_INCUMBENT_ENV, None)
         DEC.clear_cache()
+        ops._CALLS.clear()  # a route forces the side on the plan ops holds; the API's kept plans must be those
+        attention._PLANS.clear()
         if self.config is not None:
             cfg = DecodeConfig.from_dict(self.config)
             DEC.decode_config = lambda *args, **kwargs: cfg
@@ -237,7 +337,10 @@ class _served_decode:
 
         self.module.decode_config = self.saved
         self.module.clear_cache()
-        ops._CALLS.clear()  # the dispatch plans :func:`_route` told which side serves
+        from rocmflash.api import attention
+
+        ops._CALLS.clear()  # the dispatch plans :func:`_route` told which side serves ...
+        attention._PLANS.clear()  # ... and the API's kept references to them
         if self.env is not None:
             os.environ[NO_INCUMBENT_ENV] = self.env
         return False
