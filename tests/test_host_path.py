@@ -55,7 +55,7 @@ def _forbid_selection(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a repeat call ran a selection")
 
-    for mod, names in ((ops, ("select_config", "select_bwd_config", "entry_incumbent", "select_incumbent",
+    for mod, names in ((ops, ("select_config", "select_bwd_config", "entry_incumbent", "call_incumbents", "select_incumbent",
                               "shape_excludes", "is_decode_shaped")),
                        (selection, ("select_config", "select_bwd_config", "select_incumbent", "entry_incumbent",
                                     "_db_lookup", "device_identity"))):

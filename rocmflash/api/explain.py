@@ -43,9 +43,10 @@ def _entry_row(path: str, bucket: int, entry: dict, target_bits: int, variant: s
 
 def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int, seqlen_k: Optional[int] = None,
             gqa_ratio: int = 1, variant: str = "online", db_path: Optional[str] = None, check: bool = True,
-            cache_dir: Optional[str] = None, batch: int = 1) -> dict:
-    """The selection for one problem on ``gpu_name`` and the evidence for it (a JSON-able dict). ``batch``: read
-    only for a decode-shaped problem, whose ``decode-`` entry (and so its incumbent) is per batch bucket."""
+            cache_dir: Optional[str] = None, batch: int = 1, heads: Optional[int] = None) -> dict:
+    """The selection for one problem on ``gpu_name`` and the evidence for it (a JSON-able dict). ``batch`` (and
+    ``heads``, query heads, default ``8 * gqa_ratio``): how much work the call is -- a decode-shaped problem's
+    ``decode-`` entry is per batch bucket, and a short dense call may be host-bound (:mod:`rocmflash.api.host_bound`)."""
     from rocmflash import db
 
     gpu = get_gpu(gpu_name)
@@ -53,6 +54,8 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
     if type(seqlen) is not int or seqlen < 1:
         raise ValueError(f"--seqlen {seqlen!r} is invalid; expected a positive int")
     seqlen_k = seqlen if seqlen_k is None else seqlen_k
+    if heads is not None and (type(heads) is not int or heads < 1 or heads % max(int(gqa_ratio), 1)):
+        raise ValueError(f"--heads {heads!r} is invalid; expected a positive multiple of --gqa {gqa_ratio}")
     if type(seqlen_k) is not int or seqlen_k < 1:
         raise ValueError(f"--seqlen-k {seqlen_k!r} is invalid; expected a positive int")
     if type(gqa_ratio) is not int or gqa_ratio < 1:
@@ -88,7 +91,7 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
               "variant": variant, "databases": [db_path] if db_path else db.database_paths(gpu.name),
               "candidates": rows, "choice": choice, "other_groups": others[:6],
               "runs": _what_runs(gpu.name, head_dim, dtype, bool(causal), seqlen, seqlen_k, gqa_ratio, variant,
-                                 match, batch, db_path)}
+                                 match, batch, db_path, heads)}
     if check:
         problem = Problem(head_dim=head_dim, dtype=dtype, causal=bool(causal), heads_q=8 * gqa_ratio, heads_kv=8,
                           seqlen_q=seqlen, seqlen_k=seqlen_k)
@@ -99,12 +102,14 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
 
 
 def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q: int, seqlen_k: int,
-               gqa_ratio: int, variant: str, match, batch: int = 1, db_path: Optional[str] = None) -> dict:
+               gqa_ratio: int, variant: str, match, batch: int = 1, db_path: Optional[str] = None,
+               heads: Optional[int] = None) -> dict:
     """What a call without ``config=`` runs, forward alone and with gradients: rocmflash's kernel or the
     platform's SDPA backend the entry measured faster (:mod:`rocmflash.api.incumbent`), with both times and why
     -- decided by the functions run-time dispatch uses. A decode-shaped call: its ``decode-`` entry's eager
     timing (:func:`_what_decode_runs`)."""
-    from rocmflash.api.incumbent import is_decode, shape_excludes, winner
+    from rocmflash.api.host_bound import expected_ms, side_winner, work_scale
+    from rocmflash.api.incumbent import is_decode, shape_excludes
     from rocmflash.api.selection import incumbent_timing
 
     if variant == "online" and is_decode(seqlen_q, seqlen_k, gqa_ratio):
@@ -115,15 +120,42 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
     else:
         why = shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) or why
     out = {"incumbent": field}
+    heads = heads or 8 * gqa_ratio
+    shape, floors = _host_model(gpu_name, head_dim, dtype, causal, gqa_ratio, match, field, db_path)
     for side, train in (("forward", False), ("forward+backward", True)):
         times = (field.get("train") if train else field) if field else None
-        backend = None if why else winner(field, train)
+        backend = None if why else side_winner(field, shape, floors, train, batch, heads, seqlen_q, seqlen_k, causal)
         out[side] = {"runs": f"SDPA ({backend})" if backend else "rocmflash",
                      "sdpa_ms": times.get("time_ms") if times else None,
                      "sdpa_backend": times.get("backend") if times else None,
                      "rocmflash_ms": times.get("triton_ms") if times else None,
                      "why": why or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
+        floor = (floors.get("train") if train else floors) if floors else None
+        if not why and shape is not None and times and floor and times.get("time_ms") is not None \
+                and floor.get("time_ms") is not None:
+            scale = work_scale(shape, batch, heads, seqlen_q, seqlen_k, causal)
+            sdpa_ms, triton_ms = expected_ms(times, floor, scale)
+            out[side].update(expected_sdpa_ms=round(sdpa_ms, 5), expected_rocmflash_ms=round(triton_ms, 5),
+                             why=f"expected eager time per call at B{batch} H{heads} (each side's host floor or "
+                                 f"its kernel time scaled to this call, x{scale:.3g} of the entry's work): "
+                                 + ("SDPA faster" if backend else "rocmflash as fast or faster"))
     return out
+
+
+def _host_model(gpu_name, head_dim, dtype, causal, gqa_ratio, match, field, db_path) -> tuple:
+    """``(the entry's shape, the host floors)`` when a kernel-timed entry is scaled to the call
+    (:mod:`rocmflash.api.host_bound`), else ``(None, None)``."""
+    from rocmflash import db
+    from rocmflash.api.host_bound import host_floors
+    from rocmflash.api.incumbent import EAGER_TIMING
+
+    if match is None or not field or field.get("timing") == EAGER_TIMING:
+        return None, None
+    entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
+                  if b == match.bucket), None) or {}
+    shape = entry.get("shape") if isinstance(entry.get("shape"), dict) else None
+    floors = host_floors(gpu_name, head_dim, dtype, causal, gqa_ratio, db_path) if shape else None
+    return (shape, floors) if floors else (None, None)
 
 
 DECODE_KERNEL = "rocmflash (split-KV decode kernel)"

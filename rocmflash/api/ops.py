@@ -44,7 +44,8 @@ from rocmflash.kernels.kv_decode import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api import selection as _selection
 from rocmflash.api.incumbent import decode_timing, sdpa_attention, sdpa_causal, shape_excludes, winner
-from rocmflash.api.selection import entry_incumbent, incumbent_disabled, register_clear, select_bwd_config, select_config
+from rocmflash.api.host_bound import call_incumbents
+from rocmflash.api.selection import incumbent_disabled, register_clear, select_bwd_config, select_config
 
 
 def _fresh_out(q: torch.Tensor) -> torch.Tensor:
@@ -152,9 +153,8 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
     if not empty and shape_excludes(causal, Sq, Sk, group) is None:
         if decode:  # the decode entry's eager timing decides; forward only (no training timing for decode)
             fwd = decode_incumbent(q.device, D, q.dtype, group, Sk, B)
-        else:
-            fwd = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, False)
-            train = entry_incumbent(q.device, D, q.dtype, causal, group, Sk, True)
+        else:  # the entry's kernel times scaled to this call, against the eager host floors (host-bound calls)
+            fwd, train = call_incumbents(q.device, D, q.dtype, causal, group, B, Hq, Sq, Sk)
     call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
                  sdpa_causal(causal, Sq))
     if D > 0:

@@ -113,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--gqa", type=int, default=1, metavar="R", help="query heads per key/value head (default 1)")
     explain.add_argument("--variant", default="online", help="kernel variant (default online)")
     explain.add_argument("--batch", type=int, default=1, metavar="B",
-                         help="batch (read for a decode-shaped problem only: its decode entry is per batch bucket)")
+                         help="batch (a decode-shaped problem's decode entry is per batch bucket; with --heads, how "
+                              "much work a dense call is against its host cost)")
+    explain.add_argument("--heads", type=int, default=None, metavar="H",
+                         help="query heads, for a dense call's work against its host cost (default 8 x --gqa)")
     explain.add_argument("--db", default=None, metavar="PATH", help="read this database only")
     explain.add_argument("--no-compile", action="store_true", help="skip the cross-compile check of the choice")
     explain.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache (default: the user cache)")
@@ -294,7 +297,8 @@ def _explain(args: argparse.Namespace) -> int:
 
         check_cache_dir(args.cache_dir)
     result = explain(args.gpu, args.head_dim, args.dtype, args.causal, args.seqlen, args.seqlen_k, args.gqa,
-                     args.variant, args.db, check=not args.no_compile, cache_dir=args.cache_dir, batch=args.batch)
+                     args.variant, args.db, check=not args.no_compile, cache_dir=args.cache_dir, batch=args.batch,
+                     heads=args.heads)
     if args.json:
         import json
 
