@@ -107,11 +107,12 @@ def _all_paths(torch, F, modules):
 
 
 def _inputs(torch, B, Hq, Hkv, S, D, grad):
+    """``(B, H, S, D)`` views of ``(B, S, H, D)`` tensors (the leaves): the layout a model's projections give
+    (transformers' ``view(B, S, H, D).transpose(1, 2)``) and flash-attn's own, so ``flash_attn_func``'s
+    ``(B, S, H, D)`` arguments (these views transposed back) are contiguous, as a model passes them."""
     dev, dt = "cuda", torch.bfloat16
-    q = torch.randn(B, Hq, S, D, device=dev, dtype=dt, requires_grad=grad)
-    k = torch.randn(B, Hkv, S, D, device=dev, dtype=dt, requires_grad=grad)
-    v = torch.randn(B, Hkv, S, D, device=dev, dtype=dt, requires_grad=grad)
-    return q, k, v
+    return tuple(torch.randn(B, S, h, D, device=dev, dtype=dt, requires_grad=grad).transpose(1, 2)
+                 for h in (Hq, Hkv, Hkv))
 
 
 def _step(torch, fn, q, k, v, causal, backward):
@@ -208,7 +209,8 @@ def markdown(results: dict, meta: dict) -> str:
              f"Triton {meta['triton']}", f"- command: `{meta['command']}`",
              f"- rocmflash: {meta['rocmflash_file']}", "",
              "host µs = time to enqueue one call (no sync); wall µs = per call including the final sync. "
-             "Median of interleaved rounds.", ""]
+             "Median of interleaved rounds. Dense inputs: (B, H, S, D) views of (B, S, H, D) tensors, the layout a "
+             "model's projections give (flash_attn_func gets them transposed back: contiguous (B, S, H, D)).", ""]
     for label, per_path in results.items():
         base = per_path["sdpa (default)"]["wall_us"]
         lines += [f"## {label}", "", "| path | host µs | wall µs | wall vs sdpa |", "|---|---|---|---|"]
