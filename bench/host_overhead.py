@@ -94,6 +94,9 @@ def _all_paths(torch, F, modules):
 
     sdpa = _SDPA[0]  # torch's own, bound before any patch_sdpa handle opens
     paths = {"sdpa (default)": lambda q, k, v, c: sdpa(q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1])}
+    hf_sdpa = _transformers_sdpa(torch)
+    if hf_sdpa is not None:  # the HF row's own baseline: what attn_implementation="sdpa" runs without rocmflash
+        paths["transformers sdpa (no rocmflash)"] = hf_sdpa
     for name in modules:
         rf = importlib.import_module(name)
         for ops in (name + ".api.ops", name + ".ops"):  # registers the torch ops (rocmflash.ops before the layout)
@@ -104,6 +107,28 @@ def _all_paths(torch, F, modules):
                 continue
         paths.update(_paths(torch, F, rf, name if len(modules) > 1 else ""))
     return paths
+
+
+def _transformers_sdpa(torch):
+    """transformers' own ``sdpa_attention_forward`` as a path (None without transformers): what a model with
+    ``attn_implementation="sdpa"`` runs per layer -- the baseline of the ``transformers (hf)`` row."""
+    try:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        return None
+
+    class _Module(torch.nn.Module):  # the attributes transformers' attention modules carry
+        def __init__(self):
+            super().__init__()
+            self.is_causal, self.num_key_value_groups = False, 1
+
+    module = _Module()
+
+    def path(q, k, v, causal):
+        module.is_causal, module.num_key_value_groups = causal, q.shape[1] // k.shape[1]
+        return sdpa_attention_forward(module, q, k, v, None, is_causal=causal)[0]
+
+    return path
 
 
 def _inputs(torch, B, Hq, Hkv, S, D, grad):

@@ -59,13 +59,13 @@ never silently different. The output is ``(B, S, H, D)`` and contiguous, like SD
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Optional
 
 import torch
 
 from rocmflash.hw.fp8 import is_fp8
+from rocmflash.kernels.launch import interpreting
 from rocmflash.integrations.hf_masks import (  # noqa: F401  (re-exported: the code moved there)
     _BUILT,
     _MASK_PLANS,
@@ -81,10 +81,10 @@ from rocmflash.integrations.hf_masks import (  # noqa: F401  (re-exported: the c
 
 NAME = "rocmflash"
 _STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0}
+_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+_interpreting = interpreting  #: TRITON_INTERPRET, read per call at a dict read's cost (tests swap it here)
 
 
 def _sdpa_forward():
@@ -98,17 +98,18 @@ def _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8: bool = False)
     are an fp8 cache's (their dtype is not q's)."""
     if dropout not in (0, 0.0):
         return "attention dropout"
-    for name in ("position_bias", "cache", "sinks", "s_aux"):
-        if kwargs.get(name) is not None:
-            return f"the {name!r} argument"
-    if kwargs.get("output_attentions", False):
-        return "output_attentions=True"
+    if kwargs:
+        for name in ("position_bias", "cache", "sinks", "s_aux"):
+            if kwargs.get(name) is not None:
+                return f"the {name!r} argument"
+        if kwargs.get("output_attentions", False):
+            return "output_attentions=True"
     dtype = query.dtype
-    if dtype not in (torch.float16, torch.bfloat16) or (not kv_fp8 and (key.dtype != dtype or value.dtype != dtype)):
+    if dtype not in _DTYPES or (not kv_fp8 and (key.dtype is not dtype or value.dtype is not dtype)):
         return f"dtype {dtype} (rocmflash runs fp16/bf16)"
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return "non-4-D query/key/value"
-    if not (query.device.type == "cuda" or (query.device.type == "cpu" and _interpreting())):
+    if not query.is_cuda and not (query.device.type == "cpu" and _interpreting()):
         return f"tensors on {query.device.type}"
     D = query.shape[-1]
     if key.shape[-1] != D or value.shape[-1] != D or not 16 <= D <= 256:
