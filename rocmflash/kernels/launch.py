@@ -47,12 +47,16 @@ def env_value(name: str):
 _READERS: dict = {}
 _TRITON_INTERPRET = env_reader("TRITON_INTERPRET")
 _ON = ("1", "true", "on", "yes", b"1", b"true", b"on", b"yes")
+_OFF = ("", "0", b"", b"0")
 
 
 def interpreting() -> bool:
     """True when launches should go through Triton's CPU interpreter (``TRITON_INTERPRET=1``); read per call."""
     value = _TRITON_INTERPRET()
-    return value is not None and value.lower() in _ON
+    if value is None or value in _OFF:
+        return False
+    # the usual spellings without a method call: torch.compile cannot trace bytes.lower (the value is bytes)
+    return value in _ON or value.lower() in _ON
 
 # ----------------------------------------------------------------------------- interpreter
 _BF16_DOT_PATCHED = False
