@@ -124,3 +124,32 @@ def test_interpreter_switch_and_clear_cache_reach_the_api_plans(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     selection.clear_cache()
     assert not api._PLANS and not ops._CALLS
+
+
+def test_patched_sdpa_repeat_call_skips_supported_and_odd_calls_are_checked(monkeypatch):
+    """Under patch_sdpa a signature ``supported`` accepted goes straight to its plan on the next call (same answer);
+    a mask, an int scale, a non-bool flag or a new shape is checked in full again; clear_cache forgets the plans."""
+    import torch.nn.functional as F
+
+    from rocmflash.api import sdpa
+
+    seen, real = [], sdpa.supported
+    monkeypatch.setattr(sdpa, "supported", lambda *a, **k: seen.append(1) or real(*a, **k))
+    q, k, v = _qkv()
+    with rocmflash.patch_sdpa():
+        first = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        again = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert len(seen) == 1 and torch.equal(first, again) and sdpa._PLANS
+        mask = torch.ones(32, 32, dtype=torch.bool)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # falls back, checked
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=1)  # int scale: checked
+        with pytest.raises(TypeError):  # not a bool: checked, refused by rocmflash, then by torch's own SDPA
+            F.scaled_dot_product_attention(q, k, v, is_causal=1, enable_gqa=True)
+        assert len(seen) == 4
+        q2, k2, v2 = _qkv(S=48, seed=1)
+        F.scaled_dot_product_attention(q2, k2, v2, enable_gqa=True)
+        assert len(seen) == 5
+        selection.clear_cache()
+        assert not sdpa._PLANS
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert len(seen) == 6

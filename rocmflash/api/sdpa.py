@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 
 import torch
 import torch.nn.functional as F
+
+from rocmflash.api.selection import register_clear
+from rocmflash.kernels.launch import interpreting
 
 _LOCK = threading.RLock()
 #: the function the installed wrapper falls back to (the real SDPA, normally)
@@ -51,8 +53,7 @@ _ORIGINAL = None
 _STATS = {"routed": 0, "fallback": 0}
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+_interpreting = interpreting  #: TRITON_INTERPRET, read per call at a dict read's cost (tests swap it here)
 
 
 def supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -110,15 +111,60 @@ _ACTIVE: list = []  # open handles; the wrapper routes while any is open
 _WRAPPER = None  # the one wrapper installed over the original
 
 
+#: signature of a routed call (what :func:`supported` reads of the tensors, and the flags) -> its ops plan;
+#: :func:`rocmflash.api.selection.clear_cache` forgets them
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+register_clear(_PLANS.clear)
+_FORWARD: list = []  #: :func:`rocmflash.api.ops.attention_forward`, bound on the first routed call
+
+
+def _signature(query, key, value, is_causal, enable_gqa) -> tuple:
+    return (query.shape, query.stride(), key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
+            key.device, value.device, is_causal, enable_gqa, query.is_cuda or _interpreting())
+
+
+def _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """The ops plan of a call whose signature :func:`supported` accepted before, or None (check it in full): plain
+    strided tensors, no mask, a float dropout of 0, bool flags and a scale that needs no check (None or a finite
+    float) -- everything else :func:`supported` reads is in the signature."""
+    if (attn_mask is not None or type(query) is not torch.Tensor or type(key) is not torch.Tensor
+            or type(value) is not torch.Tensor or query.is_nested or key.is_nested or value.is_nested
+            or type(dropout_p) is not float or dropout_p != 0.0 or type(is_causal) is not bool
+            or type(enable_gqa) is not bool or not (scale is None or type(scale) is float and math.isfinite(scale))):
+        return None
+    return _PLANS.get(_signature(query, key, value, is_causal, enable_gqa))
+
+
+def _keep_plan(query, key, value, is_causal, enable_gqa) -> None:
+    if type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor \
+            and not torch.compiler.is_compiling():
+        from rocmflash.api.ops import _call_plan, attention_forward
+
+        if not _FORWARD:
+            _FORWARD.append(attention_forward)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[_signature(query, key, value, is_causal, enable_gqa)] = _call_plan(query, key, is_causal)
+
+
 def _make_wrapper(original):
     @functools.wraps(original)
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False, **kwargs):
+        if _ACTIVE and not kwargs:
+            call = _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            if call is not None:  # a signature checked before: its plan, no checks (the common repeat call)
+                _STATS["routed"] += 1
+                out, _ = _FORWARD[0](query, key, value, is_causal, call.scale if scale is None else scale,
+                                     "online", None, False, call)
+                return out
         if _ACTIVE and not kwargs and supported(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa):
             _STATS["routed"] += 1
             out, _ = _attention_op()(query, key, value, causal=is_causal,
                                      scale=None if scale is None else float(scale), need_lse=False)
+            _keep_plan(query, key, value, is_causal, enable_gqa)
             return out
         _STATS["fallback"] += 1
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
