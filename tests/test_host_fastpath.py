@@ -153,3 +153,16 @@ def test_patched_sdpa_repeat_call_skips_supported_and_odd_calls_are_checked(monk
         assert not sdpa._PLANS
         F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         assert len(seen) == 6
+
+
+def test_attention_output_is_laid_out_as_q_like_sdpa():
+    """No output copy: a (B, H, S, D) view of (B, S, H, D) memory in gives one out (merging heads is then free), as
+    SDPA's output does; a contiguous q gives a contiguous output; the values are the same either way."""
+    g = torch.Generator().manual_seed(5)
+    base = [torch.randn(1, 32, h, 32, generator=g).half() for h in (4, 2, 2)]
+    views = [t.transpose(1, 2) for t in base]
+    for _ in range(2):  # the checked call, then the planned repeat call
+        out = rocmflash.attention(*views, causal=True)
+        assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
+    dense = rocmflash.attention(*[t.contiguous() for t in views], causal=True)
+    assert dense.is_contiguous() and torch.allclose(dense, out, atol=1e-3)

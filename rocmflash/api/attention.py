@@ -204,7 +204,9 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     :mod:`rocmflash.kernels.fp8_forward` (``variant="online"`` only; inference only).
 
     Returns:
-        ``(B, Hq, Sq, D)`` output in q's dtype (fp8: ``out_dtype``), or ``(out, lse)`` with ``return_lse``.
+        ``(B, Hq, Sq, D)`` output in q's dtype (fp8: ``out_dtype``), or ``(out, lse)`` with ``return_lse``. Laid
+        out as q is, as SDPA's output is: contiguous for a contiguous q, a ``(B, H, S, D)`` view of
+        ``(B, S, H, D)`` memory for such a view of q (no copy; fp8: contiguous).
     """
     default = config is None and variant == "online" and q_descale is None and k_descale is None \
         and v_descale is None and out_dtype is None
@@ -213,7 +215,6 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
         if call is not None:
             out, lse = _OPS[0].attention_forward(q, k, v, causal, call.scale if softmax_scale is None else softmax_scale,
                                                  "online", None, return_lse, call)
-            out = out.contiguous()
             return (out, lse) if return_lse else out
     if _is_fp8(q):
         if variant != "online":
@@ -230,7 +231,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     out, lse = _run(q, k, v, causal, softmax_scale, variant, config, return_lse)
     if default:
         _keep_plan(q, k, v, causal, "bhsd")
-    out = out.contiguous()  # (B, Hq, Sq, D) contiguous, as before (a no-op unless q was a transposed view)
+    # laid out as q is, as SDPA does: no copy (a model's (B, S, H, D) projections then need none to merge heads)
     return (out, lse) if return_lse else out
 
 
