@@ -2,6 +2,7 @@
 
     python bench/scale_gpus.py --model llama-3-8b --dtype bf16 --seqlen 2048 --seqlen 8192 --out DIR \
         [--runs one-cold,all-cold,one-warm,all-warm,all-kill] [--code DIR --tag old] [--kill-after 30]
+        [--default-buckets] [--shared-cache]
 
 Each run is the CLI a user types, in its own process, with its own database and journal:
 
@@ -220,6 +221,11 @@ def main() -> int:
     ap.add_argument("--kill-after", type=int, default=30)
     ap.add_argument("--code", default=ROOT, help="the rocmflash checkout to run (default: this one)")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--default-buckets", action="store_true",
+                    help="no --seqlen: the model's default plan of sequence buckets (the whole model)")
+    ap.add_argument("--shared-cache", action="store_true",
+                    help="one compile cache for the one- and all-GPU runs: a cold run fills it, every warm run "
+                         "reuses it (a warm-only comparison after a single cold run)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     runs = [r for r in args.runs.split(",") if r]
@@ -230,13 +236,16 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
     code = os.path.abspath(args.code)
     base = ["tune", "--gpu", "auto", "--model", args.model, "--dtype", args.dtype]
-    for s in args.seqlen or [2048, 8192]:
+    if args.default_buckets and args.seqlen:
+        ap.error("--default-buckets and --seqlen exclude each other")
+    for s in [] if args.default_buckets else (args.seqlen or [2048, 8192]):
         base += ["--seqlen", str(s)]
     prefix = f"{args.tag}-" if args.tag else ""
     results = {}
     for run in runs:
         which, mode = run.split("-")
-        cache = os.path.join(out, f"{prefix}cache-{which}")  # a cold run starts it, its warm run reuses it
+        # a cold run starts it, its warm run reuses it (--shared-cache: every warm run reuses the last cold run's)
+        cache = os.path.join(out, f"{prefix}cache" if args.shared_cache else f"{prefix}cache-{which}")
         if mode == "cold" and os.path.exists(cache):
             import shutil
 

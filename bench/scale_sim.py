@@ -2,7 +2,7 @@
 
     python bench/scale_sim.py --model llama-3-8b --workers 1,2,4 --json [--cpu-cores 32] [--gpu h100]
                               [--journal PATH ...] [--cache-dir DIR] [--breakdown]
-                              [--scheduler new|old] [--cache cold|warm] [--compile-slots N]
+                              [--scheduler new|old] [--cache cold|warm] [--compile-slots N] [--no-stream]
 
 The REAL scheduler (:class:`rocmflash.tuning.pipeline.Pipeline`) runs the plan's real items
 (:func:`rocmflash.tuning.items.items_for_plan`: static phases, race rounds, journal, entries in a
@@ -25,11 +25,15 @@ throw-away database) on a simulated clock (:class:`~rocmflash.tuning.pipeline_ex
   configs it will time, in waves over the pre-warm pool's processes, :data:`PREWARM_BUILD_S` each
   for the first problem of a family and :data:`PREWARM_HIT_S` for the rest (warm: all), after the
   pool has started (:data:`PREWARM_POOL_START_S`; the new scheduler starts it with the run).
-* a timing worker's process starts in :data:`WORKER_START_S`.
+* a timing worker's process starts in :data:`WORKER_START_S` (on several simulated GPUs, a ``--gpus`` run,
+  :data:`EARLY_START_S` of it, and of the pre-warm pool's start, pass before the tune begins).
 * results steer the races: a recorded config returns its recorded result, any other a fixed
   pseudo-random time (from a hash of config and shape), so the rounds have their real sizes.
 
-``--scheduler new`` is the pipeline as it is: :func:`~rocmflash.tuning.pipeline.default_compile_slots`
+``--scheduler new`` is the pipeline as it is: a race's first round streams (its survivors are timed as their
+compiles arrive and their pre-warm batch ends: compile-order prefixes on the FIFO compile pool, then the
+pre-warms one batch at a time; ``--no-stream``: as before streaming, each item's first job after its whole
+static phase), :func:`~rocmflash.tuning.pipeline.default_compile_slots`
 static phases at once (never two of one static problem), every timing worker started with the run,
 the jobs of the largest items first on several workers, one pre-warm pool of up to 32 processes kept
 for the tune and started with it.
@@ -49,14 +53,10 @@ the first count given, normally 1). ``--breakdown`` prints every item's static a
 from __future__ import annotations
 
 import argparse
-import collections
 import glob
 import math
-import gzip
-import hashlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 from typing import Optional
@@ -65,12 +65,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from rocmflash.tuning.items_fwd import INCUMBENT  # noqa: E402 (after the path set-up)
-from rocmflash.tuning.runners import ReplayRunner  # noqa: E402
+from scale_sim_journal import (FILL_RULES, INCUMBENT_S, STARTUP_IN_JOB_S, Durations,  # noqa: E402,F401
+                               SimRunner, read_journals)
 
 #: the journals read by default: every recorded tune of the project
 DEFAULT_JOURNALS = ("reports/raw/*/*.jsonl", "reports/raw/*/*.jsonl.gz")
-FILL_RULES = ("recorded", "family_round_median", "family_median", "plan_estimate", "incumbent_estimate")
 
 # Calibration: the 2-GPU H200 run of 2026-11-26 (reports/scale-gpus-2026-11-26-h200x2.md; all-cold journal).
 #: a timing worker's process start (spawn, import torch, open the device): gpu1's first job lasted 7.63 s, 1.08 s
@@ -78,6 +77,10 @@ FILL_RULES = ("recorded", "family_round_median", "family_median", "plan_estimate
 WORKER_START_S = 6.5
 #: a pre-warm pool's start: its processes start as a timing worker's does
 PREWARM_POOL_START_S = 6.5
+#: with ``--gpus`` the timing workers and the pre-warm pool start before the tune process imports torch and plans
+#: (rocmflash.tuning.pool.early_node_pool): a head start of that much, before the simulated tune begins. CPU proxy
+#: (2-core box): 3.2-3.4 s of torch import in a 3.6-4.1 s run-up to the pipeline; to calibrate on the GPU machine
+EARLY_START_S = 3.0
 #: a cross-compile sweep's fixed cost (its pool starting, Triton imported in each worker): the forward's static phase
 #: compiled 84 configs in 11.5 s on 32 cores, where the makespan of the recorded compile seconds is 3.5 s
 COMPILE_START_S = 8.0
@@ -88,139 +91,13 @@ COMPILE_START_S = 8.0
 #: backward 8k's 10 s: a pool start and 8 waves)
 PREWARM_BUILD_S = {"fwd": 2.5, "bwd": 0.66, "decode": 2.9}
 PREWARM_HIT_S = 0.44
-#: one incumbent job (the platform's SDPA backends beside a forward winner; not journaled): each worker's busy
-#: seconds less its journaled seconds, 5.8 and 6.0 s, one incumbent each
-INCUMBENT_S = 6.0
 #: a warm run's timings against the cold run's (journal) recordings: the workers' busy seconds of the warm runs over
 #: the cold runs', on 2 GPUs (53+53)/(59+58) = 0.906 and on one (87% of 108 s)/(72% of 144 s) = 0.904: a cold run
 #: times beside the cross-compiles
 WARM_TIMING_FACTOR = 0.905
 #: the old code's pre-warm processes per backward/decode problem (a fresh pool each)
 OLD_TASK_PREWARM_PROCS = 8
-#: a recorded job more than this over its worker's own seconds held the worker's start-up
-STARTUP_IN_JOB_S = 1.0
 SCHEDULERS = ("new", "old")
-
-
-# ---------------------------------------------------------------------- recorded journals
-def _family(record: dict) -> str:
-    if record.get("family"):
-        return str(record["family"])
-    key = str(record.get("key", ""))
-    return "bwd" if key.startswith("bwd-") else "decode" if key.startswith("decode-") else "fwd"
-
-
-def _config_key(family: str, config: dict) -> str:
-    """The config's JSON as the items' sim keys spell it (forward: KernelConfig's canonical JSON)."""
-    if family == "fwd":
-        from rocmflash.config import KernelConfig
-
-        return KernelConfig.from_dict(config).to_json()
-    return json.dumps(config, sort_keys=True)
-
-
-def read_journals(paths: list) -> list:
-    """Every result record (``key``, ``config``, ``shape``) of the journals at ``paths`` (.jsonl or .jsonl.gz)."""
-    records = []
-    for path in paths:
-        opener = gzip.open if path.endswith(".gz") else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                lines = f.readlines()
-        except OSError as err:
-            raise ValueError(f"--journal {path}: cannot read it ({err})") from None
-        for line in lines:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue  # a torn line
-            if isinstance(r, dict) and r.get("key") and isinstance(r.get("config"), dict) and "shape" in r:
-                records.append(r)
-    return records
-
-
-class Durations:
-    """How long each job of the simulated pipeline lasts (see the module docstring); counts the rules used."""
-
-    def __init__(self, records: list):
-        from rocmflash.tuning.plan import SECONDS_PER_CONFIG
-
-        self.estimate = dict(SECONDS_PER_CONFIG)
-        self.exact: dict = collections.defaultdict(list)
-        self.by_round: dict = collections.defaultdict(list)
-        self.by_family: dict = collections.defaultdict(list)
-        self.stripped = 0  #: recordings whose worker start-up was taken out
-        for r in records:
-            wall = r.get("wall_s")
-            if not isinstance(wall, (int, float)) or wall < 0:
-                continue
-            inside = r.get("worker_s")
-            if isinstance(inside, (int, float)) and 0 <= inside < wall - STARTUP_IN_JOB_S:
-                wall, self.stripped = inside, self.stripped + 1  # the start-up is simulated on its own
-            family = _family(r)
-            self.exact[(r["key"], _config_key(family, r["config"]), r.get("round"))].append(wall)
-            self.by_round[(family, r.get("round"))].append(wall)
-            self.by_family[family].append(wall)
-        self.filled: collections.Counter = collections.Counter()
-        self.factor = 1.0  #: applied to every duration (a warm run: :data:`WARM_TIMING_FACTOR`)
-
-    def __call__(self, job, result: dict) -> float:
-        seconds, rule = self.lookup(job.item.family, job.sim_key)
-        self.filled[rule] += 1
-        return seconds * self.factor
-
-    def lookup(self, family: str, sim_key: tuple) -> tuple:
-        """``(seconds, rule)`` of one job: its recorded duration, else the stated fallbacks in order."""
-        key, config, rnd = sim_key
-        if config == INCUMBENT:
-            return INCUMBENT_S, "incumbent_estimate"
-        for values, rule in ((self.exact.get((key, config, rnd)), "recorded"),
-                             (self.by_round.get((family, rnd)), "family_round_median"),
-                             (self.by_family.get(family), "family_median")):
-            if values:
-                return statistics.median(values), rule
-        return self.estimate.get(family, max(self.estimate.values())), "plan_estimate"
-
-
-def _pseudo_ms(*parts) -> float:
-    """A fixed time in [1, 2) ms for an unrecorded config (deterministic, so runs repeat exactly)."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()
-    return 1.0 + int(digest[:8], 16) / 2 ** 32
-
-
-class SimRunner(ReplayRunner):
-    """A runner for the simulated clock: recorded forward results where the journals hold them, else a
-    pseudo-random ok; worker tasks (backward, decode) get a pseudo-random ok; the incumbent is skipped."""
-
-    def __init__(self, records: list):
-        results = {}
-        for r in records:
-            if _family(r) == "fwd" and r.get("status"):
-                from rocmflash.config import KernelConfig
-                from rocmflash.hw.roofline import Shape
-
-                try:
-                    shape, cfg = Shape.from_dict(r["shape"]), KernelConfig.from_dict(r["config"])
-                except (TypeError, ValueError, KeyError):
-                    continue
-                results[self._key(shape, cfg)] = {k: r.get(k) for k in ("status", "median_ms", "times_ms", "tflops",
-                                                                         "rel_err", "error")}
-        self.recorded = results
-        super().__init__(fn=self._measure, device="simulated")
-
-    def _measure(self, cfg, shape, budget=None) -> dict:
-        recorded = self.recorded.get(self._key(shape, cfg))
-        if recorded is not None:
-            return dict(recorded)
-        ms = _pseudo_ms(cfg.to_json(), shape.to_dict())
-        return {"status": "ok", "median_ms": ms, "times_ms": [ms] * 3, "rel_err": None, "error": None}
-
-    def call(self, fn, task: dict, timeout_s: float) -> dict:
-        if "backends" in task:  # the incumbent: its job is simulated, its figures are not made up
-            return {"status": "skipped", "error": "simulated: the platform's backends are not timed"}
-        config = task.get("config")
-        ms = _pseudo_ms(json.dumps(config, sort_keys=True), task.get("shape") or task.get("problem"))
-        return {"config": config, "status": "ok", "error": None, "times_ms": {"1": ms}}
 
 
 # ---------------------------------------------------------------------- the simulation
@@ -255,27 +132,69 @@ class StaticModel:
         # the kept pool (old: the forward's, started by its first pre-warm; new: started with the run)
         self.pool_ready_at: Optional[float] = None if self.old else PREWARM_POOL_START_S
         self.built: set = set()  # families whose first pre-warm built their binaries
+        self.released: dict = {}  # id(item) -> release times of its streamed configs (new scheduler)
 
     def __call__(self, item, cores: int) -> float:
-        from rocmflash.tuning.pipeline_exec import makespan
+        from rocmflash.tuning.pipeline_exec import fifo_finish_times, makespan
 
         now = t = self.clock()
         compiled = [] if self.warm else list(item.compile_seconds() or [])
+        streamed = self._streamed(item)
         if compiled:
             t += COMPILE_START_S + makespan(compiled, cores)
         n = _prewarmed(item)
         if not n:
             return t - now
         if self.old and item.family != "fwd":  # a fresh pool of 8 for this problem
-            t, procs = t + PREWARM_POOL_START_S, self.task_procs
+            ready, procs = t + PREWARM_POOL_START_S, self.task_procs
         else:  # the kept pool: started by the first pre-warm, waited for by any other before it is up
             if self.pool_ready_at is None:
-                self.pool_ready_at = t + PREWARM_POOL_START_S
-            t = max(t, self.pool_ready_at)
+                self.pool_ready_at = (now if streamed else t) + PREWARM_POOL_START_S
+            ready = self.pool_ready_at
             procs = self.fwd_pool_procs if self.old else self.pool_procs
         per = PREWARM_HIT_S if self.warm or item.family in self.built else PREWARM_BUILD_S.get(item.family, 1.0)
         self.built.add(item.family)
+        if streamed:  # survivors pre-warm in batches as their compiles arrive, beside the rest of the compile
+            seconds = [0.0] * len(item.compile_order_seconds()) if self.warm or not compiled else \
+                item.compile_order_seconds()
+            done, prefix_done, last = fifo_finish_times(seconds, cores), [0.0], 0.0
+            for d in done:
+                last = max(last, d)
+                prefix_done.append(last)
+            start = 0.0 if self.warm or not compiled else COMPILE_START_S
+            arrive = [now + start + prefix_done[min(p, len(prefix_done) - 1)] for p in streamed]
+            release = _prewarm_batches(arrive, ready, procs, per)
+            self.released[id(item)] = [r - now for r in release]
+            n -= len(streamed)
+            t = max(t, release[-1])
+            if not n:
+                return t - now
+        t = max(t, ready)
         return t + math.ceil(n / procs) * per - now
+
+    def _streamed(self, item) -> list:
+        """The compile-order prefix each streamed config waited for (scheduler "new": a race streams its round 1)."""
+        prefixes = getattr(item, "stream_prefixes", None)
+        return list(prefixes()) if callable(prefixes) and not self.old else []
+
+    def release_times(self, item, cores: int) -> list:
+        """When (seconds after its static phase began) each streamed config of ``item`` is ready to time."""
+        return self.released.pop(id(item), [])
+
+
+def _prewarm_batches(arrive: list, ready: float, procs: int, per: float) -> list:
+    """When each config (arrival times, nondecreasing) is pre-warmed: one pre-warm at a time takes every config
+    arrived by its start, in waves of ``procs``, from ``ready`` (the pool up)."""
+    out, t, i = [], ready, 0
+    while i < len(arrive):
+        t = max(t, arrive[i])
+        j = i
+        while j < len(arrive) and arrive[j] <= t:
+            j += 1
+        t += math.ceil((j - i) / procs) * per
+        out += [t] * (j - i)
+        i = j
+    return out
 
 
 def _prewarmed(item) -> int:
@@ -292,7 +211,7 @@ def _prewarmed(item) -> int:
 
 def simulate_once(plan, n_workers: int, records: list, cache_dir: Optional[str] = None, cpu_cores: int = 32,
                   compile_slots: Optional[int] = None, strategy: str = "race", workers: Optional[int] = None,
-                  scheduler: str = "ideal", cache: str = "cold"):
+                  scheduler: str = "ideal", cache: str = "cold", stream: bool = True):
     """One run of ``plan`` on ``n_workers`` simulated GPUs: ``(PipelineStats, Durations, items)``.
 
     ``scheduler``: "ideal" (the issue's model: static phases last their compile makespan, nothing starts up),
@@ -318,13 +237,19 @@ def simulate_once(plan, n_workers: int, records: list, cache_dir: Optional[str] 
             executor = SimulatedExecutor(duration=durations, cpu_cores=cpu_cores,
                                          static_duration=_cold_or_warm(cache))
         else:
-            executor = SimulatedExecutor(duration=durations, cpu_cores=cpu_cores, worker_start_s=WORKER_START_S,
+            # several GPUs are a --gpus run: its workers and pre-warm pool start before the tune (EARLY_START_S)
+            head = EARLY_START_S if scheduler == "new" and n_workers > 1 else 0.0
+            executor = SimulatedExecutor(duration=durations, cpu_cores=cpu_cores,
+                                         worker_start_s=max(0.0, WORKER_START_S - head),
                                          prestarted=(0,) if scheduler == "old" else ())
             executor.static_duration = StaticModel(scheduler, cache, cpu_cores, compile_slots, executor.now)
+            executor.static_duration.pool_ready_at = max(0.0, PREWARM_POOL_START_S - head) if head else \
+                executor.static_duration.pool_ready_at
+            executor.release_times = executor.static_duration.release_times
         priority = None if scheduler == "old" or n_workers == 1 else largest_first(items)
         stats = Pipeline(items, [runner] * n_workers, compile_slots=compile_slots, executor=executor,
                          labels=[f"sim{i}" for i in range(n_workers)], start_workers=scheduler != "old",
-                         priority=priority).run()
+                         priority=priority, stream=stream and scheduler != "old").run()
     return stats, durations, items
 
 
@@ -338,7 +263,7 @@ def _cold_or_warm(cache: str):
 
 def simulate(plan, workers=(1, 2, 4), journals: Optional[list] = None, cache_dir: Optional[str] = None,
              cpu_cores: int = 32, compile_slots: Optional[int] = None, strategy: str = "race", breakdown=None,
-             scheduler: str = "ideal", cache: str = "cold") -> list:
+             scheduler: str = "ideal", cache: str = "cold", stream: bool = True) -> list:
     """One dict per worker count: ``workers``, ``wall_s``, ``speedup`` (against the first count), ``jobs``,
     ``filled`` (jobs per duration rule), ``recorded`` / ``fallback`` (jobs with a recorded duration / filled by
     a fallback rule), ``static_s`` (all static phases), ``busy_s`` (per worker), ``compile_slots``,
@@ -348,7 +273,7 @@ def simulate(plan, workers=(1, 2, 4), journals: Optional[list] = None, cache_dir
     lines, base = [], None
     for n in counts:
         stats, durations, _ = simulate_once(plan, n, records, cache_dir, cpu_cores, compile_slots, strategy,
-                                            scheduler=scheduler, cache=cache)
+                                            scheduler=scheduler, cache=cache, stream=stream)
         base = stats.wall_s if base is None else base
         lines.append({"workers": n, "wall_s": round(stats.wall_s, 2),
                       "speedup": round(base / stats.wall_s, 3) if stats.wall_s > 0 else 1.0,
@@ -359,7 +284,7 @@ def simulate(plan, workers=(1, 2, 4), journals: Optional[list] = None, cache_dir
                       "static_s": round(sum(s.static_s for s in stats.items), 2),
                       "busy_s": [round(w.busy_s, 2) for w in stats.workers], "cpu_cores": cpu_cores,
                       "compile_slots": _slots_used(compile_slots, scheduler, cpu_cores), "scheduler": scheduler,
-                      "cache": cache})
+                      "cache": cache, "stream": stream and scheduler != "old"})
         if breakdown is not None:
             print_breakdown(stats, n, breakdown)
     return lines
@@ -437,6 +362,8 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--journal", action="append", help="recorded journal(s) (default: reports/raw/*/*.jsonl[.gz])")
     p.add_argument("--cache-dir", help="the compile cache (default: rocmflash's)")
     p.add_argument("--breakdown", action="store_true", help="every item's static and timing seconds, on stderr")
+    p.add_argument("--no-stream", action="store_true",
+                   help="no item times its first round before its static phase ends (the pipeline before streaming)")
     args = p.parse_args(argv)
     passes = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd"), "none": ()}[args.passes]
     try:
@@ -445,7 +372,7 @@ def main(argv: Optional[list] = None) -> int:
             raise ValueError(f"--compile-slots {args.compile_slots} is invalid; expected a positive count")
         lines = simulate(plan, _worker_counts(args.workers), args.journal, args.cache_dir, args.cpu_cores,
                          args.compile_slots, args.strategy, sys.stderr if args.breakdown else None,
-                         scheduler=args.scheduler, cache=args.cache)
+                         scheduler=args.scheduler, cache=args.cache, stream=not args.no_stream)
     except ValueError as err:
         print(f"scale_sim: {err}", file=sys.stderr)
         return 2

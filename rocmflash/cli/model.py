@@ -36,19 +36,38 @@ def make_pool(args: argparse.Namespace, gpu_name: str):
         gpu = cluster_gpu(pool)
         where = f"the cluster's {len(pool.runners)} GPU(s)"
     else:
-        import torch
-
-        from rocmflash.tuning.pool import node_gpu, node_pool, parse_gpus
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        indices = parse_gpus(args.gpus, count)
-        gpu = node_gpu(indices)
-        pool = node_pool(indices, settings, _triton_cache(args), args.workers)
+        pool, gpu, indices = _node_pool(args, settings)
         where = f"GPU(s) {', '.join(map(str, indices))}"
     if str(gpu_name).strip().lower() != "auto" and get_gpu(gpu_name).name != gpu.name:
         pool.close()
         raise ValueError(f"--gpu {gpu_name}: {where} are {gpu.name}; name that (or --gpu auto)")
     return pool, gpu
+
+
+def _node_pool(args, settings) -> tuple:
+    """``(pool, catalog GPU, device indices)`` of ``--gpus``: the timing workers start before this process imports
+    torch where the devices can be told without it (:func:`~rocmflash.tuning.pool.early_node_pool`), and are
+    kept when torch agrees."""
+    from rocmflash.tuning.pool import early_node_pool, early_pool_matches, node_gpu, node_pool, parse_gpus
+
+    early = early_node_pool(args.gpus, settings, _triton_cache(args), args.workers)
+    try:
+        import torch
+
+        from rocmflash.hw.platform import is_rocm
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        indices = parse_gpus(args.gpus, count)
+        gpu = node_gpu(indices)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    if early_pool_matches(early, indices, is_rocm()):
+        return early, gpu, indices
+    if early is not None:
+        early.close()
+    return node_pool(indices, settings, _triton_cache(args), args.workers), gpu, indices
 
 
 def close_pool(pool, args) -> None:

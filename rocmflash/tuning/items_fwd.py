@@ -66,14 +66,32 @@ class ForwardItem:
         self._timed = False  #: every round is timed (the incumbent may follow)
         self._incumbent = None
         self._start = None
+        self._ready = None  #: streamed static phase: a ReadyQueue of (index, candidate) ready to time in round 1
+        self._early: set = set()  #: config keys of round 1 handed out while the static phase ran
+        self._early_jobs: set = set()  #: ids of those jobs not recorded yet
+        self._handed = 0  #: jobs created (inject positions follow it)
+        self._by_key = None  #: {config key: final candidate} once the static phase ended
 
     # ------------------------------------------------------------------ static
     def static(self) -> None:
         """Compile and prune (shared per static problem), choose what is timed, pre-warm it."""
+        self._static(None)
+
+    def static_stream(self, notify) -> None:
+        """:meth:`static`, but (a race this item compiles) each certain survivor is pre-warmed and made ready for
+        round 1 as its compile results arrive (:mod:`rocmflash.tuning.stream`); ``notify()`` after each batch."""
+        self._static(notify)
+
+    def _static(self, notify) -> None:
         self._start = time.perf_counter()
         sp = static_problem(self.shape)
-        self.static_result = self.ctx.statics.get(self.static_group,
-                                                  lambda: self.ctx.out.static(self.ctx.gpu, sp, self.space, self.spec))
+        hooks = self._open_stream(notify) if notify is not None else {}
+        try:
+            self.static_result = self.ctx.statics.get(
+                self.static_group, lambda: self.ctx.out.static(self.ctx.gpu, sp, self.space, self.spec, **hooks))
+        finally:
+            if self._ready is not None:
+                self._ready.close()
         self.outcome.static_seconds = time.perf_counter() - self._start
         if not self.ctx.measuring:
             return
@@ -82,10 +100,69 @@ class ForwardItem:
         else:
             self.chosen = choose(self.spec.strategy, self.static_result, self.spec.top_k)
             cands, done = self.chosen, self._results(None)
-        todo = [c for c in cands if c.config.to_json() not in done]
+        warmed = self._check_streamed(cands)
+        todo = [c for c in cands if c.config.to_json() not in done and c.config.to_json() not in warmed]
         if self.spec.prewarm and todo:
             with self.ctx.out.spinner(f"{self.key}: compiling {len(todo)} config(s) in parallel"):
                 self.ctx.prewarm([c.config for c in todo], self.shape)
+
+    def _open_stream(self, notify) -> dict:
+        """The hooks of a streamed static phase (a measured race): survivors, as certain, go pre-warmed into
+        :attr:`_ready` (those the journal already holds for round 1 are not timed again)."""
+        from rocmflash.tuning.static import Candidate
+        from rocmflash.tuning.stream import ReadyQueue, SurvivorStream
+
+        if not (self.ctx.measuring and self.spec.strategy == "race"):
+            return {}
+        done = self._results(0)
+        prewarm = None
+        if self.spec.prewarm:
+            def prewarm(entries):
+                self.ctx.prewarm([c.config for _, c in entries], self.shape)
+        self._ready = ReadyQueue(prewarm, notify)
+        state: dict = {}
+
+        def on_release(released):
+            configs, seed_of = state["configs"], state["seed_of"]
+            cands = [(i, Candidate(configs[i], obs, True, v.reason, v.detail, seed=seed_of.get(i)))
+                     for i, obs, v in released]
+            self._ready.put([(i, c) for i, c in cands if c.config.to_json() not in done])
+
+        def on_configs(configs, seed_of):
+            state.update(configs=configs, seed_of=seed_of,
+                         stream=SurvivorStream(configs, self.spec.prune_settings, on_release))
+
+        return {"on_configs": on_configs, "on_result": lambda obs: state["stream"].add(obs)}
+
+    def _check_streamed(self, cands: list) -> set:
+        """Config keys pre-warmed while streaming; each handed out early must be in the final field (else a bug
+        of the stream's rule: its timing would be of a config the static phase pruned)."""
+        if self._ready is None:
+            return set()
+        field = {c.config.to_json() for c in cands}
+        wrong = sorted(self._early - field)
+        if wrong:
+            raise RuntimeError(f"{self.key}: streamed config(s) not in the static phase's field: {wrong[:3]}")
+        return {c.config.to_json() for _, c in self._ready.ready}
+
+    def early_jobs(self, upto=None) -> list:
+        """Round-1 jobs of the survivors ready while the static phase runs (pipeline scheduler thread)."""
+        if self._ready is None:
+            return []
+        budget = RACE_ROUNDS[0].budget() if len(RACE_ROUNDS) > 1 else None
+        jobs = [self._job(c, 0, budget) for _, c in self._ready.take(upto)]
+        self._early.update(j.sim_key[1] for j in jobs)
+        self._early_jobs.update(id(j) for j in jobs)
+        return jobs
+
+    def stream_prefixes(self) -> list:
+        """Per ready config (ready order): how many configs of the compile order it waited for (simulated clock)."""
+        return [i + 1 for i, _ in self._ready.ready] if self._ready is not None else []
+
+    def compile_order_seconds(self) -> list:
+        """Compile seconds per config in compile order (0: unknown), for the simulated clock's release times."""
+        cands = self.static_result.candidates if self.static_result is not None else []
+        return [c.observation.get("compile_seconds") or 0.0 for c in cands]
 
     def work_s(self) -> float:
         """Estimated timing-worker seconds (:data:`FORWARD_WORK_S`), for the order of a plan on several workers."""
@@ -136,18 +213,17 @@ class ForwardItem:
             self._steps = self._step_source()
         for cands, rnd, budget, label in self._steps:
             jobs = self._batch(cands, rnd, budget, label)
-            if jobs:
+            if jobs or (rnd == 0 and self._early_jobs):  # round 1's streamed jobs in flight: it is not closed
                 return jobs
         self._timed = True
         job = self._incumbent_job()
         return [job] if job is not None else None
 
     def _batch(self, cands: list, rnd: Optional[int], budget: Optional[dict], label: str) -> list:
-        from rocmflash.tuning.pipeline import Job
-
         done = self._results(rnd)
-        todo = [c for c in cands if c.config.to_json() not in done]
-        skipped = len(cands) - len(todo)
+        early = self._early if rnd == 0 else set()  # timed (or in flight) while the static phase ran
+        todo = [c for c in cands if c.config.to_json() not in done and c.config.to_json() not in early]
+        skipped = sum(1 for c in cands if c.config.to_json() in done and c.config.to_json() not in early)
         self.outcome.skipped += skipped
         if skipped:
             self.ctx.out.note(f"{label}: {skipped} of {len(cands)} config(s) already in the journal, skipped")
@@ -155,19 +231,23 @@ class ForwardItem:
                           if done.get(c.config.to_json(), {}).get("status") == "ok"), default=None)
         if not todo:
             return []
-        self._bar = self.ctx.out.bar(label, len(cands), skipped, self._best)
+        in_flight = len(self._early_jobs) if rnd == 0 else 0
+        self._bar = self.ctx.out.bar(label, len(cands), len(cands) - len(todo) - in_flight, self._best)
         self._bar.__enter__()
-        self._pending = len(todo)
+        self._pending = len(todo) + in_flight
+        return [self._job(cand, rnd, budget) for cand in todo]
+
+    def _job(self, cand, rnd: Optional[int], budget: Optional[dict]):
+        """One measurement's job; injection positions follow submission order."""
+        from rocmflash.tuning.pipeline import Job
+
+        mode = next((m for m, p in self.inject.items() if p == self._handed), None)
+        if mode:
+            self.inject.pop(mode)
+        self._handed += 1
         kwargs = {"budget": budget} if budget else {}  # runners without a budget argument still work
-        jobs = []
-        base = self.outcome.timed_now
-        for j, cand in enumerate(todo):  # injection positions follow submission order
-            mode = next((m for m, p in self.inject.items() if p == base + j), None)
-            if mode:
-                self.inject.pop(mode)
-            jobs.append(Job(self, _measure_fn(cand.config, self.shape, mode, kwargs), _label(cand.config),
-                            (self.key, cand.config.to_json(), rnd), payload=(cand, mode, rnd, budget)))
-        return jobs
+        return Job(self, _measure_fn(cand.config, self.shape, mode, kwargs), _label(cand.config),
+                   (self.key, cand.config.to_json(), rnd), payload=(cand, mode, rnd, budget))
 
     def _incumbent_job(self):
         """The platform's SDPA backends timed beside the winner, on a timing worker (None where that does
@@ -202,6 +282,8 @@ class ForwardItem:
                 self._incumbent = incumbent_result_field(result, job.payload[1])
             return
         cand, mode, rnd, budget = job.payload
+        self._early_jobs.discard(id(job))
+        cand = self._final(cand)
         record = journal_record(self.key, self.shape, self.ctx.eid, self.spec.strategy, cand, mode, rnd, budget,
                                 result)
         self.ctx.journal.append(record)
@@ -220,11 +302,34 @@ class ForwardItem:
             bar.__exit__(None, None, None)
 
     # ------------------------------------------------------------------ entry
+    def _final(self, cand):
+        """A streamed candidate's final self (its static rank and seed id are known once the static phase ends)."""
+        if self.static_result is None or cand.static_rank is not None:
+            return cand
+        return self._by_config().get(cand.config.to_json(), cand)
+
+    def _by_config(self) -> dict:
+        if self._by_key is None:
+            self._by_key = {c.config.to_json(): c for c in self.static_result.candidates}
+        return self._by_key
+
+    def _with_static(self, results: dict) -> dict:
+        """Journal records of round 1 timed while streaming (no static rank then) with their final rank and
+        seed id, so the entry does not depend on which configs were timed before the static phase ended."""
+        out = {}
+        for k, r in results.items():
+            if r.get("static_rank") is None and r.get("verdict") == "kept" and self.static_result is not None:
+                c = self._by_config().get(k)
+                if c is not None and c.static_rank is not None:
+                    r = dict(r, static_rank=c.static_rank, seed=c.seed)
+            out[k] = r
+        return out
+
     def _entry(self, complete: bool) -> dict:
         ctx, static = self.ctx, self.static_result
         if self.chosen is None:
             last = len(RACE_ROUNDS) - 1
-            by_round = [self._results(rnd) for rnd in range(last + FINAL_PASSES)]
+            by_round = [self._with_static(self._results(rnd)) for rnd in range(last + FINAL_PASSES)]
             rounds = by_round[:last] + [merge_final_passes(by_round[last:])]
             records = final_round_records(dict(enumerate(rounds)))[1]
             to_time = len(race_field(static))

@@ -90,6 +90,10 @@ def _device_name(index: int = 0) -> Optional[str]:
         return None
 
 
+#: a device name not asked of torch yet
+_UNKNOWN = object()
+
+
 def _pool_broken(err: BaseException) -> bool:
     """Whether a pool error means its worker process died (pebble's "All workers expired" after a SIGKILL
     of the worker reaches the caller as BrokenProcessPool, not ProcessExpired)."""
@@ -109,12 +113,13 @@ class LiveRunner:
     live = True
 
     def __init__(self, settings: LiveSettings = LiveSettings(), triton_cache_dir: Optional[str] = None,
-                 prewarm_workers: Optional[int] = None, device_index: int = 0):
+                 prewarm_workers: Optional[int] = None, device_index: int = 0, rocm: Optional[bool] = None):
         self.settings = settings
         self.triton_cache_dir = triton_cache_dir
         self.prewarm_workers = prewarm_workers
         self.device_index = device_index
-        self.worker_env = worker_env(device_index)
+        self.rocm = rocm  #: None: torch says (imports it); a bool: a runner made before torch was imported
+        self.worker_env = worker_env(device_index, rocm=rocm)
         self.interpret = _interpreting()
         self._pool = None
         #: the pre-warm workers of every family (forward configs, backward/decode/varlen tasks), kept for the
@@ -124,7 +129,15 @@ class LiveRunner:
         # and two static phases (compile slots) the pre-warm pool
         self._pool_lock = threading.Lock()
         self.restarts = 0
-        self.device = _device_name(device_index)
+        self._device = _UNKNOWN if rocm is not None else _device_name(device_index)
+        self._worker_started = False
+
+    @property
+    def device(self) -> Optional[str]:
+        """The device's name (asked of torch on first use by a runner made before torch was imported)."""
+        if self._device is _UNKNOWN:
+            self._device = _device_name(self.device_index)
+        return self._device
 
     # -------------------------------------------------------------- pool management
     def _get_pool(self):
@@ -159,6 +172,10 @@ class LiveRunner:
         inside the first measurement. The tune pipeline calls it on every runner when it starts."""
         from rocmflash.tuning.isolated import warm_up
 
+        with self._pool_lock:
+            if self._worker_started:  # started early (the CLI, before the plan): once is enough
+                return
+            self._worker_started = True
         self._get_pool().schedule(warm_up)
 
     def start_prewarm(self) -> None:
@@ -167,11 +184,17 @@ class LiveRunner:
         self._prewarm_workers().start()
 
     def close(self) -> None:
-        self._close_timing_pool()
+        """Stop the timing worker and the pre-warm pool, both at once (each join waits for processes to exit)."""
+        prewarm = None
         if self._task_prewarm is not None:
-            self._task_prewarm.close()
+            prewarm = threading.Thread(target=self._task_prewarm.close, daemon=True, name="rocmflash-close")
+            prewarm.start()
+        self._close_timing_pool()
+        if prewarm is not None:
+            prewarm.join()
 
     def _close_timing_pool(self) -> None:
+        self._worker_started = False
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.stop()

@@ -425,8 +425,10 @@ def _cross_compile(mod, cfg: KernelConfig, s: Shape) -> None:
     mod.compile_for(target, cfg, prewarm_problem(s))
 
 
-def worker_env(device_index: int, environ=None) -> dict:
-    """The environment changes that pin a worker of this process to ``device_index``."""
+def worker_env(device_index: int, environ=None, rocm: Optional[bool] = None) -> dict:
+    """The environment changes that pin a worker of this process to ``device_index`` (``rocm``: whether torch is a
+    ROCm build; None: ask torch, which imports it)."""
     from rocmflash.hw.platform import is_rocm, visible_devices_env
 
-    return visible_devices_env(device_index, os.environ if environ is None else environ, is_rocm())
+    return visible_devices_env(device_index, os.environ if environ is None else environ,
+                               is_rocm() if rocm is None else rocm)

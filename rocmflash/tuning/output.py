@@ -37,18 +37,26 @@ class _Output:
             best = _label(e["best"]) + f" {e['tflops']:.1f} TFLOP/s" if e.get("best") and e.get("tflops") else "-"
             self.note(f"done {outcome.key}: best {best} ({outcome.seconds:.0f} s)")
 
-    def static(self, gpu, problem, space, spec) -> StaticResult:
+    def static(self, gpu, problem, space, spec, on_result=None, on_configs=None) -> StaticResult:
+        """The static phase with its progress display; ``on_result(observation)``: each compile result as it
+        arrives; ``on_configs(configs, seed_of)``: what is compiled, before it is (a streamed static phase)."""
         seeds = tuple(reference_seeds(gpu, problem, spec.variants)) if spec.seeds else ()
+        if on_configs is not None:
+            from rocmflash.tuning.static import static_configs
+
+            on_configs(*static_configs(gpu, problem, space, seeds))
+        tick = on_result or (lambda _: None)
         if seeds:
             self.note(f"seeds: {len(seeds)} AMD-published {gpu.arch} config(s) always timed: "
                       + ", ".join(ref_id for ref_id, _ in seeds))
         n = len(space.configs(problem, gpu)) + len(seeds)
         if not self.progress:
-            return static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings, seeds=seeds)
+            return static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings, seeds=seeds,
+                                on_result=on_result)
         if self.live is not None:  # a pipeline's one display: a row while the sweep runs beside the timing
             with _SharedBar(self.live, f"static sweep for {gpu.arch} {problem.dtype}", n, 0, None) as row:
                 st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
-                                  on_result=lambda _: row.tick(), seeds=seeds)
+                                  on_result=lambda r: (row.tick(), tick(r)), seeds=seeds)
         else:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -56,7 +64,7 @@ class _Output:
                           TimeElapsedColumn(), console=self.console, transient=True) as bar:
                 task = bar.add_task("static", total=n)
                 st = static_phase(gpu, problem, space, spec.cache_dir, spec.workers, spec.prune_settings,
-                                  on_result=lambda _: bar.advance(task), seeds=seeds)
+                                  on_result=lambda r: (bar.advance(task), tick(r)), seeds=seeds)
         s = st.stats
         kept = sum(c.kept for c in st.candidates)
         self.note(f"static phase D={problem.head_dim} {problem.dtype}{' causal' if problem.causal else ''}: "

@@ -8,8 +8,11 @@ timing; ``compile_slots`` of them at once (:func:`default_compile_slots`), never
 compile, holding a slot). Then it hands out batches of :class:`Job` (a race round, or the single
 round of a pruned/exhaustive tune); every free timing worker takes the next job of ANY item (by
 ``priority``, default plan order, then batch order), with no barrier between families, passes or
-dtypes. Every timing worker is started when the run starts, beside the first static phase
-(``start_worker()`` of a runner that has one), not at its first job. :func:`largest_first` gives the
+dtypes. An item with ``static_stream`` / ``early_jobs`` streams: the configs of its first batch (a race's round
+1) are timed as they become ready (compiled, read, pruned, pre-warmed) while the rest of the item still
+compiles; the round still closes only when all of them are in and recorded. Every timing worker is started
+when the run starts, beside the first static phase (``start_worker()`` of a runner that has one), not at its
+first job. :func:`largest_first` gives the
 priority of several workers: the items by estimated timing work (``work_s()``), largest first, so the
 longest work starts first and the short jobs of small items end the run.
 """
@@ -63,7 +66,11 @@ class Item(Protocol):
         complete=False after Ctrl-C/stop: the entry reflects exactly what the journal holds."""
 
     # optional: ``static_group`` (hashable; items sharing one static phase) and ``work_s()`` (estimated
-    # timing-worker seconds, for :func:`largest_first`)
+    # timing-worker seconds, for :func:`largest_first`); streaming (see :class:`Pipeline`):
+    # ``static_stream(notify)`` (static() that calls ``notify()``, from any thread, whenever more of its first
+    # batch is ready to time) and ``early_jobs(upto=None)`` (scheduler thread, during the static phase: the jobs
+    # of the ready configs not handed out yet, up to the first ``upto`` ready; they belong to the first batch,
+    # which next_batch() completes after static(): the batch closes when its every job is recorded)
 
 
 # ------------------------------------------------------------------------------------------- statistics
@@ -120,8 +127,9 @@ class Pipeline:
     :class:`~rocmflash.tuning.pipeline_exec.SimulatedExecutor`. ``on_event(dict)`` sees every step
     (``event``: static_start, static_done, job_start, job_done, job_retry, worker_lost, item_done;
     ``t``: executor seconds; ``item``, ``worker``, ``label``, ``status`` where they apply).
-    ``compile_slots``: static phases at once; ``start_workers``: start every timing worker when the run
-    starts (False: each at its first job); ``priority``: the items in the order workers take their jobs
+    ``compile_slots``: static phases at once; ``stream``: let streaming items time their first batch while
+    their static phase runs (False: every item's static phase ends before its first job); ``start_workers``:
+    start every timing worker when the run starts (False: each at its first job); ``priority``: the items in the order workers take their jobs
     (default: ``items``' order, which is also the order the static phases start in).
 
     The pipeline neither opens nor closes the runners: the caller does (closing them also ends the work
@@ -130,7 +138,7 @@ class Pipeline:
 
     def __init__(self, items: list, runners, compile_slots: int = 1, executor=None,
                  labels: Optional[list] = None, on_event: Optional[Callable[[dict], None]] = None,
-                 start_workers: bool = True, priority: Optional[list] = None):
+                 start_workers: bool = True, priority: Optional[list] = None, stream: bool = True):
         self.items = _check_items(items)
         self.priority = _check_priority(priority, self.items)
         self.runners, labels = _unwrap_runners(runners, labels)
@@ -143,6 +151,7 @@ class Pipeline:
             executor = ThreadExecutor()
         self.executor = executor
         self.on_event = on_event
+        self.stream = bool(stream)  #: streaming items time their first batch while their static phase runs
         self.start_workers = start_workers  #: start every timing worker at once (False: at its first job)
         self.workers = [WorkerStats(str(label)) for label in labels]
 
@@ -205,7 +214,7 @@ class Pipeline:
                 if s.group is not None:
                     self._groups[s.group] += 1
                 self._emit("static_start", item=s.stats.key)
-                self.executor.submit_static(s.item)
+                self.executor.submit_static(s.item, self.stream and _streams(s.item))
         for w, stats in enumerate(self.workers):
             if stats.lost or w in self._busy:
                 continue
@@ -220,16 +229,18 @@ class Pipeline:
     def _next_job(self):
         """The next job by priority: the items' priority (default plan order), then batch order (retries first)."""
         for s in self._by_priority:
-            if s.phase == "timing" and s.queue:
+            if s.phase in ("static", "timing") and s.queue:  # static: a streaming item's ready jobs
                 return s.queue.popleft()
         return None
 
     # ------------------------------------------------------------------ events
     def _handle(self, event) -> None:
-        from rocmflash.tuning.pipeline_exec import StaticDone
+        from rocmflash.tuning.pipeline_exec import StaticDone, StaticProgress
 
         if isinstance(event, StaticDone):
             self._static_done(event)
+        elif isinstance(event, StaticProgress):
+            self._static_progress(event)
         else:
             self._job_done(event)
 
@@ -249,22 +260,42 @@ class Pipeline:
         self._emit("static_done", item=s.stats.key, seconds=s.stats.static_s)
         self._advance(s)
 
+    def _static_progress(self, event) -> None:
+        """A streaming item has more of its first batch ready: queue those jobs (ignored once its static is done:
+        next_batch() hands out the rest)."""
+        s = self._state(event.item)
+        if s.phase != "static":
+            return
+        jobs = s.item.early_jobs(event.upto)
+        self._check_batch(s, jobs)
+        if jobs:
+            s.queue.extend(jobs)
+            s.outstanding += len(jobs)
+            self._emit("static_progress", item=s.stats.key, jobs=len(jobs))
+
+    def _check_batch(self, s: _State, batch) -> None:
+        if not isinstance(batch, list) or not all(isinstance(j, Job) and j.item is s.item for j in batch):
+            raise TypeError(f"{s.stats.key}: next_batch()/early_jobs() must return a list of Job of this item, "
+                            f"got {batch!r}")
+
     def _advance(self, s: _State) -> None:
-        """Ask the item for its next batch (every job of the previous one is recorded)."""
+        """Ask the item for its next batch (every job of the previous one is recorded, or after its static phase:
+        the rest of a first batch whose streamed jobs are still outstanding)."""
         for _ in range(10000):
             batch = s.item.next_batch()
             if batch is None:
+                if s.outstanding or s.queue:
+                    raise RuntimeError(f"{s.stats.key}: next_batch() returned None with {s.outstanding} streamed "
+                                       "job(s) of its first batch not recorded (item bug)")
                 s.phase = "done"
                 s.item.finish(True)
                 s.stats.finished_at_s = self.executor.now()
                 self._emit("item_done", item=s.stats.key)
                 return
-            if not isinstance(batch, list) or not all(isinstance(j, Job) and j.item is s.item for j in batch):
-                raise TypeError(f"{s.stats.key}: next_batch() must return a list of Job of this item or None, "
-                                f"got {batch!r}")
-            if batch:
+            self._check_batch(s, batch)
+            if batch or s.outstanding:  # outstanding: streamed jobs of this (first) batch, still in flight
                 s.queue.extend(batch)
-                s.outstanding = len(batch)
+                s.outstanding += len(batch)
                 return
         raise RuntimeError(f"{s.stats.key}: next_batch() returned an empty batch 10000 times in a row")
 
@@ -317,7 +348,7 @@ class Pipeline:
         s.item.record(job, result)
         self._emit("job_done", item=s.stats.key, worker=stats.label, label=job.label, status=result.get("status"))
         s.outstanding -= 1
-        if s.outstanding == 0 and not s.queue:
+        if s.outstanding == 0 and not s.queue and s.phase == "timing":  # static: its first batch is still growing
             self._advance(s)
 
 
@@ -367,6 +398,11 @@ def largest_first(items: list) -> list:
         return list(items)
     work = [float(item.work_s()) for item in items]
     return [items[i] for i in sorted(range(len(items)), key=lambda i: (-work[i], i))]
+
+
+def _streams(item) -> bool:
+    """Whether ``item`` can time its first batch while its static phase runs."""
+    return callable(getattr(item, "static_stream", None)) and callable(getattr(item, "early_jobs", None))
 
 
 def _as_result(result, error: Optional[Exception]) -> dict:

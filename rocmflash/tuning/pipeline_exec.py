@@ -2,7 +2,7 @@
 simulated clock that replays recorded durations.
 
 Both give the scheduler the same four calls: ``start(runners, compile_slots)``,
-``submit_static(item)``, ``submit_job(worker, job)`` and ``next_event()`` (blocking), plus
+``submit_static(item, stream)``, ``submit_job(worker, job)`` and ``next_event()`` (blocking), plus
 ``now()`` (seconds since start), ``start_workers()`` (start every timing worker now, not at its
 first job) and ``shutdown()``. The scheduler alone decides what runs
 next; an executor only runs it and reports when it ended, so the simulated clock exercises
@@ -31,6 +31,15 @@ class StaticDone:
     error: Optional[BaseException]
     start: float
     end: float
+
+
+@dataclasses.dataclass
+class StaticProgress:
+    """A streaming item's static phase has more configs ready to time (:meth:`early_jobs`): ``upto`` is how many
+    of its ready configs the clock has reached (None: all it has, on the wall clock)."""
+
+    item: object
+    upto: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -82,12 +91,16 @@ class ThreadExecutor:
 
     def _compile_loop(self) -> None:
         while True:
-            item = self._statics.get()
-            if item is None:
+            task = self._statics.get()
+            if task is None:
                 return
+            item, stream = task
             start, error = self.now(), None
             try:
-                item.static()
+                if stream:  # its configs are timed as they become ready, beside the rest of its compile
+                    item.static_stream(lambda item=item: self._events.put(StaticProgress(item)))
+                else:
+                    item.static()
             except BaseException as err:  # reported to the scheduler thread, which decides
                 error = err
             self._events.put(StaticDone(item, error, start, self.now()))
@@ -112,8 +125,8 @@ class ThreadExecutor:
         for inbox in self._inboxes:
             inbox.put(_START)
 
-    def submit_static(self, item) -> None:
-        self._statics.put(item)
+    def submit_static(self, item, stream: bool = False) -> None:
+        self._statics.put((item, stream))
 
     def submit_job(self, worker: int, job) -> None:
         self._inboxes[worker].put(job)
@@ -143,6 +156,42 @@ def _start_worker(runner) -> None:
             pass
 
 
+def fifo_finish_times(seconds: list, cores: int) -> list:
+    """When each of ``seconds`` (tasks in submission order) ends on ``cores`` cores taking them first come, first
+    served: a cross-compile pool's schedule as results arrive."""
+    loads = [0.0] * max(1, min(cores, len(seconds)))
+    out = []
+    for s in seconds:
+        start = heapq.heappop(loads)
+        out.append(start + float(s))
+        heapq.heappush(loads, start + float(s))
+    return out
+
+
+def fifo_release_times(item, cores: int) -> list:
+    """Default release times of a streaming item's ready configs: config k of its ready list is timeable when
+    the first ``item.stream_prefixes()[k]`` configs of its compile order (``item.compile_order_seconds()``)
+    have compiled, on ``cores`` cores first come, first served."""
+    done = fifo_finish_times(list(item.compile_order_seconds() or []), cores)
+    prefix_done, t = [0.0], 0.0
+    for d in done:
+        t = max(t, d)
+        prefix_done.append(t)
+    return [prefix_done[min(p, len(prefix_done) - 1)] for p in item.stream_prefixes()]
+
+
+def _release_steps(times: list) -> list:
+    """``[(upto, at), ...]``: the ready configs ``[:upto]`` are timeable from ``at`` (nondecreasing times)."""
+    steps, t = [], 0.0
+    for k, at in enumerate(times):
+        t = max(t, at)
+        if steps and steps[-1][1] == t:
+            steps[-1] = (k + 1, t)
+        else:
+            steps.append((k + 1, t))
+    return steps
+
+
 def result_wall_s(job, result: dict) -> float:
     """The default duration of a simulated job: the result's ``wall_s`` (what a replayed journal recorded)."""
     return float(result.get("wall_s") or 0.0)
@@ -158,11 +207,16 @@ class SimulatedExecutor:
     starts every worker at once (``start_workers()``), or the workers in ``prestarted`` (the old code's
     first pre-warm started worker 0), else inside its first job (as a real first measurement includes it).
 
+    A streaming static phase (``stream``) makes its ready configs timeable at ``release_times(item, cores)``
+    (seconds after its start, one per ready config; default :func:`fifo_release_times`), each capped at the
+    phase's own duration.
+
     ``item.static()`` and ``job.run(runner)`` really run (inline, when submitted), so the items decide
     what to time from real results; only the clock is simulated."""
 
     def __init__(self, duration: Optional[Callable] = None, cpu_cores: int = 32, worker_start_s: float = 0.0,
-                 static_duration: Optional[Callable] = None, prestarted: tuple = ()):
+                 static_duration: Optional[Callable] = None, prestarted: tuple = (),
+                 release_times: Optional[Callable] = None):
         if type(cpu_cores) is not int or cpu_cores < 1:
             raise ValueError(f"cpu_cores={cpu_cores!r} is invalid; expected a positive int")
         if not (isinstance(worker_start_s, (int, float)) and worker_start_s >= 0):
@@ -173,6 +227,7 @@ class SimulatedExecutor:
         self.static_duration = static_duration or (lambda item, cores: makespan(list(item.compile_seconds() or []),
                                                                                 cores))
         self.prestarted = tuple(prestarted)
+        self.release_times = release_times or fifo_release_times
 
     def start(self, runners: list, compile_slots: int) -> None:
         self._now = 0.0
@@ -196,13 +251,20 @@ class SimulatedExecutor:
     def _push(self, at: float, event) -> None:
         heapq.heappush(self._heap, (at, next(self._seq), event))
 
-    def submit_static(self, item) -> None:
-        error, seconds = None, 0.0
+    def submit_static(self, item, stream: bool = False) -> None:
+        error, seconds, ready = None, 0.0, []
         try:
-            item.static()
+            if stream:  # runs whole (inline); its configs become ready at the times release_times says
+                item.static_stream(lambda: None)
+            else:
+                item.static()
             seconds = float(self.static_duration(item, self._cores))
+            if stream:
+                ready = [min(float(t), seconds) for t in self.release_times(item, self._cores)]
         except BaseException as err:
             error = err
+        for upto, at in _release_steps(ready):  # before its StaticDone at the same time (heap order)
+            self._push(self._now + at, StaticProgress(item, upto))
         self._push(self._now + seconds, StaticDone(item, error, self._now, self._now + seconds))
 
     def submit_job(self, worker: int, job) -> None:
@@ -234,4 +296,5 @@ class SimulatedExecutor:
         self._heap = []
 
 
-__all__ = ["ThreadExecutor", "SimulatedExecutor", "StaticDone", "JobDone", "makespan", "result_wall_s"]
+__all__ = ["ThreadExecutor", "SimulatedExecutor", "StaticDone", "StaticProgress", "JobDone", "makespan",
+           "fifo_finish_times", "fifo_release_times", "result_wall_s"]

@@ -17,6 +17,7 @@ its workers pinned through the platform's visibility variable.
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import threading
 import time
@@ -55,13 +56,35 @@ class WorkerPool:
         self.runners = list(runners)
         self.stats = [WorkerStats(str(label)) for label in (labels or range(len(runners)))]
         self.shared_cache = shared_cache  #: runners share one Triton cache (one node): pre-warm once
-        self.device = device or getattr(runners[0], "device", None)
+        self._device = device
         self.triton_cache_dir = getattr(runners[0], "triton_cache_dir", None)
         self._free: "queue.Queue[int]" = queue.Queue()
         for i in range(len(self.runners)):
             self._free.put(i)
         self._lock = threading.Lock()
         self._alive = len(self.runners)
+
+    @property
+    def device(self) -> Optional[str]:
+        """The timing device's name (the first runner's, asked when first needed)."""
+        return self._device or getattr(self.runners[0], "device", None)
+
+    @device.setter
+    def device(self, value: Optional[str]) -> None:
+        self._device = value
+
+    def start(self) -> None:
+        """Start every runner's timing worker and the pre-warm pool now (non-blocking; a runner without these
+        starts them at its first use): their processes import torch and open the device while the caller plans."""
+        prewarmers = self.runners[:1] if self.shared_cache else self.runners
+        for runner in self.runners:
+            for name in ("start_worker",) + (("start_prewarm",) if runner in prewarmers else ()):
+                start = getattr(runner, name, None)
+                if callable(start):
+                    try:
+                        start()
+                    except Exception:  # noqa: BLE001 - an optimisation: the pipeline starts them again
+                        pass
 
     @property
     def parallelism(self) -> int:
@@ -138,11 +161,14 @@ class WorkerPool:
                 r.prewarm_tasks(tasks, fn, timeout_s)
 
     def close(self) -> None:
-        for r in self.runners:
-            try:
-                r.close()
-            except Exception:  # pragma: no cover - closing a lost worker
-                pass
+        """Close every runner, all at once: each stops and joins its worker processes (seconds with a device
+        context each), which the user would otherwise wait for one runner after another at the end of a tune."""
+        threads = [threading.Thread(target=_close_quietly, args=(r,), daemon=True, name="rocmflash-close")
+                   for r in self.runners]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def __enter__(self):
         return self
@@ -150,6 +176,13 @@ class WorkerPool:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _close_quietly(runner) -> None:
+    try:
+        runner.close()
+    except Exception:  # pragma: no cover - closing a lost worker
+        pass
 
 
 def _short(cfg) -> str:
@@ -212,13 +245,69 @@ def node_gpu(indices: list, identify: Optional[Callable] = None):
     return get_gpu(next(iter(kinds)))
 
 
-def node_pool(indices: list, settings, triton_cache_dir: Optional[str], prewarm_workers: Optional[int] = None):
-    """One :class:`~rocmflash.tuning.live.LiveRunner` per device index, sharing one Triton cache."""
+def node_pool(indices: list, settings, triton_cache_dir: Optional[str], prewarm_workers: Optional[int] = None,
+              rocm: Optional[bool] = None):
+    """One :class:`~rocmflash.tuning.live.LiveRunner` per device index, sharing one Triton cache (``rocm``: made
+    before torch is imported, :func:`early_node_pool`)."""
     from rocmflash.tuning.live import LiveRunner
 
     runners = [LiveRunner(settings, triton_cache_dir=triton_cache_dir, prewarm_workers=prewarm_workers,
-                          device_index=i) for i in indices]
+                          device_index=i, rocm=rocm) for i in indices]
     return WorkerPool(runners, labels=[f"gpu{i}" for i in indices], shared_cache=True)
 
 
-__all__ = ["WorkerPool", "WorkerStats", "WorkerLost", "NoWorkersLeft", "parse_gpus", "node_gpu", "node_pool"]
+_VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+
+
+def gpus_without_torch(environ=None, dev_dir: str = "/dev",
+                       kfd_nodes: str = "/sys/class/kfd/kfd/topology/nodes") -> Optional[tuple]:
+    """``(device count, rocm)`` of this node read without importing torch (its import takes seconds the timing
+    workers can use to start): the NVIDIA device files (``nvidiaN``) or the AMD KFD nodes with a GPU; None when
+    a ``*_VISIBLE_DEVICES`` variable narrows the devices, both kinds or none are present (torch decides)."""
+    import glob
+    import re
+
+    env = os.environ if environ is None else environ
+    if any(var in env for var in _VISIBLE_VARS):
+        return None
+    nvidia = [p for p in glob.glob(os.path.join(dev_dir, "nvidia*"))
+              if re.fullmatch(r"nvidia\d+", os.path.basename(p))]
+    amd = 0
+    for path in glob.glob(os.path.join(kfd_nodes, "*", "gpu_id")):
+        try:
+            with open(path, encoding="ascii") as f:
+                amd += int(f.read().strip() or 0) != 0
+        except (OSError, ValueError):
+            return None
+    if bool(nvidia) == bool(amd):
+        return None
+    return (len(nvidia), False) if nvidia else (amd, True)
+
+
+def early_node_pool(gpus: str, settings, triton_cache_dir: Optional[str], prewarm_workers: Optional[int] = None,
+                    probe: Optional[Callable] = None) -> Optional["WorkerPool"]:
+    """A started :func:`node_pool` for ``--gpus gpus`` made before torch is imported (its workers import torch,
+    open their devices and start the pre-warm pool while this process imports torch and plans), or None where
+    the devices cannot be told without torch. The caller checks it with :func:`early_pool_matches` once torch
+    is imported, and closes it when it does not match."""
+    found = (probe or gpus_without_torch)()
+    if found is None:
+        return None
+    count, rocm = found
+    try:
+        indices = parse_gpus(gpus, count)
+    except ValueError:
+        return None  # torch's count decides, and gives the error
+    pool = node_pool(indices, settings, triton_cache_dir, prewarm_workers, rocm=rocm)
+    pool.early = (indices, rocm)
+    pool.start()
+    return pool
+
+
+def early_pool_matches(pool, indices: list, rocm: bool) -> bool:
+    """Whether :func:`early_node_pool`'s guess is what torch says: the same device indices and the same build."""
+    return pool is not None and getattr(pool, "early", None) == (list(indices), bool(rocm))
+
+
+__all__ = ["WorkerPool", "WorkerStats", "WorkerLost", "NoWorkersLeft", "parse_gpus", "node_gpu", "node_pool",
+           "gpus_without_torch", "early_node_pool", "early_pool_matches"]

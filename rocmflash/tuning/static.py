@@ -77,6 +77,18 @@ class StaticResult:
         return sorted((c for c in self.candidates if c.kept), key=lambda c: c.static_rank)
 
 
+def static_configs(gpu: GPU, problem: Problem, space, seeds: tuple = ()) -> tuple:
+    """``(configs, {index: reference id})``: what :func:`static_phase` compiles, in its order (the space, then the
+    ``seeds`` it lacks)."""
+    configs = space.configs(problem, gpu)
+    seed_of = {}
+    for ref_id, cfg in seeds:
+        if cfg not in configs:
+            configs.append(cfg)
+        seed_of.setdefault(configs.index(cfg), ref_id)
+    return configs, seed_of
+
+
 def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None,
                  settings: PruneSettings = PruneSettings(), on_result: Optional[Callable] = None,
                  seeds: tuple = ()) -> StaticResult:
@@ -84,12 +96,7 @@ def static_phase(gpu: GPU, problem: Problem, space, cache_dir=None, workers=None
     the space lacks them) and rank the survivors by the static score."""
     from rocmflash.static.compile import sweep
 
-    configs = space.configs(problem, gpu)
-    seed_of = {}
-    for ref_id, cfg in seeds:
-        if cfg not in configs:
-            configs.append(cfg)
-        seed_of.setdefault(configs.index(cfg), ref_id)
+    configs, seed_of = static_configs(gpu, problem, space, seeds)
     observations, stats = sweep(configs, problem, gpu, cache_dir=cache_dir, workers=workers, on_result=on_result)
     verdicts = prune(observations, settings)
     cands = [Candidate(cfg, obs, v.kept, v.reason, v.detail, seed=seed_of.get(i))
