@@ -78,7 +78,8 @@ def _run(name: str, argv: list, out: str, env: dict, kill_after=None) -> dict:
         proc.wait()
         if watcher:
             watcher.join(timeout=5)
-    info.update(rc=proc.returncode, wall_s=round(time.time() - info.pop("start"), 1))
+    start = info.pop("start")
+    info.update(rc=proc.returncode, wall_s=round(time.time() - start, 1), marks=marks(trace, start))
     with open(log_path) as f:
         text = f.read()
     info["workers"] = [{"label": m[0], "timed": int(m[1]), "busy_s": float(m[2])}
@@ -106,6 +107,22 @@ def _run(name: str, argv: list, out: str, env: dict, kill_after=None) -> dict:
 GAP_S = 0.5
 
 
+def marks(trace: str, start: float) -> dict:
+    """``{mark name: seconds since the process was started}`` of the tune's ``mark`` events
+    (:func:`rocmflash.tuning.items.trace_mark`): where the process spends its time outside the pipeline."""
+    out = {}
+    if os.path.exists(trace):
+        with open(trace) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(e, dict) and e.get("event") == "mark":
+                    out[e["name"]] = round(e["wall"] - start, 2)
+    return out
+
+
 def timeline(trace: str) -> dict:
     """Per worker of a run's pipeline trace: ``first_job_s`` (idle before its first job), ``gaps_s`` (idle
     between jobs, stretches over :data:`GAP_S`), ``gaps`` (the 5 longest: start, seconds, static phases then in
@@ -117,6 +134,7 @@ def timeline(trace: str) -> dict:
             events = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
         return {}
+    events = [e for e in events if "t" in e]  # the process's marks (:func:`marks`) are on the wall clock
     if not events:
         return {}
     end = max(e["t"] for e in events)
@@ -207,6 +225,8 @@ def _write(results: dict, prefix: str, base: list, out: str, tag: str, code: str
             longest = ", ".join(f"{at:.0f}+{g:.1f}" for at, g, _ in w["gaps"][:3]) or "-"
             lines.append(f"| {name} | {label} | {w['first_job_s']:.1f} | {w['gaps_s']:.1f} ({longest}) | "
                          f"{w['tail_s']} | {w['busy_s']:.1f} |")
+    lines += ["", "Process marks (s since the process was started): " + "; ".join(
+        f"{name}: " + ", ".join(f"{k} {v}" for k, v in (r.get("marks") or {}).items()) for name, r in results.items())]
     with open(os.path.join(out, f"{prefix}scale-gpus.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -108,7 +108,10 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
     mode = args.mode
     if mode == "decode" and args.pass_ is not None:
         return _error(f"--pass {args.pass_} is for prefill (decode has no backward)")
+    from rocmflash.tuning.items import trace_mark
+
     pool = None
+    trace_mark("model_tune_start")
     try:
         model = load_model(args.model)
         if args.gpus or args.cluster:
@@ -116,6 +119,7 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
                 gpu, n_gpus, where, measuring = _dry_run_workers(args)
             else:
                 pool, gpu = make_pool(args, args.gpu)
+                trace_mark("pool_ready")
                 n_gpus, measuring = pool.parallelism, True
                 where = f"{n_gpus} worker(s): " + ", ".join(s.label for s in pool.stats)
         else:
@@ -129,8 +133,10 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
         console.print(plan_table(plan, n_gpus, cores, measuring, where))
         if args.dry_run:
             return 0
+        trace_mark("tune_start")
         result = tune_model(plan, pool, args.db, args.strategy, args.cache_dir, args.workers, args.timeout,
                             seeds=not args.no_seeds, resume=args.resume, console=console)
+        trace_mark("tune_done")
         print_model_summary(result, console, n_gpus, cores)
     except KeyboardInterrupt:
         print("interrupted: what was timed is in the journal and database; re-run to continue", file=sys.stderr)
@@ -142,6 +148,7 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
     finally:
         if pool is not None:
             close_pool(pool, args)
+        trace_mark("model_tune_end")
     return 0
 
 

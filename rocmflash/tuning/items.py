@@ -110,6 +110,20 @@ def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: O
                 runners._alive = sum(not s.lost for s in pool_stats)
 
 
+def trace_mark(name: str) -> None:
+    """Append ``{"event": "mark", "name": name, "wall": time.time()}`` to ``$ROCMFLASH_PIPELINE_TRACE`` (no-op
+    unset): where a tune process spends its time outside the pipeline (start-up, workers, saving, closing), on
+    the wall clock a caller that started the process can subtract from (bench/scale_gpus.py)."""
+    import os
+    import time
+
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        trace = _Trace.open()
+        trace({"event": "mark", "name": name, "wall": time.time()})
+        trace.close()
+
+
 class _Trace:
     """The pipeline's events as JSON lines in ``$ROCMFLASH_PIPELINE_TRACE`` (see :data:`TRACE_ENV`)."""
 
