@@ -158,7 +158,6 @@ def refresh_decode(entries: dict, measure, served_config, stamp: dict, note=prin
 def _main_decode(args, db, lines) -> int:
     import torch
 
-    from rocmflash.db import environment, now_iso
     from rocmflash.tuning.incumbent_worker import measure_decode
 
     def measure(problem, config):
@@ -177,19 +176,30 @@ def _main_decode(args, db, lines) -> int:
                  f"gated against fp32, then {args.rounds} interleaved rounds of {args.iters} back-to-back eager calls "
                  "between events (host time included)")
 
+    return _refresh_and_write(args, db, lines, refresh_decode, measure, served_config, "incumbents_decode.md",
+                              "decode entries refreshed or added")
+
+
+def _refresh_and_write(args, db, lines: list, refresh, measure, served_config, table: str, counted: str) -> int:
+    """Run ``refresh(entries, measure, served_config, stamp, note, keys)``, put its entries into ``db`` and save
+    it, and write ``lines`` (the notes appended) to ``args.out/table``."""
+    import torch
+
+    from rocmflash.db import environment, now_iso
+
     def note(s):
         print(s, flush=True)
         lines.append(f"- {s}")
 
     stamp = {"when": now_iso(), "fingerprint": environment(torch.cuda.get_device_name())}
-    new = refresh_decode(db.data.get("entries", {}), measure, served_config, stamp, note,
-                         set(args.keys.split(",")) if args.keys else None)
+    new = refresh(db.data.get("entries", {}), measure, served_config, stamp, note,
+                  set(args.keys.split(",")) if args.keys else None)
     for key, entry in new.items():
         db.put(key, entry)
     db.save()
-    lines += ["", f"{len(new)} decode entries refreshed or added"]
+    lines += ["", f"{len(new)} {counted}"]
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "incumbents_decode.md"), "w") as f:
+    with open(os.path.join(args.out, table), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0
 
@@ -259,7 +269,6 @@ def _main_small(args, db, lines) -> int:
     import torch
 
     from rocmflash.api.selection import select_config
-    from rocmflash.db import environment, now_iso
     from rocmflash.tuning.incumbent_worker import measure_eager
 
     def served_config(problem):
@@ -274,22 +283,9 @@ def _main_small(args, db, lines) -> int:
                  f"fp32, then {args.rounds} interleaved rounds of {args.iters} back-to-back eager calls between events "
                  "(host time included), forward and forward + autograd.grad of q, k, v")
 
-    def note(s):
-        print(s, flush=True)
-        lines.append(f"- {s}")
-
-    stamp = {"when": now_iso(), "fingerprint": environment(torch.cuda.get_device_name())}
-    new = refresh_small(db.data.get("entries", {}),
-                        lambda p: measure_eager(p, rounds=args.rounds, iters=args.iters), served_config, stamp, note,
-                        set(args.keys.split(",")) if args.keys else None)
-    for key, entry in new.items():
-        db.put(key, entry)
-    db.save()
-    lines += ["", f"{len(new)} short dense entries added"]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "incumbents_small.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return 0
+    return _refresh_and_write(args, db, lines, refresh_small,
+                              lambda p: measure_eager(p, rounds=args.rounds, iters=args.iters), served_config,
+                              "incumbents_small.md", "short dense entries added")
 
 
 if __name__ == "__main__":

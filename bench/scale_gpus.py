@@ -86,16 +86,7 @@ def _run(name: str, argv: list, out: str, env: dict, kill_after=None) -> dict:
                        for m in re.findall(r"worker (\S+): (\d+) timed .*?busy (\d+) s", text)]
     m = re.search(r"wall time (\d+) s", text)
     info["tune_wall_s"] = float(m.group(1)) if m else None
-    recs = []
-    if os.path.exists(journal):
-        with open(journal) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(r, dict) and "status" in r:
-                    recs.append(r)
+    recs = [r for r in _json_lines(journal) if "status" in r]
     info["timeline"] = timeline(trace)
     info["journal"] = {"records": len(recs), "by_status": {s: sum(r["status"] == s for r in recs)
                                                            for s in sorted({r["status"] for r in recs})},
@@ -110,16 +101,22 @@ GAP_S = 0.5
 def marks(trace: str, start: float) -> dict:
     """``{mark name: seconds since the process was started}`` of the tune's ``mark`` events
     (:func:`rocmflash.tuning.items.trace_mark`): where the process spends its time outside the pipeline."""
-    out = {}
-    if os.path.exists(trace):
-        with open(trace) as f:
+    return {e["name"]: round(e["wall"] - start, 2) for e in _json_lines(trace) if e.get("event") == "mark"}
+
+
+def _json_lines(path: str) -> list:
+    """The JSON objects of a JSON-lines file, skipping lines that are not one (a run killed mid-write); [] when
+    there is no file."""
+    out = []
+    if os.path.exists(path):
+        with open(path) as f:
             for line in f:
                 try:
-                    e = json.loads(line)
+                    r = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(e, dict) and e.get("event") == "mark":
-                    out[e["name"]] = round(e["wall"] - start, 2)
+                if isinstance(r, dict):
+                    out.append(r)
     return out
 
 

@@ -65,7 +65,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from scale_sim_journal import (FILL_RULES, INCUMBENT_S, STARTUP_IN_JOB_S, Durations,  # noqa: E402,F401
+from scale_sim_journal import (FILL_RULES, INCUMBENT, INCUMBENT_S, STARTUP_IN_JOB_S, Durations,  # noqa: E402,F401
                                SimRunner, read_journals)
 
 #: the journals read by default: every recorded tune of the project

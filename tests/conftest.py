@@ -137,3 +137,18 @@ def reference_attention(q, k, v, causal, scale):
 @pytest.fixture
 def attention_reference():
     return reference_attention
+
+
+@pytest.fixture
+def sdpa_spy(monkeypatch):
+    """Every SDPA call the incumbent dispatch makes, as ``(backend, is_causal)``; the real SDPA still runs."""
+    from rocmflash.api import ops
+
+    calls, real = [], ops.sdpa_attention
+
+    def spy(backend, q, k, v, causal, scale, gqa=None):
+        calls.append((backend, causal))
+        return real(backend, q, k, v, causal, scale, gqa)
+
+    monkeypatch.setattr(ops, "sdpa_attention", spy)
+    return calls

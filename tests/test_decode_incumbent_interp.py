@@ -81,19 +81,6 @@ def _entry_points():
     }
 
 
-@pytest.fixture
-def sdpa_spy(monkeypatch):
-    """Every SDPA call the dispatch makes: ``(backend, is_causal)``; the real SDPA still runs."""
-    calls, real = [], ops.sdpa_attention
-
-    def spy(backend, q, k, v, causal, scale, gqa=None):
-        calls.append((backend, causal))
-        return real(backend, q, k, v, causal, scale, gqa)
-
-    monkeypatch.setattr(ops, "sdpa_attention", spy)
-    return calls
-
-
 ENTRIES = ["attention", "flash_attn_func", "op", "patch_sdpa"]
 
 

@@ -20,19 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}
 
 
-@pytest.fixture
-def sdpa_spy(monkeypatch):
-    """Every SDPA call the dispatch makes: ``(backend, is_causal)``; the real SDPA still runs."""
-    calls, real = [], ops.sdpa_attention
-
-    def spy(backend, q, k, v, causal, scale, gqa=None):
-        calls.append((backend, causal))
-        return real(backend, q, k, v, causal, scale, gqa)
-
-    monkeypatch.setattr(ops, "sdpa_attention", spy)
-    return calls
-
-
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_refresh", os.path.join(ROOT, "bench", "refresh_incumbents.py"))
     module = importlib.util.module_from_spec(spec)

@@ -134,11 +134,21 @@ def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, i
             for name, ms in medians.items():
                 results[name]["time_ms"] = ms
         else:
-            why = "the rocmflash route failed its gate" if timed else "interpreter: not timed on the CPU"
-            for r in results.values():
-                if r["status"] == "ok":
-                    r["status"], r["error"] = "skipped", why
+            _skip_untimed(results, timed)
     del q, k, v, ref
+    return _finish(torch, result, held, paths, timed, start)
+
+
+def _skip_untimed(results: dict, timed: bool) -> None:
+    """Mark the gated backends ``skipped`` (with why) when nothing was timed."""
+    why = "the rocmflash route failed its gate" if timed else "interpreter: not timed on the CPU"
+    for r in results.values():
+        if r["status"] == "ok":
+            r["status"], r["error"] = "skipped", why
+
+
+def _finish(torch, result: dict, held: list, paths: dict, timed: bool, start: float) -> dict:
+    """Free the inputs (and the GPU's cached blocks) and stamp the worker time."""
     held.clear()
     paths.clear()
     if timed:
@@ -192,16 +202,8 @@ def measure_eager(problem: dict, backends=None, rounds: int = 3, iters: int = 20
                 if name in medians:
                     r["time_ms"], r["train_ms"] = medians[name], medians[name + " train"]
         else:
-            why = "the rocmflash route failed its gate" if timed else "interpreter: not timed on the CPU"
-            for r in results.values():
-                if r["status"] == "ok":
-                    r["status"], r["error"] = "skipped", why
-    held.clear()
-    paths.clear()
-    if timed:
-        torch.cuda.empty_cache()
-    result["worker_s"] = round(time.perf_counter() - start, 3)
-    return result
+            _skip_untimed(results, timed)
+    return _finish(torch, result, held, paths, timed, start)
 
 
 def _dense_inputs(torch, p: dict, device):
