@@ -30,10 +30,10 @@ throw-away database) on a simulated clock (:class:`~rocmflash.tuning.pipeline_ex
 * results steer the races: a recorded config returns its recorded result, any other a fixed
   pseudo-random time (from a hash of config and shape), so the rounds have their real sizes.
 
-``--scheduler new`` is the pipeline as it is: a race's first round streams (its survivors are timed as their
-compiles arrive and their pre-warm batch ends: compile-order prefixes on the FIFO compile pool, then the
-pre-warms one batch at a time; ``--no-stream``: as before streaming, each item's first job after its whole
-static phase), :func:`~rocmflash.tuning.pipeline.default_compile_slots`
+``--scheduler new`` is the pipeline as it is: a forward race's first round, a backward problem's configs (every
+dQ config before any dK/dV config) and a decode problem's stream (its survivors are timed as their compiles
+arrive and their pre-warm batch ends: compile-order prefixes on the FIFO compile pool, then the pre-warms one
+batch at a time; ``--no-stream``: as before streaming, each item's first job after its whole static phase), :func:`~rocmflash.tuning.pipeline.default_compile_slots`
 static phases at once (never two of one static problem), every timing worker started with the run,
 the jobs of the largest items first on several workers, one pre-warm pool of up to 32 processes kept
 for the tune and started with it.
@@ -173,7 +173,8 @@ class StaticModel:
         return t + math.ceil(n / procs) * per - now
 
     def _streamed(self, item) -> list:
-        """The compile-order prefix each streamed config waited for (scheduler "new": a race streams its round 1)."""
+        """The compile-order prefix each streamed config waited for (scheduler "new": a forward race streams its round
+        1, a backward or decode item every config it times)."""
         prefixes = getattr(item, "stream_prefixes", None)
         return list(prefixes()) if callable(prefixes) and not self.old else []
 

@@ -108,3 +108,41 @@ def test_bad_worker_counts_are_a_clear_error(setup, capsys):
     assert "--workers '1,two' is invalid" in capsys.readouterr().err
     with pytest.raises(ValueError, match="positive counts"):
         scale_sim.simulate(setup["plan"], (0,), [setup["journal"]])
+
+
+@pytest.mark.parametrize("family", ["bwd", "decode"])
+def test_backward_and_decode_items_stream_on_the_simulated_clock(setup, monkeypatch, family):
+    """Scheduler "new": a backward or decode problem's first jobs start before its static phase ends (its
+    survivors are timeable as their compile-order prefix compiles and their pre-warm batch ends; a backward's dQ
+    configs all before its dK/dV configs), so the run ends sooner than unstreamed."""
+    from rocmflash.tuning import backward as TB
+    from rocmflash.tuning import decode as TD
+
+    full_bwd, full_decode = TB.bwd_space, TD.decode_space
+    monkeypatch.setattr(TB, "bwd_space", lambda arch, d: [p for p in full_bwd(arch, d) if p["kernel"] == "dq"][:3]
+                        + [p for p in full_bwd(arch, d) if p["kernel"] == "dkdv"][:3])
+    monkeypatch.setattr(TD, "decode_space", lambda arch: full_decode(arch)[:4])
+    plan = scale_sim.build_plan(setup["model"], "h100", ["bf16"], [1024], ("bwd",) if family == "bwd" else (),
+                                decode=family == "decode")
+    records = scale_sim.read_journals([setup["journal"]])
+    import rocmflash.tuning.pipeline as P
+
+    real, events = P.Pipeline.__init__, []
+
+    def init(self, *a, **kw):  # every step of the run, on the simulated clock
+        real(self, *a, **dict(kw, on_event=events.append))
+
+    monkeypatch.setattr(P.Pipeline, "__init__", init)
+    runs = {}
+    for stream in (False, True):
+        events.clear()
+        # one core: the compiles arrive one by one, so the pre-warms come in several batches
+        stats, _, items = scale_sim.simulate_once(plan, 1, records, setup["cache"], cpu_cores=1, scheduler="new",
+                                                  stream=stream)
+        item = items[0]
+        assert item.family == family and bool(item.stream_prefixes()) is stream
+        first_job = min(e["t"] for e in events if e["event"] == "job_start")
+        static_done = min(e["t"] for e in events if e["event"] == "static_done")
+        assert (first_job < static_done) is stream
+        runs[stream] = stats.wall_s
+    assert runs[True] < runs[False]

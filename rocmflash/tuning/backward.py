@@ -166,12 +166,17 @@ def rank_each_kernel(gpu, configs: list, observations: list, settings=None) -> l
 
 
 def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=None,
-                 configs: Optional[list] = None) -> BwdStatic:
-    """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU)."""
+                 configs: Optional[list] = None, on_configs=None, on_result=None) -> BwdStatic:
+    """Cross-compile the backward space for ``gpu``'s arch, prune each kernel's configs, rank (no GPU).
+    ``on_configs(configs)``: what is compiled, before it is; ``on_result(observation)``: each compile result as it
+    arrives (a streamed static phase)."""
     from rocmflash.static.compile import sweep_family
 
     configs = configs if configs is not None else bwd_space(gpu.arch, problem.head_dim)
-    observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers)
+    if on_configs is not None:
+        on_configs(configs)
+    observations, stats = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, workers,
+                                       on_result=on_result)
     return BwdStatic(problem, rank_each_kernel(gpu, configs, observations, settings), stats)
 
 

@@ -196,14 +196,17 @@ def _static_key(config: dict, obs: dict, index: int) -> tuple:
 
 
 def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, settings=None,
-                 configs: Optional[list] = None) -> FamilyStatic:
-    """Cross-compile the decode space for ``gpu``'s arch, prune, rank (no GPU). Rows also carry the
-    combine kernel's summary (``"combine"``)."""
+                 configs: Optional[list] = None, on_configs=None, on_result=None) -> FamilyStatic:
+    """Cross-compile the decode space for ``gpu``'s arch, prune, rank (no GPU); rows also carry the combine kernel's
+    summary (``"combine"``). Streamed: ``on_configs(configs)`` first, ``on_result(observation)`` as each arrives."""
     from rocmflash.static.compile import sweep_family
     from rocmflash.static.prune import PruneSettings, prune
 
     configs = configs if configs is not None else decode_space(gpu.arch)
-    observations, stats = sweep_family("decode", configs, problem.to_dict(), gpu, cache_dir, workers)
+    if on_configs is not None:
+        on_configs(configs)
+    observations, stats = sweep_family("decode", configs, problem.to_dict(), gpu, cache_dir, workers,
+                                       on_result=on_result)
     rows = family_rows(configs, observations, prune(observations, settings or PruneSettings()), _static_key)
     for row, obs in zip(rows, observations):
         row["combine"] = obs["kernels"][1] if len(obs.get("kernels") or ()) > 1 else {}

@@ -148,6 +148,10 @@ class FamilyTiming:
         self.handed_out = False
         self.timed_now = 0
         self.skipped = 0
+        self.ready = None  #: streamed static phase: a ReadyQueue of (index, task) ready to time
+        self.stream = None  #: its SurvivorStream (once the static phase named its configs)
+        self.early: set = set()  #: config keys handed out while the static phase ran
+        self.early_jobs: set = set()  #: ids of those jobs not recorded yet
 
     def done(self) -> dict:
         return family_results(self.item.ctx, self.family, self.item.key, self.item.problem_dict)
@@ -157,22 +161,91 @@ class FamilyTiming:
         return [t for t in self.tasks if config_json(t["config"]) not in done]
 
     def batch(self) -> Optional[list]:
-        """The not yet journaled tasks as jobs, once; then None."""
-        from rocmflash.tuning.pipeline import Job
-
+        """The not yet journaled tasks as jobs, once; then None (a streamed static phase: those not handed out
+        early; an empty batch while early jobs are in flight, so the batch closes when they are recorded)."""
         if self.handed_out or not self.item.ctx.measuring:
             return None
         self.handed_out = True
-        todo = self.todo()
-        self.skipped = len(self.tasks) - len(todo)
+        done = self.done()
+        todo = [t for t in self.tasks if config_json(t["config"]) not in done and config_json(t["config"]) not in
+                self.early]
+        self.skipped = sum(1 for t in self.tasks if config_json(t["config"]) in done and
+                           config_json(t["config"]) not in self.early)
         if self.skipped:
             self.item.ctx.out.note(f"{self.item.key}: {self.skipped} of {len(self.tasks)} config(s) already in the "
                                    "journal, skipped")
+        jobs = [self.job(task) for task in todo]
+        return jobs if jobs or self.early_jobs else None
+
+    def job(self, task: dict):
+        """The worker-task job of one task (a crash or a hang costs that task only)."""
+        from rocmflash.tuning.pipeline import Job
+
         fn, timeout_s = self.fn, self.timeout_s
-        return [Job(self.item, (lambda runner, task=task: runner.call(fn, task, timeout_s)), _task_label(task),
-                    (self.item.key, config_json(task["config"]), None), payload=task) for task in todo] or None
+        return Job(self.item, (lambda runner, task=task: runner.call(fn, task, timeout_s)), _task_label(task),
+                   (self.item.key, config_json(task["config"]), None), payload=task)
+
+    # ------------------------------------------------------------------ a streamed static phase
+    def open_stream(self, notify, settings, task_of: Callable, prewarm: Optional[Callable], **rules) -> dict:
+        """The hooks (``on_configs(configs)``, ``on_result(observation)``) of a streamed static phase: each certain
+        survivor (:class:`~rocmflash.tuning.stream.SurvivorStream` with ``settings`` and ``rules``) becomes the
+        task ``task_of(config)``, pre-warmed (``prewarm(tasks)``; None: not) and ready to time; ``notify()`` after
+        each batch. Tasks the journal already holds are not timed again."""
+        from rocmflash.tuning.stream import ReadyQueue, SurvivorStream
+
+        done = self.done()
+        warm = None if prewarm is None else (lambda entries: prewarm([t for _, t in entries]))
+        self.ready = ReadyQueue(warm, notify)
+
+        def on_release(released):
+            tasks = [(i, task_of(self.stream.configs[i])) for i, _, _ in released]
+            self.ready.put([(i, t) for i, t in tasks if config_json(t["config"]) not in done])
+
+        def on_configs(configs):
+            self.stream = SurvivorStream(configs, settings, on_release, **rules)
+
+        def on_result(observation):
+            if self.stream is not None:
+                self.stream.add(observation)
+
+        return {"on_configs": on_configs, "on_result": on_result}
+
+    def close_stream(self) -> None:
+        """Wait until every released task is pre-warmed (the static phase's end)."""
+        if self.ready is not None:
+            self.ready.close()
+
+    def check_streamed(self) -> set:
+        """Config keys pre-warmed while streaming; each handed out early must be one of :attr:`tasks` (else a bug
+        of the stream's rule: its timing would be of a config the static phase pruned)."""
+        if self.ready is None:
+            return set()
+        wrong = sorted(self.early - {config_json(t["config"]) for t in self.tasks})
+        if wrong:
+            raise RuntimeError(f"{self.item.key}: streamed config(s) not among those to time: {wrong[:3]}")
+        return {config_json(t["config"]) for _, t in self.ready.ready}
+
+    def early_batch(self, upto=None) -> list:
+        """Jobs of the tasks ready while the static phase runs (pipeline scheduler thread)."""
+        if self.ready is None:
+            return []
+        jobs = [self.job(t) for _, t in self.ready.take(upto)]
+        self.early.update(j.sim_key[1] for j in jobs)
+        self.early_jobs.update(id(j) for j in jobs)
+        return jobs
+
+    def stream_prefixes(self) -> list:
+        """Per ready task (ready order): how many configs of the compile order it waited for (simulated clock)."""
+        if self.ready is None or self.stream is None:
+            return []
+        return [self.stream.needs(i) for i, _ in self.ready.ready]
+
+    def compile_order_seconds(self) -> list:
+        """Compile seconds per config in compile order (0: unknown), for the simulated clock's release times."""
+        return self.stream.compile_seconds() if self.stream is not None else []
 
     def record(self, job, result: dict) -> None:
+        self.early_jobs.discard(id(job))
         result = dict(result)
         result.setdefault("config", job.payload["config"])
         journal_family_result(self.item.ctx, self.family, self.item.key, self.item.problem_dict, self.strategy, result)

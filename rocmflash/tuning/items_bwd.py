@@ -6,7 +6,8 @@ did: the static phase (shared by the problems of one static problem), the config
 as one batch of worker tasks with every dQ job before the dK/dV jobs (each dQ launch also
 writes ``delta``, which the dK/dV configs read), each result journaled as it arrives, and the
 entry of :func:`~rocmflash.tuning.backward_run.measured_entry` (the default dK/dV at the
-head splits run-time selection would give it).
+head splits run-time selection would give it). A race's static phase streams (:meth:`BackwardItem.static_stream`):
+each kernel's certain survivors are timed as their compiles arrive, every dQ config before any dK/dV config.
 """
 
 from __future__ import annotations
@@ -66,13 +67,27 @@ class BackwardItem:
     def static(self) -> None:
         """The backward space compiled and pruned per kernel (shared per static problem), what is timed
         chosen, and pre-warmed on the timing workers."""
+        self._static(None)
+
+    def static_stream(self, notify) -> None:
+        """:meth:`static`, but (a race this item compiles) each kernel's certain survivors are pre-warmed and made
+        ready to time as their compile results arrive (:mod:`rocmflash.tuning.stream`), every dQ config before
+        any dK/dV config; ``notify()`` after each batch."""
+        self._static(notify)
+
+    def _static(self, notify) -> None:
         from rocmflash.tuning.backward import prewarm_bwd, static_phase
+        from rocmflash.tuning.items_base import config_json
 
         self._start = time.perf_counter()
         spec, ctx = self.spec, self.ctx
         sp = self.static_group[1]
-        self.static_result = ctx.statics.get(self.static_group, lambda: static_phase(ctx.gpu, sp, spec.cache_dir,
-                                                                                     spec.workers, spec.prune_settings))
+        hooks = self._open_stream(notify) if notify is not None else {}
+        try:
+            self.static_result = ctx.statics.get(self.static_group, lambda: static_phase(
+                ctx.gpu, sp, spec.cache_dir, spec.workers, spec.prune_settings, **hooks))
+        finally:
+            self.timing.close_stream()
         if not ctx.measuring:
             return
         chosen = to_time(self.static_result, spec.strategy, spec.top_k, self.defaults)
@@ -80,7 +95,34 @@ class BackwardItem:
         # dQ first: each dQ launch also writes delta, which the dK/dV configs read
         tasks.sort(key=lambda t: KERNELS.index(t["config"]["kernel"]))
         self.timing.tasks = tasks
-        ctx.prewarm_tasks(self.timing.todo(), prewarm_bwd, spec.live_settings.timeout_s)
+        warmed = self.timing.check_streamed()
+        ctx.prewarm_tasks([t for t in self.timing.todo() if config_json(t["config"]) not in warmed], prewarm_bwd,
+                          spec.live_settings.timeout_s)
+
+    def _open_stream(self, notify) -> dict:
+        """The hooks of a streamed static phase (a measured race, whose field is every survivor and each kernel's
+        default): per kernel pruned on its own, dQ released before dK/dV, each default once its kernel is
+        wholly compiled unless it survived."""
+        from rocmflash.tuning.backward import prewarm_bwd
+
+        ctx, spec = self.ctx, self.spec
+        if not (ctx.measuring and spec.strategy == "race"):
+            return {}
+        timeout_s = spec.live_settings.timeout_s
+        prewarm = None if ctx.interpret else (lambda tasks: ctx.prewarm_tasks(tasks, prewarm_bwd, timeout_s))
+        return self.timing.open_stream(notify, spec.prune_settings, lambda c: {"config": c, "shape": self.problem_dict},
+                                       prewarm, group=lambda c: c["kernel"], stages=KERNELS, settle=True,
+                                       always=tuple(self.defaults.values()))
+
+    def early_jobs(self, upto=None) -> list:
+        """Jobs of the configs ready while the static phase runs (pipeline scheduler thread)."""
+        return self.timing.early_batch(upto)
+
+    def stream_prefixes(self) -> list:
+        return self.timing.stream_prefixes()
+
+    def compile_order_seconds(self) -> list:
+        return self.timing.compile_order_seconds()
 
     def compile_seconds(self) -> list:
         from rocmflash.tuning.items_base import cached_compile_seconds

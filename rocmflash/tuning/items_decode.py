@@ -5,7 +5,8 @@ survivor pre-warmed at the split counts it is timed at, then timed as one batch 
 (gated, then timed at each split count), each result journaled as it arrives, and the entry of
 :func:`~rocmflash.tuning.decode_run.measured_entry`. Once the winner is known, one more job on the same
 timing worker times the platform's SDPA beside it (:func:`measure_incumbent`; a dense 16-bit cache only, as
-the forward's incumbent job does) and the entry carries its ``incumbent`` field.
+the forward's incumbent job does) and the entry carries its ``incumbent`` field. Its static phase streams: each
+certain survivor is timed as its compile arrives (:meth:`~rocmflash.tuning.items_tasks.TaskItem.static_stream`).
 """
 
 from __future__ import annotations
@@ -61,10 +62,17 @@ class DecodeItem(TaskItem):
 
         return measure_decode, prewarm_decode
 
-    def build_static(self):
+    def build_static(self, **hooks):
         from rocmflash.tuning.decode import static_phase
 
-        return static_phase(self.ctx.gpu, self.problem, self.cache_dir, self.workers, configs=self.configs)
+        return static_phase(self.ctx.gpu, self.problem, self.cache_dir, self.workers, configs=self.configs, **hooks)
+
+    def stream_rules(self) -> dict:
+        """Every survivor is timed (:meth:`to_time`): the streamed ones, and a "kept anyway" config once every
+        config is compiled (the static phase prunes with the default settings)."""
+        from rocmflash.static.prune import PruneSettings
+
+        return {"settings": PruneSettings(), "settle": True}
 
     def to_time(self) -> list:
         return [r["config"] for r in self.static_result.ranked]  # every survivor: no ranking decides alone

@@ -62,15 +62,59 @@ class TaskItem:
         selection.clear_cache()
 
     # ------------------------------------------------------------------ the item
+    def stream_rules(self) -> Optional[dict]:
+        """A family whose static phase streams (``build_static`` takes ``on_configs`` / ``on_result``): the
+        :class:`~rocmflash.tuning.stream.SurvivorStream` arguments (``settings``, ...) that release exactly what
+        :meth:`to_time` will name; None: it does not stream."""
+        return None
+
     def static(self) -> None:
         """The static phase; when measuring, what is timed, pre-warmed on the timing workers' cache."""
+        self._static(None)
+
+    def static_stream(self, notify) -> None:
+        """:meth:`static`, but (a family with :meth:`stream_rules`) each certain survivor is pre-warmed and made
+        ready to time as its compile results arrive (:mod:`rocmflash.tuning.stream`); ``notify()`` after each
+        batch."""
+        self._static(notify)
+
+    def _static(self, notify) -> None:
+        from rocmflash.tuning.items_base import config_json
+
         self._start = time.perf_counter()
-        self.static_result = self.build_static()
+        hooks = self._open_stream(notify) if notify is not None else {}
+        try:
+            self.static_result = self.build_static(**hooks)
+        finally:
+            self.timing.close_stream()
         if not self.ctx.measuring:
             return
         self.timing.tasks = [{"config": c, "problem": self.problem_dict} for c in self.to_time()]
+        warmed = self.timing.check_streamed()
         if not self.ctx.interpret:
-            self.ctx.prewarm_tasks([self.warm_task(t) for t in self.timing.todo()], self.prewarm_fn, self.timeout_s)
+            self.ctx.prewarm_tasks([self.warm_task(t) for t in self.timing.todo()
+                                    if config_json(t["config"]) not in warmed], self.prewarm_fn, self.timeout_s)
+
+    def _open_stream(self, notify) -> dict:
+        rules = self.stream_rules()
+        if rules is None or not self.ctx.measuring:
+            return {}
+        ctx = self.ctx
+        prewarm = None if ctx.interpret else (
+            lambda tasks: ctx.prewarm_tasks([self.warm_task(t) for t in tasks], self.prewarm_fn, self.timeout_s))
+        rules = dict(rules)
+        return self.timing.open_stream(notify, rules.pop("settings", None),
+                                       lambda c: {"config": c, "problem": self.problem_dict}, prewarm, **rules)
+
+    def early_jobs(self, upto=None) -> list:
+        """Jobs of the configs ready while the static phase runs (pipeline scheduler thread)."""
+        return self.timing.early_batch(upto)
+
+    def stream_prefixes(self) -> list:
+        return self.timing.stream_prefixes()
+
+    def compile_order_seconds(self) -> list:
+        return self.timing.compile_order_seconds()
 
     def compile_seconds(self) -> list:
         if self.static_result is None:
