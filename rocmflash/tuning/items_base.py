@@ -137,6 +137,21 @@ def journal_family_result(ctx: TuneContext, family: str, key: str, problem: dict
     return record
 
 
+class StreamedTiming:
+    """What the pipeline asks of an item whose ``self.timing`` (:class:`FamilyTiming`) streams its static phase:
+    the jobs ready while that phase runs, and what the simulated clock reads of its compile order."""
+
+    def early_jobs(self, upto=None) -> list:
+        """Jobs of the configs ready while the static phase runs (pipeline scheduler thread)."""
+        return self.timing.early_batch(upto)
+
+    def stream_prefixes(self) -> list:
+        return self.timing.stream_prefixes()
+
+    def compile_order_seconds(self) -> list:
+        return self.timing.compile_order_seconds()
+
+
 class FamilyTiming:
     """The timed part of a backward or decode item: its tasks in one batch (nothing to resume in rounds),
     each result journaled as it arrives; :meth:`results` is every task's latest result, task order."""

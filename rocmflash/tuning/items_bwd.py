@@ -17,7 +17,7 @@ import time
 from typing import Optional
 
 from rocmflash.tuning.backward import KERNELS, BwdStatic
-from rocmflash.tuning.items_base import FamilyTiming
+from rocmflash.tuning.items_base import FamilyTiming, StreamedTiming
 
 
 #: estimated timing-worker seconds of one backward item at :data:`WORK_REFERENCE` (:meth:`BackwardItem.work_s`),
@@ -30,7 +30,7 @@ BACKWARD_WORK_EXPONENT = 0.75
 WORK_REFERENCE = (8, 32, 2048, 128)
 
 
-class BackwardItem:
+class BackwardItem(StreamedTiming):
     """One backward problem of a tune (see the module docstring)."""
 
     family = "bwd"
@@ -113,16 +113,6 @@ class BackwardItem:
         return self.timing.open_stream(notify, spec.prune_settings, lambda c: {"config": c, "shape": self.problem_dict},
                                        prewarm, group=lambda c: c["kernel"], stages=KERNELS, settle=True,
                                        always=tuple(self.defaults.values()))
-
-    def early_jobs(self, upto=None) -> list:
-        """Jobs of the configs ready while the static phase runs (pipeline scheduler thread)."""
-        return self.timing.early_batch(upto)
-
-    def stream_prefixes(self) -> list:
-        return self.timing.stream_prefixes()
-
-    def compile_order_seconds(self) -> list:
-        return self.timing.compile_order_seconds()
 
     def compile_seconds(self) -> list:
         from rocmflash.tuning.items_base import cached_compile_seconds

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from rocmflash.tuning.items_base import FamilyTiming, cached_compile_seconds
+from rocmflash.tuning.items_base import FamilyTiming, StreamedTiming, cached_compile_seconds
 
 
-class TaskItem:
+class TaskItem(StreamedTiming):
     """One problem of a worker-task family (see the module docstring); subclasses fill in the hooks."""
 
     family = ""
@@ -105,16 +105,6 @@ class TaskItem:
         rules = dict(rules)
         return self.timing.open_stream(notify, rules.pop("settings", None),
                                        lambda c: {"config": c, "problem": self.problem_dict}, prewarm, **rules)
-
-    def early_jobs(self, upto=None) -> list:
-        """Jobs of the configs ready while the static phase runs (pipeline scheduler thread)."""
-        return self.timing.early_batch(upto)
-
-    def stream_prefixes(self) -> list:
-        return self.timing.stream_prefixes()
-
-    def compile_order_seconds(self) -> list:
-        return self.timing.compile_order_seconds()
 
     def compile_seconds(self) -> list:
         if self.static_result is None:
