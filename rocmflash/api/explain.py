@@ -145,17 +145,12 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
 def _host_model(gpu_name, head_dim, dtype, causal, gqa_ratio, match, field, db_path) -> tuple:
     """``(the entry's shape, the host floors)`` when a kernel-timed entry is scaled to the call
     (:mod:`rocmflash.api.host_bound`), else ``(None, None)``."""
-    from rocmflash import db
-    from rocmflash.api.host_bound import host_floors
+    from rocmflash.api.host_bound import shape_and_floors
     from rocmflash.api.incumbent import EAGER_TIMING
 
     if match is None or not field or field.get("timing") == EAGER_TIMING:
         return None, None
-    entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
-                  if b == match.bucket), None) or {}
-    shape = entry.get("shape") if isinstance(entry.get("shape"), dict) else None
-    floors = host_floors(gpu_name, head_dim, dtype, causal, gqa_ratio, db_path) if shape else None
-    return (shape, floors) if floors else (None, None)
+    return shape_and_floors(gpu_name, head_dim, dtype, causal, gqa_ratio, match, db_path)
 
 
 DECODE_KERNEL = "rocmflash (split-KV decode kernel)"

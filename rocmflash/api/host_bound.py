@@ -103,12 +103,17 @@ def fields_for(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, seq
     field, why_not = S._entry_timing(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
     if why_not or field is None:
         return None, None, None
-    from rocmflash import db
+    return (field, *shape_and_floors(gpu_name, head_dim, dtype, causal, gqa_ratio, match))
 
-    entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
-                  if b == match.bucket), None) or {}
+
+def shape_and_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match,
+                     db_path: Optional[str] = None) -> tuple:
+    """``(the shape of the entry ``match`` names, the host floors)`` that scale a kernel-timed entry to a call, or
+    ``(None, None)`` when either is missing (the entry's own verdict then decides)."""
+    entry = S.match_entry(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
     shape = entry.get("shape") if isinstance(entry.get("shape"), dict) else None
-    return field, shape, host_floors(gpu_name, head_dim, dtype, causal, gqa_ratio)
+    floors = host_floors(gpu_name, head_dim, dtype, causal, gqa_ratio, db_path) if shape else None
+    return (shape, floors) if floors else (None, None)
 
 
 def host_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int,
@@ -130,4 +135,4 @@ def host_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int,
 
 
 __all__ = ["call_incumbents", "side_winner", "work_scale", "expected_ms", "expected_winner", "fields_for",
-           "host_floors"]
+           "shape_and_floors", "host_floors"]

@@ -236,15 +236,19 @@ def incumbent_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: in
     return field, why_not
 
 
+def match_entry(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match) -> dict:
+    """The database entry a lookup's ``match`` (:class:`rocmflash.db.DBMatch`) names ({} for None or none)."""
+    if match is None:
+        return {}
+    from rocmflash import db
+
+    return next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
+                 if b == match.bucket), None) or {}
+
+
 def _entry_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match) -> tuple:
     """:func:`incumbent_timing` before the switch."""
-    field = None
-    if match is not None:
-        from rocmflash import db
-
-        entry = next((e for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, gqa_ratio, match.path)
-                      if b == match.bucket), None)
-        field = (entry or {}).get("incumbent") or None
+    field = match_entry(gpu_name, head_dim, dtype, causal, gqa_ratio, match).get("incumbent") or None
     if match is None:
         return None, "no measured entry: rocmflash's per-arch default (no incumbent timed)"
     if match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
