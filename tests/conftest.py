@@ -139,16 +139,35 @@ def attention_reference():
     return reference_attention
 
 
+def spy_on_incumbent(monkeypatch, record=lambda backend, causal: backend) -> list:
+    """Every SDPA call the incumbent dispatch makes, ``record(backend, is_causal)`` each; the real SDPA still runs.
+    The dispatch runs the plan's ready calls (:func:`rocmflash.api.incumbent.sdpa_server`, made when a plan is):
+    the plans are forgotten now and when the test ends, so every plan made meanwhile is spied on."""
+    from rocmflash.api import ops, selection
+
+    calls, real = [], ops.sdpa_server
+
+    def server(backend, causal, gqa):
+        serve = real(backend, causal, gqa)
+        if serve is None:
+            return None
+
+        def spied(q, k, v, scale):
+            calls.append(record(backend, causal))
+            return serve(q, k, v, scale)
+        return spied
+
+    selection.clear_cache()
+    monkeypatch.setattr(ops, "sdpa_server", server)
+    return calls
+
+
 @pytest.fixture
 def sdpa_spy(monkeypatch):
     """Every SDPA call the incumbent dispatch makes, as ``(backend, is_causal)``; the real SDPA still runs."""
-    from rocmflash.api import ops
+    from rocmflash.api import selection
 
-    calls, real = [], ops.sdpa_attention
-
-    def spy(backend, q, k, v, causal, scale, gqa=None):
-        calls.append((backend, causal))
-        return real(backend, q, k, v, causal, scale, gqa)
-
-    monkeypatch.setattr(ops, "sdpa_attention", spy)
-    return calls
+    calls = spy_on_incumbent(monkeypatch, lambda backend, causal: (backend, causal))
+    yield calls
+    monkeypatch.undo()
+    selection.clear_cache()  # no plan keeps a spied call

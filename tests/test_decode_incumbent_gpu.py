@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rocmflash.db import ConfigDB, environment
+from conftest import spy_on_incumbent
 
 pytestmark = [pytest.mark.gpu]
 
@@ -62,8 +63,8 @@ def test_measured_decode_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeyp
     assert field["backend"] in incumbent.candidates() and field["time_ms"] > 0 and "host" in field["timing"]
     q, k, v = _inputs()
     ref = _ref(q, k, v)
-    calls, real = [], ops.sdpa_attention
-    monkeypatch.setattr(ops, "sdpa_attention", lambda b, *a: calls.append(b) or real(b, *a))
+    real = ops.sdpa_server
+    calls = spy_on_incumbent(monkeypatch)
 
     def patched():
         with sdpa.patch_sdpa():
@@ -90,7 +91,7 @@ def test_measured_decode_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeyp
     # where SDPA is chosen, the dispatch costs at most a few µs over SDPA's own eager call
     _db(tmp_path, monkeypatch, live, {"mode": "decode", "problem": PROBLEM, "measured": True, "best": res["config"],
                                       "incumbent": sdpa_wins})
-    monkeypatch.setattr(ops, "sdpa_attention", real)
+    monkeypatch.setattr(ops, "sdpa_server", real)
     direct = _us_per_call(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
     routed = _us_per_call(lambda: rocmflash.attention(q, k, v))
     assert routed <= direct + 10.0, (routed, direct)

@@ -27,6 +27,7 @@ from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.config import AMD_ONLY_OPTIONS, KernelConfig
 from rocmflash.kernels.common import observe_launches, torch_backend
+from conftest import spy_on_incumbent
 from rocmflash.hw.platform import (SDPA_BACKENDS, is_rocm, missing_sdpa_backend, sdpa_backends,
                                 visible_devices_env)
 
@@ -338,7 +339,7 @@ def test_dispatch_chooses_between_the_rocm_backends_and_rocmflash(fake_rocm, tmp
     import math
 
     import rocmflash
-    from rocmflash.api import decode, incumbent, ops
+    from rocmflash.api import decode, incumbent
     from rocmflash.tuning.decode import decode_key
     from rocmflash.tuning.incumbent_worker import measure_decode
 
@@ -367,8 +368,7 @@ def test_dispatch_chooses_between_the_rocm_backends_and_rocmflash(fake_rocm, tmp
     D.clear_cache()
     selection.clear_cache()
     decode.clear_cache()
-    calls, real = [], ops.sdpa_attention
-    monkeypatch.setattr(ops, "sdpa_attention", lambda b, *a: calls.append(b) or real(b, *a))
+    calls = spy_on_incumbent(monkeypatch)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, Hq, Sq, Dh, generator=g).half()
     k, v = (torch.randn(B, Hkv, Sk, Dh, generator=g).half() for _ in range(2))

@@ -7,6 +7,7 @@ import torch
 
 from rocmflash.api import host_bound, incumbent, ops, selection
 from rocmflash.config import KernelConfig
+from conftest import spy_on_incumbent
 
 pytestmark = pytest.mark.usefixtures("interpret", "fresh_selection")
 
@@ -83,8 +84,7 @@ def test_without_floors_the_entry_decides_and_floors_of_another_gqa_serve(tmp_pa
 def test_no_incumbent_switch_still_wins(tmp_path, monkeypatch):
     """ROCMFLASH_NO_INCUMBENT is read per call: a host-bound plan that says SDPA still runs rocmflash."""
     _db(tmp_path, monkeypatch, with_floors=True)
-    calls, real = [], ops.sdpa_attention
-    monkeypatch.setattr(ops, "sdpa_attention", lambda b, *a: calls.append(b) or real(b, *a))
+    calls = spy_on_incumbent(monkeypatch)
     monkeypatch.setenv(selection.NO_INCUMBENT_ENV, "1")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, 24, 32, generator=g).half() for h in (2, 1, 1))

@@ -219,4 +219,4 @@ def test_repeat_call_python_cost_is_bounded(tmp_path, monkeypatch):
     with torch.no_grad():
         rocmflash.attention(q, k, v)
         calls = _rocmflash_calls(lambda: rocmflash.attention(q, k, v))
-    assert len(calls) <= 18 and "rocmflash.api.incumbent.sdpa_attention" in calls, calls
+    assert len(calls) <= 18 and any(c.startswith("rocmflash.api.incumbent.sdpa_attention") for c in calls), calls

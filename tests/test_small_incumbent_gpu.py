@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rocmflash.db import ConfigDB, environment
+from conftest import spy_on_incumbent
 
 pytestmark = [pytest.mark.gpu]
 
@@ -56,8 +57,8 @@ def test_measured_short_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeypa
 
     served = select_config(torch.device("cuda"), 64, torch.bfloat16, True, 1, 16, 16).to_dict()
     q, k, v, ref, dout = _dense_inputs(torch, PROBLEM, torch.device("cuda"))
-    calls, real = [], ops.sdpa_attention
-    monkeypatch.setattr(ops, "sdpa_attention", lambda b, *a: calls.append(b) or real(b, *a))
+    real = ops.sdpa_server
+    calls = spy_on_incumbent(monkeypatch)
     sdpa_wins = dict(field, backend="default", time_ms=0.001, triton_ms=1.0,
                      train={"backend": "default", "time_ms": 0.001, "triton_ms": 1.0})
     triton_wins = dict(field, backend="default", time_ms=1.0, triton_ms=0.001,
@@ -77,7 +78,7 @@ def test_measured_short_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeypa
             assert (calls == [want]) if want else (calls == [] and seen), (train, want, calls, seen)
     # where SDPA is chosen, the dispatch costs at most a few µs over SDPA's own eager call
     _db(tmp_path, monkeypatch, live, key, bench.small_entry(PROBLEM, sdpa_wins, served, {"when": "now"}))
-    monkeypatch.setattr(ops, "sdpa_attention", real)
+    monkeypatch.setattr(ops, "sdpa_server", real)
     qd, kd, vd = (t.detach() for t in (q, k, v))
     times = _interleaved_ms(torch, {
         "direct": lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True),

@@ -35,6 +35,7 @@ from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E40
 from rocmflash.hw.fp8 import is_fp8  # noqa: E402
 from rocmflash.kernels import launch as _L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
+from rocmflash.api.selection import incumbent_disabled as _incumbent_disabled  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -148,8 +149,14 @@ def _signature(q, k, v, causal: bool, layout: str) -> tuple:
     """What every check of a default call reads (shapes, dtypes, devices, and whether the device can run
     here: CUDA/ROCm, or the CPU under the interpreter, read per call) plus what its ops plan is keyed by
     (q's strides): a call with a signature that passed before passes again, so it skips the checks."""
-    return (q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal,
-            q.is_cuda or _L.interpreting(), layout)
+    return (q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+            v.get_device(), causal, _where(q, k, v), layout)
+
+
+def _where(q, k, v):
+    """The device part of :func:`_signature` beyond the indices: True for three CUDA/ROCm tensors (the common
+    call: flags, cheaper than hashing device objects), else the devices themselves and the interpreter switch."""
+    return True if q.is_cuda and k.is_cuda and v.is_cuda else (q.device, k.device, v.device, _L.interpreting())
 
 
 def _planned(q, k, v, causal, softmax_scale, layout: str):
@@ -160,8 +167,22 @@ def _planned(q, k, v, causal, softmax_scale, layout: str):
             or not (causal is True or causal is False) \
             or not (softmax_scale is None or type(softmax_scale) is float and math.isfinite(softmax_scale)):
         return None
-    return _PLANS.get((q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-                       v.device, causal, q.is_cuda or _L.interpreting(), layout))  # _signature, inlined: per call
+    return _PLANS.get((q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+                       k.get_device(), v.get_device(), causal,
+                       True if q.is_cuda and k.is_cuda and v.is_cuda else (q.device, k.device, v.device,
+                                                                            _L.interpreting()),
+                       layout))  # _signature, inlined: per call
+
+
+def served_incumbent(call, q, k, v):
+    """The planned call's incumbent to run now (:attr:`~rocmflash.api.ops._Call.serve`, or ``serve_train`` when a
+    gradient is wanted), or None: rocmflash's kernels serve it, ``ROCMFLASH_NO_INCUMBENT`` forbids SDPA, or
+    torch.compile traces (the op keeps the graph whole: :func:`~rocmflash.api.ops.attention_forward`)."""
+    serve = call.serve_train if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad) \
+        else call.serve
+    if serve is None or torch.compiler.is_compiling() or _incumbent_disabled():
+        return None
+    return serve
 
 
 def _keep_plan(q, k, v, causal, layout: str) -> None:
@@ -213,6 +234,10 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
         call = _planned(q, k, v, causal, softmax_scale, "bhsd")
         if call is not None:
+            if call.serving and not return_lse:  # the entry's incumbent: SDPA's call, nothing between
+                serve = served_incumbent(call, q, k, v)
+                if serve is not None:
+                    return serve(q, k, v, softmax_scale)
             out, lse = _OPS[0].attention_forward(q, k, v, causal, call.scale if softmax_scale is None else softmax_scale,
                                                  "online", None, return_lse, call)
             return (out, lse) if return_lse else out
@@ -264,6 +289,11 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
         call = _planned(q, k, v, causal, softmax_scale, "bshd")
         if call is not None:
+            if call.serving and not return_attn_probs:  # the entry's incumbent on (B, H, S, D) views
+                serve = served_incumbent(call, q, k, v)
+                if serve is not None:
+                    return serve(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                 softmax_scale).transpose(1, 2).contiguous()
             out, lse = _OPS[0].attention_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
                                                  call.scale if softmax_scale is None else softmax_scale, "online",
                                                  None, return_attn_probs, call)

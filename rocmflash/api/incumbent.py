@@ -77,15 +77,19 @@ def is_decode(seqlen_q: int, seqlen_k: int, group: int) -> bool:
 _SDPA: list = []  #: torch's own scaled_dot_product_attention, bound on first use
 
 
+def _bind_sdpa() -> None:
+    import torch
+
+    # torch's own function, not the attribute F.scaled_dot_product_attention: under patch_sdpa that
+    # attribute is rocmflash's wrapper, which would route the call back here
+    _SDPA.append(torch._C._nn.scaled_dot_product_attention)
+
+
 def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float, gqa: Optional[bool] = None):
     """``softmax(scale * q kᵀ) v`` of ``(B, H, S, D)`` tensors by SDPA's ``backend`` (differentiable).
     ``gqa``: whether ``q`` has more heads than ``k`` (None: compared here)."""
     if not _SDPA:
-        import torch
-
-        # torch's own function, not the attribute F.scaled_dot_product_attention: under patch_sdpa that
-        # attribute is rocmflash's wrapper, which would route the call back here
-        _SDPA.append(torch._C._nn.scaled_dot_product_attention)
+        _bind_sdpa()
     sdpa = _SDPA[0]
     if gqa is None:
         gqa = q.shape[1] != k.shape[1]
@@ -97,6 +101,34 @@ def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float, gqa: Optio
 
     with sdpa_kernel([sdpa_backend_enum(backend)]):
         return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+def sdpa_server(backend: Optional[str], causal: bool, gqa: bool):
+    """A call's served incumbent as one callable ``(q, k, v, scale) -> out`` made when its plan is (None: no
+    incumbent): what :func:`sdpa_attention` does, with the branches a repeat call would take decided once and only
+    the arguments SDPA needs (its parser charges for every keyword; ``scale=None`` is SDPA's own ``1/sqrt(D)``).
+    The public API's repeat calls run it directly (``rocmflash.api.attention``, ``patch_sdpa``)."""
+    if backend is None:
+        return None
+    if backend != DEFAULT:
+        def sdpa_attention_with(q, k, v, scale):
+            return sdpa_attention(backend, q, k, v, causal, scale, gqa)
+        return sdpa_attention_with
+    if not _SDPA:
+        _bind_sdpa()
+    sdpa = _SDPA[0]
+    if gqa:
+        def sdpa_attention_gqa(q, k, v, scale):
+            return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+        return sdpa_attention_gqa
+    if causal:
+        def sdpa_attention_causal(q, k, v, scale):
+            return sdpa(q, k, v, is_causal=True) if scale is None else sdpa(q, k, v, is_causal=True, scale=scale)
+        return sdpa_attention_causal
+
+    def sdpa_attention_plain(q, k, v, scale):
+        return sdpa(q, k, v) if scale is None else sdpa(q, k, v, scale=scale)
+    return sdpa_attention_plain
 
 
 class SdpaKernel:

@@ -43,7 +43,8 @@ from rocmflash.api.decode import attend_whole_cache
 from rocmflash.kernels.kv_decode import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api import selection as _selection
-from rocmflash.api.incumbent import decode_timing, sdpa_attention, sdpa_causal, shape_excludes, winner
+from rocmflash.api.incumbent import (decode_timing, sdpa_causal, sdpa_server, shape_excludes,
+                                     winner)
 from rocmflash.api.host_bound import call_incumbents
 from rocmflash.api.selection import incumbent_disabled, register_clear, select_bwd_config, select_config
 
@@ -69,8 +70,9 @@ class _Call:
     between its arguments and its launch (or the incumbent SDPA). ``cfg`` and ``bwd_cfg`` are filled on the
     first launch and the first backward (:func:`select_config` is never asked for a call SDPA serves)."""
 
-    __slots__ = ("device", "out_stride", "lse_shape", "lse_stride", "empty", "decode", "gqa", "incumbent",
-                 "incumbent_train", "sdpa_causal", "cfg", "bwd_cfg", "kv_layout", "scale")
+    __slots__ = ("device", "out_stride", "lse_shape", "lse_stride", "empty", "decode", "gqa", "_incumbent",
+                 "_incumbent_train", "sdpa_causal", "cfg", "bwd_cfg", "kv_layout", "scale", "serve", "serve_train",
+                 "serving")
 
     def __init__(self, device, out_stride: tuple, lse_shape: tuple, empty: bool, decode: bool, gqa: bool,
                  incumbent: Optional[str], incumbent_train: Optional[str], sdpa_causal: bool = False):
@@ -81,14 +83,41 @@ class _Call:
         self.lse_shape, self.lse_stride = lse_shape, (lse_shape[1] * lse_shape[2], lse_shape[2], 1)
         self.empty = empty  #: no output rows or no keys: nothing to launch
         self.decode = decode  #: decode-shaped: the split-KV decode kernel
-        #: the SDPA backend the entry says won the forward (None: rocmflash's kernel); a decode-shaped call's
-        #: from its decode- entry (:func:`decode_incumbent`), timed eagerly with host time
+        self._incumbent = self._incumbent_train = self.serve = self.serve_train = None
+        self.serving = False
         self.incumbent = incumbent
-        self.incumbent_train = incumbent_train  #: ... and forward+backward; ROCMFLASH_NO_INCUMBENT is read per call
+        self.incumbent_train = incumbent_train
         self.scale = 1.0  #: the default softmax scale ``1/sqrt(D)`` (set by :func:`_new_call`)
         self.cfg: Optional[KernelConfig] = None
         self.bwd_cfg = None
         self.kv_layout: Optional[tuple] = None  #: (k's strides, v's, v's shape, dk's strides, dv's) of the last backward
+
+
+    @property
+    def incumbent(self) -> Optional[str]:
+        """The SDPA backend the entry says won the forward (None: rocmflash's kernel); a decode-shaped call's from
+        its decode- entry (:func:`decode_incumbent`), timed eagerly with host time. ``ROCMFLASH_NO_INCUMBENT`` is
+        read per call. Setting it (or :attr:`incumbent_train`) also sets :attr:`serve` (:attr:`serve_train`): the
+        backend as a ready call ``(q, k, v, scale or None) -> out`` (:func:`sdpa_server`) that the public API's
+        repeat calls run directly, and :attr:`serving` (either is set: the one test a Triton-served call pays)."""
+        return self._incumbent
+
+    @incumbent.setter
+    def incumbent(self, backend: Optional[str]) -> None:
+        if backend != self._incumbent:
+            self._incumbent, self.serve = backend, sdpa_server(backend, self.sdpa_causal, self.gqa)
+            self.serving = self.serve is not None or self.serve_train is not None
+
+    @property
+    def incumbent_train(self) -> Optional[str]:
+        """... and the forward+backward's (:attr:`incumbent`)."""
+        return self._incumbent_train
+
+    @incumbent_train.setter
+    def incumbent_train(self, backend: Optional[str]) -> None:
+        if backend != self._incumbent_train:
+            self._incumbent_train, self.serve_train = backend, sdpa_server(backend, self.sdpa_causal, self.gqa)
+            self.serving = self.serve is not None or self.serve_train is not None
 
 
 _CALLS: dict = {}  #: :func:`_call_plan`'s key -> _Call; cleared with the selection caches (register_clear)
@@ -391,9 +420,9 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     if config is None and variant == "online" and not torch.compiler.is_compiling():
         if call is None:
             call = _call_plan(q, k, causal)
-        backend = call.incumbent_train if grad else call.incumbent
-        if backend is not None and not need_lse and not incumbent_disabled():
-            return sdpa_attention(backend, q, k, v, call.sdpa_causal, float(scale), call.gqa), None
+        serve = call.serve_train if grad else call.serve
+        if serve is not None and not need_lse and not incumbent_disabled():
+            return serve(q, k, v, float(scale)), None
     else:
         call = None
     if _needs_dispatcher(q, k, v):

@@ -44,6 +44,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from rocmflash.api.attention import served_incumbent
 from rocmflash.api.selection import register_clear
 from rocmflash.kernels.launch import interpreting
 
@@ -120,8 +121,10 @@ _FORWARD: list = []  #: :func:`rocmflash.api.ops.attention_forward`, bound on th
 
 
 def _signature(query, key, value, is_causal, enable_gqa) -> tuple:
-    return (query.shape, query.stride(), key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
-            key.device, value.device, is_causal, enable_gqa, query.is_cuda or _interpreting())
+    return (query.shape, query.stride(), key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+            query.get_device(), key.get_device(), value.get_device(), is_causal, enable_gqa,
+            True if query.is_cuda and key.is_cuda and value.is_cuda else (query.device, key.device, value.device,
+                                                                          _interpreting()))
 
 
 def _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -156,6 +159,10 @@ def _make_wrapper(original):
             call = _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             if call is not None:  # a signature checked before: its plan, no checks (the common repeat call)
                 _STATS["routed"] += 1
+                if call.serving:  # the entry's incumbent: SDPA's call, nothing between
+                    serve = served_incumbent(call, query, key, value)
+                    if serve is not None:
+                        return serve(query, key, value, scale)
                 out, _ = _FORWARD[0](query, key, value, is_causal, call.scale if scale is None else scale,
                                      "online", None, False, call)
                 return out

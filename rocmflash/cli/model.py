@@ -48,11 +48,15 @@ def _node_pool(args, settings) -> tuple:
     """``(pool, catalog GPU, device indices)`` of ``--gpus``: the timing workers start before this process imports
     torch where the devices can be told without it (:func:`~rocmflash.tuning.pool.early_node_pool`), and are
     kept when torch agrees."""
+    from rocmflash.tuning.items import trace_mark
     from rocmflash.tuning.pool import early_node_pool, early_pool_matches, node_gpu, node_pool, parse_gpus
 
     early = early_node_pool(args.gpus, settings, _triton_cache(args), args.workers)
+    trace_mark("early_pool_started" if early is not None else "no_early_pool")
     try:
         import torch
+
+        trace_mark("torch_imported")
 
         from rocmflash.hw.platform import is_rocm
 
@@ -138,6 +142,7 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
                             seeds=not args.no_seeds, resume=args.resume, console=console)
         trace_mark("tune_done")
         print_model_summary(result, console, n_gpus, cores)
+        trace_mark("summary_printed")
     except KeyboardInterrupt:
         print("interrupted: what was timed is in the journal and database; re-run to continue", file=sys.stderr)
         return 130
@@ -147,6 +152,7 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
         return _error(f"{err}: what was measured is in the journal and database; re-run to continue")
     finally:
         if pool is not None:
+            trace_mark("pool_close_start")
             close_pool(pool, args)
         trace_mark("model_tune_end")
     return 0

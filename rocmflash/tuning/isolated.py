@@ -85,9 +85,17 @@ class TaskPrewarmPool:
 
     def start(self) -> None:
         """Start every worker now (non-blocking): each imports torch and opens the device while the caller goes on."""
+        from rocmflash.tuning.items import trace_mark
+
         pool = self._started()
+        ready = []
+
+        def started(_future) -> None:  # trace marks: when the first and the last worker could take a build
+            ready.append(1)
+            if len(ready) in (1, self.max_workers):
+                trace_mark(f"prewarm_{'first' if len(ready) == 1 else 'all'}_ready")
         for _ in range(self.max_workers):
-            pool.schedule(_started_worker)
+            pool.schedule(_started_worker).add_done_callback(started)
 
     def schedule(self, fn: Callable, task: dict, timeout_s: float):
         """``fn(task)`` on a kept worker; its future."""

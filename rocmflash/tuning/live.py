@@ -176,7 +176,10 @@ class LiveRunner:
             if self._worker_started:  # started early (the CLI, before the plan): once is enough
                 return
             self._worker_started = True
-        self._get_pool().schedule(warm_up)
+        from rocmflash.tuning.items import trace_mark
+
+        self._get_pool().schedule(warm_up).add_done_callback(
+            lambda _future: trace_mark(f"timing_worker{self.device_index}_ready"))
 
     def start_prewarm(self) -> None:
         """Start the kept pre-warm pool's processes now (non-blocking; :meth:`TuneContext.start_prewarm

@@ -40,13 +40,14 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
     Several static phases run at once (:func:`~rocmflash.tuning.pipeline.default_compile_slots`), each
     cross-compiling on its share of the cores (``workers``, when given, is each one's compile processes)."""
     from rocmflash.db import default_db_path, tune_lock
-    from rocmflash.tuning.items import items_for_plan, run_items, timing_workers
+    from rocmflash.tuning.items import items_for_plan, run_items, timing_workers, trace_mark
     from rocmflash.tuning.pipeline import compile_workers, default_compile_slots
 
     start = time.perf_counter()
     gpu = plan.gpu
     say = on_stage or (lambda text: console.print(text, highlight=False) if console is not None else None)
     runner, own_runner, measuring, why, device = _model_runner(gpu, pool, timeout_s, cache_dir, workers)
+    trace_mark("runner_found")
     path = db_path or default_db_path(gpu.name)
     lock = tune_lock(path)
     items: list = []
@@ -60,13 +61,17 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
                                resume, console, progress, device, measuring, why, prewarmer=runner, runners=runners)
         say(f"[bold]{plan.model.name}[/bold]: {len(items)} problem(s) in one pipeline "
             f"({', '.join(sorted({i.family for i in items}))}; {len(runners) or 'no'} timing worker(s))")
+        trace_mark("items_made")
         stats = run_items(items, timing_workers(runner), items[0].ctx if items else None, compile_slots=slots)
+        trace_mark("pipeline_done")
     finally:
         if own_runner and runner is not None:
             runner.close()
+            trace_mark("runner_closed")
         lock.release()
         _clear_lookups()
     forward, backward, decode = _results(plan, items, path, measuring, why)
+    trace_mark("results_made")
     return ModelTuneResult(plan, path, measuring, why, forward, backward, decode, time.perf_counter() - start,
                            list(stats.workers) if stats is not None and pool is not None else [])
 
