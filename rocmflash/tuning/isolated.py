@@ -95,23 +95,26 @@ class TaskPrewarmPool:
             if len(ready) in (1, self.max_workers):
                 trace_mark(f"prewarm_{'first' if len(ready) == 1 else 'all'}_ready")
         for _ in range(self.max_workers):
-            pool.schedule(_started_worker).add_done_callback(started)
+            future = pool.schedule(_started_worker)
+            if hasattr(future, "add_done_callback"):
+                future.add_done_callback(started)
 
     def schedule(self, fn: Callable, task: dict, timeout_s: float):
         """``fn(task)`` on a kept worker; its future."""
         return self._started().schedule(fn, args=(task,), timeout=timeout_s)
 
     def run(self, tasks: list, fn: Callable, timeout_s: float) -> list:
-        """``fn(task)`` for every task in the kept workers; a task's entry is None where it raised or hung
-        (it fails again, isolated, when timed)."""
+        """``fn(task)`` for every task in the kept workers: each task's result (a pre-warm's: None, or its error
+        line), or a line saying why there is none where it raised, hung or its worker died (the task fails again,
+        isolated, when timed)."""
         if not tasks:
             return []
         results = []
         for future in [self.schedule(fn, task, timeout_s) for task in tasks]:
             try:
                 results.append(future.result())
-            except Exception:  # a crash or hang here shows again in the timing worker
-                results.append(None)
+            except Exception as err:  # a crash or hang here shows again in the timing worker
+                results.append(f"pre-warm failed: {type(err).__name__}")
         return results
 
     def close(self) -> None:

@@ -93,7 +93,8 @@ def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: O
     n_workers = len(getattr(runners, "runners", None) or runners or [])
     trace = _Trace.open()
     pipe = Pipeline(items, runners, compile_slots=compile_slots, labels=labels, on_event=trace,
-                    priority=largest_first(items) if n_workers > 1 else None)
+                    priority=largest_first(items) if n_workers > 1 else None,
+                    on_statics_done=ctx.release_prewarm if ctx is not None else None)
     pool_stats = getattr(runners, "stats", None)
     if pool_stats is not None and len(pool_stats) == len(pipe.workers):
         pipe.workers = pool_stats  # the pool's own display and counts follow the pipeline's workers

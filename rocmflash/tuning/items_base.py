@@ -80,6 +80,18 @@ class TuneContext:
                 except Exception:  # noqa: BLE001 - an optimisation: the first pre-warm starts them again
                     pass
 
+    def release_prewarm(self) -> None:
+        """Every static phase is done: the pre-warm workers are closed in the background (their device contexts'
+        teardown overlaps the timing instead of the end of the tune). A later pre-warm starts them again."""
+        target = self.prewarmer
+        for runner in getattr(target, "runners", None) or ([target] if target is not None else []):
+            release = getattr(runner, "release_prewarm", None)
+            if callable(release):
+                try:
+                    release()
+                except Exception:  # noqa: BLE001 - closing early is an optimisation: close() closes them anyway
+                    pass
+
     def prewarm_tasks(self, tasks: list, fn: Callable, timeout_s: float) -> None:
         """The same for worker tasks (backward, decode)."""
         if not tasks or self.interpret:

@@ -131,6 +131,8 @@ class LiveRunner:
         self.restarts = 0
         self._device = _UNKNOWN if rocm is not None else _device_name(device_index)
         self._worker_started = False
+        self._record = _UNKNOWN  #: the builds already pre-warmed in this cache (:mod:`.prewarm_record`), on first use
+        self._closing: list = []  #: threads closing pre-warm pools released early (:meth:`release_prewarm`)
 
     @property
     def device(self) -> Optional[str]:
@@ -178,13 +180,36 @@ class LiveRunner:
             self._worker_started = True
         from rocmflash.tuning.items import trace_mark
 
-        self._get_pool().schedule(warm_up).add_done_callback(
-            lambda _future: trace_mark(f"timing_worker{self.device_index}_ready"))
+        future = self._get_pool().schedule(warm_up)
+        if hasattr(future, "add_done_callback"):  # a trace mark when the worker is up (a stand-in pool may give none)
+            future.add_done_callback(lambda _future: trace_mark(f"timing_worker{self.device_index}_ready"))
 
     def start_prewarm(self) -> None:
         """Start the kept pre-warm pool's processes now (non-blocking; :meth:`TuneContext.start_prewarm
-        <rocmflash.tuning.items_base.TuneContext.start_prewarm>`)."""
-        self._prewarm_workers().start()
+        <rocmflash.tuning.items_base.TuneContext.start_prewarm>`) -- unless this Triton cache was pre-warmed before
+        (:func:`~rocmflash.tuning.prewarm_record.has_markers`): a re-tune finds its builds there, and the processes
+        start at the first build that is not (their start-up would only slow the tune's own start)."""
+        from rocmflash.tuning.prewarm_record import has_markers
+
+        if self.interpret or not has_markers(self.triton_cache_dir):
+            self._prewarm_workers().start()
+
+    def release_prewarm(self) -> None:
+        """Close the pre-warm pool in the background (every static phase is done): its processes' device contexts
+        are torn down while the timing goes on, not at :meth:`close`. A later pre-warm starts a new pool."""
+        with self._pool_lock:
+            pool, self._task_prewarm = self._task_prewarm, None
+        if pool is not None:
+            t = threading.Thread(target=pool.close, daemon=True, name="rocmflash-prewarm-close")
+            t.start()
+            self._closing.append(t)
+
+    def _prewarm_record(self):
+        if self._record is _UNKNOWN:
+            from rocmflash.tuning.prewarm_record import open_record
+
+            self._record = None if self.interpret else open_record(self.triton_cache_dir, self.device)
+        return self._record
 
     def close(self) -> None:
         """Stop the timing worker and the pre-warm pool, both at once (each join waits for processes to exit)."""
@@ -195,6 +220,9 @@ class LiveRunner:
         self._close_timing_pool()
         if prewarm is not None:
             prewarm.join()
+        for t in self._closing:
+            t.join()
+        self._closing = []
 
     def _close_timing_pool(self) -> None:
         self._worker_started = False
@@ -216,13 +244,19 @@ class LiveRunner:
         the active target under the interpreter); ``{config json: error or None}``."""
         if not configs:
             return {}
+        record = self._prewarm_record()
+        marks = {cfg.to_json(): record.digest("fwd", [cfg.to_dict(), shape.to_dict()]) for cfg in configs} \
+            if record is not None else {}
+        errors = {key: None for key, d in marks.items() if record.has(d)}  # built before: in the cache
+        todo = [cfg for cfg in configs if cfg.to_json() not in errors]
+        if not todo:
+            return errors
         pool = self._prewarm_workers()  # kept for the runner's life: workers start (import torch) once
         # the timing worker starts (imports torch, creates its device context: seconds) while the configs compile
         self._get_pool().schedule(_ready)
-        errors = {}
         futures = {cfg.to_json(): pool.schedule(prewarm_one, {"config": cfg.to_dict(), "shape": shape.to_dict(),
                                                               "cross_compile": self.interpret}, self.settings.timeout_s)
-                   for cfg in configs}
+                   for cfg in todo}
         for key, future in futures.items():
             try:
                 errors[key] = future.result()
@@ -230,6 +264,8 @@ class LiveRunner:
                 errors[key] = f"pre-warm timed out after {self.settings.timeout_s:g} s"
             except Exception as err:  # a crashed pre-warm worker: the timing worker will meet it too
                 errors[key] = f"pre-warm worker died: {type(err).__name__}"
+        if record is not None:
+            record.add(marks[key] for key in futures if errors[key] is None)
         return errors
 
     def call(self, fn, task: dict, timeout_s: float) -> dict:
@@ -258,7 +294,16 @@ class LiveRunner:
     def prewarm_tasks(self, tasks: list, fn, timeout_s: float) -> None:
         """``fn(task)`` for every task in parallel processes sharing this runner's Triton cache (the kept pool:
         each problem's pre-warm reuses its processes)."""
-        self._prewarm_workers().run(tasks, fn, timeout_s)
+        record = self._prewarm_record()
+        if record is None:
+            self._prewarm_workers().run(tasks, fn, timeout_s)
+            return
+        family = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+        marks = [record.digest(family, task) for task in tasks]
+        todo = [(task, d) for task, d in zip(tasks, marks) if not record.has(d)]
+        if todo:
+            results = self._prewarm_workers().run([task for task, _ in todo], fn, timeout_s)
+            record.add(d for (_, d), r in zip(todo, results) if r is None)
 
     def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
                 budget: Optional[dict] = None) -> dict:

@@ -138,7 +138,8 @@ class Pipeline:
 
     def __init__(self, items: list, runners, compile_slots: int = 1, executor=None,
                  labels: Optional[list] = None, on_event: Optional[Callable[[dict], None]] = None,
-                 start_workers: bool = True, priority: Optional[list] = None, stream: bool = True):
+                 start_workers: bool = True, priority: Optional[list] = None, stream: bool = True,
+                 on_statics_done: Optional[Callable[[], None]] = None):
         self.items = _check_items(items)
         self.priority = _check_priority(priority, self.items)
         self.runners, labels = _unwrap_runners(runners, labels)
@@ -154,6 +155,8 @@ class Pipeline:
         self.stream = bool(stream)  #: streaming items time their first batch while their static phase runs
         self.start_workers = start_workers  #: start every timing worker at once (False: at its first job)
         self.workers = [WorkerStats(str(label)) for label in labels]
+        #: called once, when the last static phase is done (the pre-warm workers can go while the timing goes on)
+        self.on_statics_done = on_statics_done
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> PipelineStats:
@@ -258,6 +261,11 @@ class Pipeline:
         s.stats.static_done_at_s = event.end
         s.phase = "timing"
         self._emit("static_done", item=s.stats.key, seconds=s.stats.static_s)
+        if self.on_statics_done is not None and not self._statics \
+                and not any(st.phase == "waiting" for st in self._states):
+            done, self.on_statics_done = self.on_statics_done, None
+            self._emit("statics_done")
+            done()
         self._advance(s)
 
     def _static_progress(self, event) -> None:
