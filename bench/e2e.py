@@ -159,6 +159,22 @@ def sdpa_backward_rows(q, k, v, do, flops):
     return rows
 
 
+def _kernel_table(torch, step, top: int = 12) -> list:
+    """``[(kernel name, GPU µs in one step, launches)]`` of one profiled step, longest first: which kernels each
+    implementation runs (a diagnostic beside the timed steps, not part of them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = [(e.key, getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0), e.count)
+            for e in prof.key_averages()]
+    rows = [r for r in rows if r[1] > 0]
+    return [(name[:90], round(us, 1), n) for name, us, n in sorted(rows, key=lambda r: -r[1])[:top]]
+
+
 # ----------------------------------------------------------------------------- model benchmark
 def build_model(layers, hidden, inter, heads, kv_heads, vocab, max_pos):
     import torch
@@ -239,11 +255,14 @@ def run_model(args):
             losses[impl] = float(step().detach())
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            routed = rf_hf.stats()
             ms, all_ms = _time_cuda(step, args.warmup, args.iters)
+            routed = {k: v - routed.get(k, 0) for k, v in rf_hf.stats().items()}
             peak = torch.cuda.max_memory_allocated() / 2**30
             rows.append(dict(mode="train", seq=S, batch=args.batch, impl=impl, ms=ms,
                              tokens_per_s=args.batch * S / ms * 1e3, peak_gib=peak, times_ms=all_ms,
-                             first_loss=losses[impl]))
+                             first_loss=losses[impl], routed=routed if impl == "rocmflash" else None,
+                             kernels=_kernel_table(torch, step) if args.profile else None))
             print(rows[-1], flush=True)
         del ids
         torch.cuda.empty_cache()
@@ -291,6 +310,14 @@ def write_report(out_dir, versions, cmd, model_rows, n_params, sweep_rows, args)
         else:
             ls = [f"S={r['seq']} {r['impl']} {r['first_loss']:.4f}" for r in sel]
             lines += ["Loss of the first (warm-up) step: " + ", ".join(ls), ""]
+            for r in sel:
+                if r.get("routed"):
+                    lines += [f"S={r['seq']} rocmflash's attention calls over the timed steps (`hf.stats()`): "
+                              + ", ".join(f"{k} {v}" for k, v in r["routed"].items()), ""]
+                if r.get("kernels"):
+                    lines += [f"GPU kernels of one S={r['seq']} training step, {r['impl']} (torch.profiler, longest "
+                              "first):", "", "| kernel | µs | launches |", "|---|---|---|"]
+                    lines += [f"| `{name}` | {us} | {n} |" for name, us, n in r["kernels"]] + [""]
     if sweep_rows:
         lines += ["## Attention backward alone (causal, bf16, S=4096, 16k tokens, H x D = 2048)", "",
                   "| D | implementation | config: dK/dV (BM, BN, warps, stages) / dQ | default | ms | TFLOP/s |",
@@ -325,6 +352,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--attn-sweep", action="store_true")
+    p.add_argument("--profile", action="store_true", help="training: each implementation's GPU kernels in one "
+                   "profiled step (a table per row)")
     args = p.parse_args(argv)
     import torch
 

@@ -191,6 +191,29 @@ def test_hf_unmasked_decode_step_follows_the_entry(interpret, tmp_path, monkeypa
     assert len(calls) == 2
 
 
+def test_hf_masked_single_sequence_step_follows_the_entry(interpret, tmp_path, monkeypatch):
+    """A static cache's step (batch 1, the free slots masked): where the decode entry timed SDPA faster, transformers'
+    own SDPA path runs it with the mask, as without rocmflash; else the decode kernel reads the used keys. A batch of
+    two (padding possible) keeps the kernel whatever the entry says."""
+    from rocmflash.integrations import hf
+
+    module = types.SimpleNamespace(is_causal=True, num_key_value_groups=HQ // HKV)  # what transformers' path reads
+    used = SK - 100  # keys written so far; the rest of the static cache is free (masked)
+    for batch, field in ((1, SDPA_WINS), (1, TRITON_WINS), (2, SDPA_WINS)):
+        selection.clear_cache()
+        _decode_db(tmp_path, monkeypatch, field, batch=batch)
+        q, k, v = _qkv(batch=batch, seed=5)
+        mask = torch.zeros(batch, 1, 1, SK, dtype=torch.bool)
+        mask[..., :used] = True
+        before = hf.stats()["sdpa"]
+        with observe_launches() as seen:
+            out, _ = hf.rocmflash_attention_forward(module, q, k, v, mask, scaling=1 / math.sqrt(D))
+        want = _ref(q, k[:, :, :used], v[:, :, :used])
+        assert out.shape == (batch, 1, HQ, D) and rel_err(out.transpose(1, 2), want) < 1e-2
+        to_sdpa = batch == 1 and field is SDPA_WINS
+        assert (hf.stats()["sdpa"] - before == 1) == to_sdpa and (seen == []) == to_sdpa, (batch, field)
+
+
 def test_explain_shows_the_decode_entry_both_times_and_the_kvcache_route(tmp_path, monkeypatch):
     from rocmflash.api.explain import explain
 

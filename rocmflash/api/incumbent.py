@@ -95,12 +95,42 @@ def sdpa_attention(backend: str, q, k, v, causal: bool, scale: float, gqa: Optio
         gqa = q.shape[1] != k.shape[1]
     if backend == DEFAULT:
         return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
-    from torch.nn.attention import sdpa_kernel
+    switches = _switches()
+    if switches is None:  # a torch without the documented switches: its context manager
+        from torch.nn.attention import sdpa_kernel
 
-    from rocmflash.hw.platform import sdpa_backend_enum
+        from rocmflash.hw.platform import sdpa_backend_enum
 
-    with sdpa_kernel([sdpa_backend_enum(backend)]):
+        with sdpa_kernel([sdpa_backend_enum(backend)]):
+            return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+    # what sdpa_kernel([backend]) does -- only this backend enabled, then every switch as it was -- without its
+    # context manager's cost (~10 us a call, more than the dispatch's whole budget)
+    was = [enabled() for _, enabled, _ in switches]
+    try:
+        for name, _, enable in switches:
+            enable(name == backend)
         return sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+    finally:
+        for (_, _, enable), on in zip(switches, was):
+            enable(on)
+
+
+_SWITCHES: list = []  #: [(backend name, is-enabled, enable)] of torch.backends.cuda, or [None] without them
+
+
+def _switches() -> Optional[list]:
+    """``torch.backends.cuda``'s documented switch of every SDPA backend (math included: ``sdpa_kernel`` with one
+    backend turns the math fallback off too), or None where this torch lacks one."""
+    if not _SWITCHES:
+        import torch.backends.cuda as cuda
+
+        names = (("flash", "flash_sdp_enabled", "enable_flash_sdp"),
+                 ("cudnn", "cudnn_sdp_enabled", "enable_cudnn_sdp"),
+                 ("efficient", "mem_efficient_sdp_enabled", "enable_mem_efficient_sdp"),
+                 ("math", "math_sdp_enabled", "enable_math_sdp"))
+        found = [(name, getattr(cuda, on, None), getattr(cuda, enable, None)) for name, on, enable in names]
+        _SWITCHES.append(found if all(on and enable for _, on, enable in found) else None)
+    return _SWITCHES[0]
 
 
 def sdpa_server(backend: Optional[str], causal: bool, gqa: bool):

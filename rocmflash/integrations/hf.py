@@ -228,6 +228,14 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     q_len, kv_len = query.shape[2], key.shape[2]
     scale, softcap, window_left = _options(query, scaling, kwargs)
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if q_len == 1 and query.shape[0] == 1 and attention_mask is not None and not softcap and window_left < 0 \
+            and _decode_backend(query, key) is not None:
+        # one sequence's step, masked only where a static cache has free slots (or the caller's own mask): where
+        # the decode entry timed SDPA faster (a host-bound step), transformers' SDPA path runs it as it would
+        # without rocmflash -- over the whole cache with the mask, as measured (the entry's length is the cache's)
+        _STATS["sdpa"] += 1
+        return _sdpa_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                               is_causal=is_causal, **kwargs)
     out = _decode_step(query, key, value, attention_mask, scale, softcap, window_left)
     if out is not None:
         return out, None
@@ -312,19 +320,26 @@ def _decode_incumbent(query, key, value, scale):
     """An unmasked one-token step by the platform's SDPA, ``(B, 1, Hq, D)``, where the ``decode-`` entry of its
     KV-length and batch buckets says SDPA was faster (cached per bucket: one dict lookup); else None (the decode
     kernel). No copies: SDPA reads the cache views with ``enable_gqa``."""
+    backend = _decode_backend(query, key)
+    if backend is None:
+        return None
+    return _INCUMBENT_FNS[2](backend, query, key, value, False, scale, query.shape[1] != key.shape[1]) \
+        .transpose(1, 2).contiguous()
+
+
+def _decode_backend(query, key):
+    """The SDPA backend the ``decode-`` entry of this one-token step's KV-length and batch buckets says to run (cached
+    per bucket: one dict lookup), or None: the decode kernel (or ``ROCMFLASH_NO_INCUMBENT`` is set)."""
     if not _INCUMBENT_FNS:  # imported once (an import statement per call costs about a microsecond each)
         from rocmflash.api.incumbent import sdpa_attention
         from rocmflash.api.ops import decode_incumbent
         from rocmflash.api.selection import incumbent_disabled
 
         _INCUMBENT_FNS.extend((decode_incumbent, incumbent_disabled, sdpa_attention))
-    decode_incumbent, incumbent_disabled, sdpa_attention = _INCUMBENT_FNS
+    decode_incumbent, incumbent_disabled, _ = _INCUMBENT_FNS
     B, Hq, _, D = query.shape
-    Hkv = key.shape[1]
-    backend = decode_incumbent(query.device, D, query.dtype, Hq // Hkv, key.shape[2], B)
-    if backend is None or incumbent_disabled():
-        return None
-    return sdpa_attention(backend, query, key, value, False, scale, Hq != Hkv).transpose(1, 2).contiguous()
+    backend = decode_incumbent(query.device, D, query.dtype, Hq // key.shape[1], key.shape[2], B)
+    return None if backend is None or incumbent_disabled() else backend
 
 
 _INCUMBENT_FNS: list = []  #: (decode_incumbent, incumbent_disabled, sdpa_attention), bound on first use
