@@ -144,6 +144,24 @@ def test_eager_plan_matches_the_op(bshd):
         assert torch.equal(a, b) and a.stride() == b.stride() == empty_like_layout(t).stride()
 
 
+def test_an_sdpa_served_plan_never_answers_other_key_value_dtypes_or_devices(tmp_path, monkeypatch):
+    """A plan SDPA serves is keyed by q and the shapes only (k's and v's dtypes and devices are SDPA's own checks on
+    that path): k or v of another dtype or device than the planned call's gets an error, never an answer; the same
+    call then runs rocmflash's checks where rocmflash's kernels serve it."""
+    _entry_db(tmp_path, monkeypatch, SDPA_WINS)
+    selection.clear_cache()
+    q, k, v = _qkv()
+    with torch.no_grad():
+        good = rocmflash.attention(q, k, v)
+        assert torch.equal(rocmflash.attention(q, k, v), good)  # the planned repeat call
+        for bad in ((q, k.bfloat16(), v), (q, k, v.float()), (q, k.to("meta"), v)):
+            with pytest.raises((RuntimeError, TypeError, ValueError)):
+                rocmflash.attention(*bad)
+        monkeypatch.setenv(selection.NO_INCUMBENT_ENV, "1")  # rocmflash's kernels serve the same plan: its checks
+        with pytest.raises(TypeError, match="k.dtype"):
+            rocmflash.attention(q, k.bfloat16(), v)
+
+
 def test_bad_input_after_a_good_call_is_still_refused():
     """Every check guards each call: a bad call with the signature of a planned good one still raises."""
     q, k, v = _qkv()

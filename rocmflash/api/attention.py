@@ -146,32 +146,33 @@ _MAX_PLANS = 4096
 
 
 def _signature(q, k, v, causal: bool, layout: str) -> tuple:
-    """What every check of a default call reads (shapes, dtypes, devices, and whether the device can run
-    here: CUDA/ROCm, or the CPU under the interpreter, read per call) plus what its ops plan is keyed by
-    (q's strides): a call with a signature that passed before passes again, so it skips the checks."""
-    return (q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-            v.get_device(), causal, _where(q, k, v), layout)
+    """What every check of a default call reads (shapes, q's dtype and device, and whether the device can run here:
+    CUDA/ROCm, or the CPU under the interpreter, read per call) plus what its ops plan is keyed by (q's strides): a
+    call with a signature that passed before passes again, so it skips the checks -- given k and v as they were
+    (:func:`_kv_signature`: checked only where rocmflash's kernels run; SDPA checks them itself)."""
+    return (q.shape, q.stride(), k.shape, v.shape, q.dtype, q.get_device(), causal,
+            True if q.is_cuda else (q.device, _L.interpreting()), layout)
 
 
-def _where(q, k, v):
-    """The device part of :func:`_signature` beyond the indices: True for three CUDA/ROCm tensors (the common
-    call: flags, cheaper than hashing device objects), else the devices themselves and the interpreter switch."""
-    return True if q.is_cuda and k.is_cuda and v.is_cuda else (q.device, k.device, v.device, _L.interpreting())
+def _kv_signature(k, v) -> tuple:
+    """k's and v's dtypes and devices, as the checks saw them (a plan's second half, :func:`_signature`): GPU
+    indices for CUDA/ROCm tensors (cheaper than device objects), the devices themselves otherwise."""
+    if k.is_cuda and v.is_cuda:
+        return k.dtype, v.dtype, k.get_device(), v.get_device()
+    return k.dtype, v.dtype, k.device, v.device
 
 
 def _planned(q, k, v, causal, softmax_scale, layout: str):
-    """The ops plan of a default call whose signature passed the checks before, or None (check it in full).
-    Only plain tensors (a subclass or a traced tensor takes the checked path) and a scale the checks need
-    not see again (None or a finite float)."""
+    """``(ops plan, k/v signature)`` of a default call whose :func:`_signature` passed the checks before, or None
+    (check it in full). Only plain tensors (a subclass or a traced tensor takes the checked path) and a scale the
+    checks need not see again (None or a finite float). Where the plan runs rocmflash's kernels the caller also
+    compares :func:`_kv_signature`."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor \
             or not (causal is True or causal is False) \
             or not (softmax_scale is None or type(softmax_scale) is float and math.isfinite(softmax_scale)):
         return None
-    return _PLANS.get((q.shape, q.stride(), k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
-                       k.get_device(), v.get_device(), causal,
-                       True if q.is_cuda and k.is_cuda and v.is_cuda else (q.device, k.device, v.device,
-                                                                            _L.interpreting()),
-                       layout))  # _signature, inlined: per call
+    return _PLANS.get((q.shape, q.stride(), k.shape, v.shape, q.dtype, q.get_device(), causal,
+                       True if q.is_cuda else (q.device, _L.interpreting()), layout))  # _signature, inlined
 
 
 def served_incumbent(call, q, k, v):
@@ -192,7 +193,8 @@ def _keep_plan(q, k, v, causal, layout: str) -> None:
         if len(_PLANS) >= _MAX_PLANS:  # a new shape every call: start over, never grow unbounded
             _PLANS.clear()
         bhsd = (q, k, v) if layout == "bhsd" else (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        _PLANS[_signature(q, k, v, causal, layout)] = _ops()._call_plan(bhsd[0], bhsd[1], causal)
+        _PLANS[_signature(q, k, v, causal, layout)] = (_ops()._call_plan(bhsd[0], bhsd[1], causal),
+                                                       _kv_signature(k, v))
 
 
 class _nullcontext:
@@ -232,12 +234,14 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     default = config is None and variant == "online" and q_descale is None and k_descale is None \
         and v_descale is None and out_dtype is None
     if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
-        call = _planned(q, k, v, causal, softmax_scale, "bhsd")
-        if call is not None:
-            if call.serving and not return_lse:  # the entry's incumbent: SDPA's call, nothing between
+        plan = _planned(q, k, v, causal, softmax_scale, "bhsd")
+        if plan is not None:
+            call = plan[0]
+            if call.serving and not return_lse:  # the entry's incumbent: SDPA's call (SDPA checks k and v itself)
                 serve = served_incumbent(call, q, k, v)
                 if serve is not None:
                     return serve(q, k, v, softmax_scale)
+        if plan is not None and _kv_signature(k, v) == plan[1]:
             out, lse = _OPS[0].attention_forward(q, k, v, causal, call.scale if softmax_scale is None else softmax_scale,
                                                  "online", None, return_lse, call)
             return (out, lse) if return_lse else out
@@ -287,13 +291,15 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         and (deterministic is True or deterministic is False) \
         and (return_attn_probs is True or return_attn_probs is False)
     if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
-        call = _planned(q, k, v, causal, softmax_scale, "bshd")
-        if call is not None:
+        plan = _planned(q, k, v, causal, softmax_scale, "bshd")
+        if plan is not None:
+            call = plan[0]
             if call.serving and not return_attn_probs:  # the entry's incumbent on (B, H, S, D) views
                 serve = served_incumbent(call, q, k, v)
                 if serve is not None:
                     return serve(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                  softmax_scale).transpose(1, 2).contiguous()
+        if plan is not None and _kv_signature(k, v) == plan[1]:
             out, lse = _OPS[0].attention_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
                                                  call.scale if softmax_scale is None else softmax_scale, "online",
                                                  None, return_attn_probs, call)

@@ -44,7 +44,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from rocmflash.api.attention import served_incumbent
+from rocmflash.api.attention import _kv_signature, served_incumbent
 from rocmflash.api.selection import register_clear
 from rocmflash.kernels.launch import interpreting
 
@@ -121,10 +121,10 @@ _FORWARD: list = []  #: :func:`rocmflash.api.ops.attention_forward`, bound on th
 
 
 def _signature(query, key, value, is_causal, enable_gqa) -> tuple:
-    return (query.shape, query.stride(), key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-            query.get_device(), key.get_device(), value.get_device(), is_causal, enable_gqa,
-            True if query.is_cuda and key.is_cuda and value.is_cuda else (query.device, key.device, value.device,
-                                                                          _interpreting()))
+    """What :func:`supported` read of a routed call, but key's and value's dtypes and devices (:func:`_kv_signature`,
+    compared only where rocmflash's kernels run it: SDPA checks them itself)."""
+    return (query.shape, query.stride(), key.shape, value.shape, query.dtype, query.get_device(), is_causal,
+            enable_gqa, True if query.is_cuda else (query.device, _interpreting()))
 
 
 def _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -148,7 +148,8 @@ def _keep_plan(query, key, value, is_causal, enable_gqa) -> None:
             _FORWARD.append(attention_forward)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        _PLANS[_signature(query, key, value, is_causal, enable_gqa)] = _call_plan(query, key, is_causal)
+        _PLANS[_signature(query, key, value, is_causal, enable_gqa)] = (_call_plan(query, key, is_causal),
+                                                                      _kv_signature(key, value))
 
 
 def _make_wrapper(original):
@@ -156,13 +157,15 @@ def _make_wrapper(original):
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False, **kwargs):
         if _ACTIVE and not kwargs:
-            call = _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            if call is not None:  # a signature checked before: its plan, no checks (the common repeat call)
+            plan = _planned(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            if plan is not None and plan[0].serving:  # the entry's incumbent: SDPA's call, nothing between
+                serve = served_incumbent(plan[0], query, key, value)
+                if serve is not None:
+                    _STATS["routed"] += 1
+                    return serve(query, key, value, scale)
+            if plan is not None and _kv_signature(key, value) == plan[1]:  # checked before: no checks
                 _STATS["routed"] += 1
-                if call.serving:  # the entry's incumbent: SDPA's call, nothing between
-                    serve = served_incumbent(call, query, key, value)
-                    if serve is not None:
-                        return serve(query, key, value, scale)
+                call = plan[0]
                 out, _ = _FORWARD[0](query, key, value, is_causal, call.scale if scale is None else scale,
                                      "online", None, False, call)
                 return out
