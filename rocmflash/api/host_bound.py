@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rocmflash.api import selection as S  # read through the module: tests (and users) may swap its functions
-from rocmflash.api.incumbent import EAGER_TIMING, winner
+from rocmflash.api.incumbent import EAGER_TIMING, preferred_backend, winner
 
 _FIELDS: dict = {}  #: (device, problem, bucket) -> (the entry's incumbent field, its shape, the host floors field)
 S.register_clear(_FIELDS.clear)
@@ -45,7 +45,8 @@ def side_winner(field, shape, floors, train: bool, batch: int, heads_q: int, seq
     if field.get("timing") == EAGER_TIMING or shape is None or floors is None:
         return winner(field, train)
     side, floor = (field.get("train"), floors.get("train")) if train else (field, floors)
-    return expected_winner(side, floor, work_scale(shape, batch, heads_q, seqlen_q, seqlen_k, causal))
+    backend = expected_winner(side, floor, work_scale(shape, batch, heads_q, seqlen_q, seqlen_k, causal))
+    return preferred_backend(field, backend, train) if backend == (side or {}).get("backend") else backend
 
 
 def work_scale(shape: dict, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, causal: bool) -> float:

@@ -194,14 +194,36 @@ def incumbent_field(result: dict, triton_ms: Optional[float]) -> Optional[dict]:
     return field
 
 
+#: a named backend is served instead of SDPA's own choice (``default``) only when it was this much faster: pinning
+#: one kernel costs every call its switch and gives up SDPA's per-shape choice for the calls the entry also serves
+#: (its other lengths and batches), where the pinned kernel can be far slower (H100 decode: ``flash`` won B8 KV32k
+#: by 0.8 % and lost B32 KV64k by 22 %)
+NAMED_BACKEND_MARGIN = 0.02
+
+
+def preferred_backend(incumbent: Optional[dict], backend: Optional[str], train: bool) -> Optional[str]:
+    """``backend``, or ``default`` where the field's ``backends`` show SDPA's own choice gated and within
+    :data:`NAMED_BACKEND_MARGIN` of it (``train``: forward+backward times)."""
+    if not backend or backend == DEFAULT or not incumbent:
+        return backend
+    backends = incumbent.get("backends") or {}
+    time_key = "train_ms" if train else "time_ms"
+    named, default = (backends.get(name) or {} for name in (backend, DEFAULT))
+    if default.get("status") == "ok" and default.get(time_key) and named.get(time_key) \
+            and default[time_key] <= named[time_key] * (1.0 + NAMED_BACKEND_MARGIN):
+        return DEFAULT
+    return backend
+
+
 def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
-    """The backend an entry's ``incumbent`` field says to serve (None: rocmflash's kernel is as fast or faster)."""
+    """The backend an entry's ``incumbent`` field says to serve (None: rocmflash's kernel is as fast or faster;
+    a named backend within :data:`NAMED_BACKEND_MARGIN` of SDPA's own choice: ``default``)."""
     if not incumbent:
         return None
     side = incumbent.get("train") if train else incumbent
     if not side or not side.get("backend") or side.get("time_ms") is None or side.get("triton_ms") is None:
         return None
-    return side["backend"] if side["time_ms"] < side["triton_ms"] else None
+    return preferred_backend(incumbent, side["backend"], train) if side["time_ms"] < side["triton_ms"] else None
 
 
 #: what a decode entry's incumbent times are (the field's ``timing``): what a user's eager call pays
@@ -270,6 +292,6 @@ def eager_field(result: dict) -> dict:
     return field
 
 
-__all__ = ["DEFAULT", "DECODE_TIMING", "EAGER_TIMING", "eager_field", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
+__all__ = ["DEFAULT", "NAMED_BACKEND_MARGIN", "preferred_backend", "DECODE_TIMING", "EAGER_TIMING", "eager_field", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
            "sdpa_causal", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "incumbent_field",
            "winner"]
