@@ -104,9 +104,7 @@ class _Call:
 
     @incumbent.setter
     def incumbent(self, backend: Optional[str]) -> None:
-        if backend != self._incumbent:
-            self._incumbent, self.serve = backend, sdpa_server(backend, self.sdpa_causal, self.gqa)
-            self.serving = self.serve is not None or self.serve_train is not None
+        self._serve_side("", backend)
 
     @property
     def incumbent_train(self) -> Optional[str]:
@@ -115,8 +113,13 @@ class _Call:
 
     @incumbent_train.setter
     def incumbent_train(self, backend: Optional[str]) -> None:
-        if backend != self._incumbent_train:
-            self._incumbent_train, self.serve_train = backend, sdpa_server(backend, self.sdpa_causal, self.gqa)
+        self._serve_side("_train", backend)
+
+    def _serve_side(self, side: str, backend: Optional[str]) -> None:
+        """Set ``_incumbent{side}`` and its ready call ``serve{side}`` (``side``: "" forward, "_train")."""
+        if backend != getattr(self, "_incumbent" + side):
+            setattr(self, "_incumbent" + side, backend)
+            setattr(self, "serve" + side, sdpa_server(backend, self.sdpa_causal, self.gqa))
             self.serving = self.serve is not None or self.serve_train is not None
 
 
