@@ -244,19 +244,18 @@ class LiveRunner:
         the active target under the interpreter); ``{config json: error or None}``."""
         if not configs:
             return {}
-        record = self._prewarm_record()
-        marks = {cfg.to_json(): record.digest("fwd", [cfg.to_dict(), shape.to_dict()]) for cfg in configs} \
-            if record is not None else {}
-        errors = {key: None for key, d in marks.items() if record.has(d)}  # built before: in the cache
-        todo = [cfg for cfg in configs if cfg.to_json() not in errors]
+        shape_dict = shape.to_dict()
+        record, todo = self._unmarked("fwd", [[cfg.to_dict(), shape_dict] for cfg in configs])
+        keys = [cfg.to_json() for cfg in configs]
+        errors = {key: None for key in keys}  # a marked build is in the cache already
         if not todo:
             return errors
         pool = self._prewarm_workers()  # kept for the runner's life: workers start (import torch) once
         # the timing worker starts (imports torch, creates its device context: seconds) while the configs compile
         self._get_pool().schedule(_ready)
-        futures = {cfg.to_json(): pool.schedule(prewarm_one, {"config": cfg.to_dict(), "shape": shape.to_dict(),
-                                                              "cross_compile": self.interpret}, self.settings.timeout_s)
-                   for cfg in todo}
+        futures = {keys[i]: pool.schedule(prewarm_one, {"config": configs[i].to_dict(), "shape": shape_dict,
+                                                        "cross_compile": self.interpret}, self.settings.timeout_s)
+                   for i, _ in todo}
         for key, future in futures.items():
             try:
                 errors[key] = future.result()
@@ -265,8 +264,17 @@ class LiveRunner:
             except Exception as err:  # a crashed pre-warm worker: the timing worker will meet it too
                 errors[key] = f"pre-warm worker died: {type(err).__name__}"
         if record is not None:
-            record.add(marks[key] for key in futures if errors[key] is None)
+            record.add(d for i, d in todo if errors[keys[i]] is None)
         return errors
+
+    def _unmarked(self, family: str, builds: list) -> tuple:
+        """``(the pre-warm record or None, [(index, marker)] of the builds to pre-warm)``: every build without a
+        record (no live device, the interpreter), else those whose marker (:mod:`.prewarm_record`) is missing."""
+        record = self._prewarm_record()
+        if record is None:
+            return None, [(i, None) for i in range(len(builds))]
+        marks = ((i, record.digest(family, what)) for i, what in enumerate(builds))
+        return record, [(i, d) for i, d in marks if not record.has(d)]
 
     def call(self, fn, task: dict, timeout_s: float) -> dict:
         """``fn(task)`` in this runner's isolated worker (the decode and backward tunes' tasks): a hang or a
@@ -294,16 +302,12 @@ class LiveRunner:
     def prewarm_tasks(self, tasks: list, fn, timeout_s: float) -> None:
         """``fn(task)`` for every task in parallel processes sharing this runner's Triton cache (the kept pool:
         each problem's pre-warm reuses its processes)."""
-        record = self._prewarm_record()
-        if record is None:
-            self._prewarm_workers().run(tasks, fn, timeout_s)
-            return
-        family = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
-        marks = [record.digest(family, task) for task in tasks]
-        todo = [(task, d) for task, d in zip(tasks, marks) if not record.has(d)]
-        if todo:
-            results = self._prewarm_workers().run([task for task, _ in todo], fn, timeout_s)
-            record.add(d for (_, d), r in zip(todo, results) if r is None)
+        record, todo = self._unmarked(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}",
+                                      tasks)
+        if todo or record is None:  # without a record the pool is asked even for no tasks (it starts it)
+            results = self._prewarm_workers().run([tasks[i] for i, _ in todo], fn, timeout_s)
+            if record is not None:
+                record.add(d for (_, d), r in zip(todo, results) if r is None)
 
     def measure(self, cfg: KernelConfig, shape: Shape, inject: Optional[str] = None,
                 budget: Optional[dict] = None) -> dict:
