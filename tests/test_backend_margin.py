@@ -38,3 +38,12 @@ def test_the_host_bound_rule_applies_the_same_preference():
     # the entry's own shape (kernel-bound): SDPA wins, and within the margin its own choice serves
     assert host_bound.side_winner(f, shape, floors, False, 8, 32, 2048, 2048, False) == "default"
     assert host_bound.side_winner(f, shape, floors, True, 8, 32, 2048, 2048, False) == "flash"
+
+
+def test_default_replaces_a_named_backend_only_where_it_also_beats_rocmflash():
+    # cudnn 1.00 beat rocmflash's 1.01; SDPA's own choice (1.015) is within the margin of cudnn but slower than
+    # rocmflash: cudnn, what won, serves
+    backends = {"default": {"status": "ok", "time_ms": 1.015}, "cudnn": {"status": "ok", "time_ms": 1.00}}
+    f = {"backend": "cudnn", "time_ms": 1.00, "triton_ms": 1.01, "backends": backends}
+    assert incumbent.winner(f, False) == "cudnn"
+    assert incumbent.winner(dict(f, triton_ms=1.02), False) == "default"

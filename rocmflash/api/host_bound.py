@@ -46,7 +46,9 @@ def side_winner(field, shape, floors, train: bool, batch: int, heads_q: int, seq
         return winner(field, train)
     side, floor = (field.get("train"), floors.get("train")) if train else (field, floors)
     backend = expected_winner(side, floor, work_scale(shape, batch, heads_q, seqlen_q, seqlen_k, causal))
-    return preferred_backend(field, backend, train) if backend == (side or {}).get("backend") else backend
+    if backend != (side or {}).get("backend"):
+        return backend
+    return preferred_backend(field, backend, train, side.get("triton_ms"))
 
 
 def work_scale(shape: dict, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, causal: bool) -> float:

@@ -201,16 +201,19 @@ def incumbent_field(result: dict, triton_ms: Optional[float]) -> Optional[dict]:
 NAMED_BACKEND_MARGIN = 0.02
 
 
-def preferred_backend(incumbent: Optional[dict], backend: Optional[str], train: bool) -> Optional[str]:
-    """``backend``, or ``default`` where the field's ``backends`` show SDPA's own choice gated and within
-    :data:`NAMED_BACKEND_MARGIN` of it (``train``: forward+backward times)."""
+def preferred_backend(incumbent: Optional[dict], backend: Optional[str], train: bool,
+                      triton_ms: Optional[float] = None) -> Optional[str]:
+    """``backend``, or ``default`` where the field's ``backends`` show SDPA's own choice gated, within
+    :data:`NAMED_BACKEND_MARGIN` of it and, given rocmflash's time ``triton_ms``, faster than rocmflash too (else
+    the named backend is what beat rocmflash; ``train``: forward+backward times)."""
     if not backend or backend == DEFAULT or not incumbent:
         return backend
     backends = incumbent.get("backends") or {}
     time_key = "train_ms" if train else "time_ms"
     named, default = (backends.get(name) or {} for name in (backend, DEFAULT))
     if default.get("status") == "ok" and default.get(time_key) and named.get(time_key) \
-            and default[time_key] <= named[time_key] * (1.0 + NAMED_BACKEND_MARGIN):
+            and default[time_key] <= named[time_key] * (1.0 + NAMED_BACKEND_MARGIN) \
+            and (triton_ms is None or default[time_key] < triton_ms):
         return DEFAULT
     return backend
 
@@ -223,7 +226,9 @@ def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
     side = incumbent.get("train") if train else incumbent
     if not side or not side.get("backend") or side.get("time_ms") is None or side.get("triton_ms") is None:
         return None
-    return preferred_backend(incumbent, side["backend"], train) if side["time_ms"] < side["triton_ms"] else None
+    if side["time_ms"] >= side["triton_ms"]:
+        return None
+    return preferred_backend(incumbent, side["backend"], train, side["triton_ms"])
 
 
 #: what a decode entry's incumbent times are (the field's ``timing``): what a user's eager call pays
