@@ -171,3 +171,16 @@ def sdpa_spy(monkeypatch):
     yield calls
     monkeypatch.undo()
     selection.clear_cache()  # no plan keeps a spied call
+
+
+def synthetic_task_result(task: dict, backward: bool) -> dict:
+    """A deterministic worker-task result from the task's config: backward (dQ at one head split, dK/dV at two)
+    or decode (three split counts)."""
+    c = task["config"]
+    base = 1.0 + 0.01 * c["BLOCK_N"] / 16 + 0.03 * c["num_warps"] + 0.001 * c.get("num_stages", 1)
+    if backward:
+        splits = (1,) if c["kernel"] == "dq" else (1, 2)
+        times = {n: round(base * (0.9 if c["kernel"] == "dq" else 1.1) + 0.01 * n, 5) for n in splits}
+    else:
+        times = {n: round(base / 10 + 0.002 * n, 5) for n in (1, 2, 4)}
+    return {"config": c, "status": "ok", "times_ms": times, "rel_err": 1e-3}

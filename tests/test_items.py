@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import synthetic_task_result
 from rocmflash.hw.gpus import get_gpu
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash import db as D
@@ -52,14 +53,7 @@ def fwd_ms(cfg, shape):
 
 def task_result(fn, task):
     """A synthetic worker-task result: backward (per kernel, dK/dV at several head splits) or decode."""
-    c = task["config"]
-    base = 1.0 + 0.01 * c["BLOCK_N"] / 16 + 0.03 * c["num_warps"] + 0.001 * c.get("num_stages", 1)
-    if fn is TB.measure_bwd:
-        splits = (1,) if c["kernel"] == "dq" else (1, 2)
-        times = {n: round(base * (0.9 if c["kernel"] == "dq" else 1.1) + 0.01 * n, 5) for n in splits}
-    else:
-        times = {n: round(base / 10 + 0.002 * n, 5) for n in (1, 2, 4)}
-    return {"config": c, "status": "ok", "times_ms": times, "rel_err": 1e-3}
+    return synthetic_task_result(task, backward=fn is TB.measure_bwd)
 
 
 class Recorded(ReplayRunner):

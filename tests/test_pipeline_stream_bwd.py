@@ -15,6 +15,7 @@ import threading
 
 import pytest
 
+from conftest import synthetic_task_result
 from rocmflash import db as D
 from rocmflash.hw.gpus import get_gpu
 from rocmflash.static.prune import PruneSettings
@@ -68,14 +69,7 @@ def small_bwd_space(monkeypatch):
 
 def task_result(task):
     """Deterministic synthetic results: backward (dK/dV at two head splits) or decode (three split counts)."""
-    c = task["config"]
-    base = 1.0 + 0.01 * c["BLOCK_N"] / 16 + 0.03 * c["num_warps"] + 0.001 * c.get("num_stages", 1)
-    if "kernel" in c:
-        splits = (1,) if c["kernel"] == "dq" else (1, 2)
-        times = {n: round(base * (0.9 if c["kernel"] == "dq" else 1.1) + 0.01 * n, 5) for n in splits}
-    else:
-        times = {n: round(base / 10 + 0.002 * n, 5) for n in (1, 2, 4)}
-    return {"config": c, "status": "ok", "times_ms": times, "rel_err": 1e-3}
+    return synthetic_task_result(task, backward="kernel" in task["config"])
 
 
 class TaskRunner(ReplayRunner):
