@@ -32,8 +32,8 @@ throw-away database) on a simulated clock (:class:`~rocmflash.tuning.pipeline_ex
 
 ``--scheduler new`` is the pipeline as it is: a forward race's first round, a backward problem's configs (every
 dQ config before any dK/dV config) and a decode problem's stream (its survivors are timed as their compiles
-arrive and their pre-warm batch ends: compile-order prefixes on the FIFO compile pool, then the pre-warms one
-batch at a time; ``--no-stream``: as before streaming, each item's first job after its whole static phase), :func:`~rocmflash.tuning.pipeline.default_compile_slots`
+arrive and their own pre-warm ends: compile-order prefixes on the FIFO compile pool, then up to 16 pre-warms at
+once; ``--no-stream``: as before streaming, each item's first job after its whole static phase), :func:`~rocmflash.tuning.pipeline.default_compile_slots`
 static phases at once (never two of one static problem), every timing worker started with the run,
 the jobs of the largest items first on several workers, one pre-warm pool of up to 32 processes kept
 for the tune and started with it.
@@ -102,14 +102,21 @@ SCHEDULERS = ("new", "old")
 
 # ---------------------------------------------------------------------- the simulation
 def _charge_shared_statics_once(items: list) -> None:
-    """Items sharing one static phase (the sequence lengths of a pass) report its compile seconds each; a real
-    tune compiles once (the others read the shared result), so only the first to finish it is charged."""
+    """Items sharing one static phase (the sequence lengths of a pass: one ``static_group``, or one shared static
+    result) report its compile seconds each; a real tune compiles once (the others read the shared result, or
+    find every observation in the compile cache), so only the first to finish it is charged."""
     charged: list = []
+    groups: set = set()
 
     for item in items:
         own = item.compile_seconds
 
         def once(item=item, own=own):
+            group = getattr(item, "static_group", None)
+            if group is not None:
+                if group in groups:
+                    return []
+                groups.add(group)
             shared = getattr(item, "static_result", None)
             if shared is not None:
                 if any(shared is s for s in charged):
@@ -184,17 +191,19 @@ class StaticModel:
 
 
 def _prewarm_batches(arrive: list, ready: float, procs: int, per: float) -> list:
-    """When each config (arrival times, nondecreasing) is pre-warmed: one pre-warm at a time takes every config
-    arrived by its start, in waves of ``procs``, from ``ready`` (the pool up)."""
-    out, t, i = [], ready, 0
-    while i < len(arrive):
-        t = max(t, arrive[i])
-        j = i
-        while j < len(arrive) and arrive[j] <= t:
-            j += 1
-        t += math.ceil((j - i) / procs) * per
-        out += [t] * (j - i)
-        i = j
+    """When each config (arrival times, nondecreasing) is pre-warmed: the stream's pre-warm threads
+    (:data:`~rocmflash.tuning.stream.PREWARM_THREADS`, at most ``procs`` builds at once) each take a config as it
+    arrives, from ``ready`` (the pool up); a config is ready when its own pre-warm ends."""
+    import heapq
+
+    from rocmflash.tuning.stream import PREWARM_THREADS
+
+    free = [ready] * max(1, min(PREWARM_THREADS, procs))
+    out = []
+    for t in arrive:
+        start = max(t, heapq.heappop(free))
+        out.append(start + per)
+        heapq.heappush(free, start + per)
     return out
 
 

@@ -160,12 +160,39 @@ def test_simulated_clock_without_streaming_starts_after_the_static_phase():
 
 def test_ready_queue_prewarms_in_batches_and_gives_each_entry_once():
     warmed, notes = [], []
-    q = ReadyQueue(lambda batch: warmed.append(list(batch)), lambda: notes.append(1))
+    q = ReadyQueue(lambda batch: warmed.append(list(batch)), lambda: notes.append(1), threads=1)
     q.put([1, 2])
     q.put([3])
     q.close()
     assert sorted(x for b in warmed for x in b) == [1, 2, 3] and notes
     assert q.take(2) == [1, 2] and q.take() == [3] and q.take() == []
+
+
+def test_a_slow_prewarm_holds_back_only_its_own_entries():
+    """A build the static phase did not make (seconds of compile) must not keep the cache hits released with it
+    from the timing workers: each entry is ready when its own pre-warm ends."""
+    import threading
+
+    slow_started, release_slow = threading.Event(), threading.Event()
+
+    def prewarm(batch):
+        if "slow" in batch:
+            slow_started.set()
+            assert release_slow.wait(10)
+
+    q = ReadyQueue(prewarm, lambda: None, threads=4)
+    q.put(["slow", "a", "b"])
+    assert slow_started.wait(10)
+    q.put(["c"])  # released while the slow one still builds: starts at once
+    deadline = threading.Event()
+    for _ in range(200):
+        if sorted(q.ready) == ["a", "b", "c"]:
+            break
+        deadline.wait(0.01)
+    assert sorted(q.take()) == ["a", "b", "c"]
+    release_slow.set()
+    q.close()
+    assert q.take() == ["slow"] and q.take() == []
 
 
 # ----------------------------------------------------------------------------- forward items, real static phases

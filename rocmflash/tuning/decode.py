@@ -102,6 +102,17 @@ class DecodeProblem:
             del out["kv_dtype"]
         return out
 
+    def static_problem(self) -> "DecodeProblem":
+        """The compile-only problem: one sequence of 4096 cached keys where this problem's cache and queries are
+        under the 2 GiB line, else this problem. A build depends on the batch and the cached length only through
+        the storage past that line (:func:`compile_task`), so the buckets of a model share one static phase (and
+        one compile-cache entry per config) instead of compiling the same binaries once per bucket."""
+        from rocmflash.tuning.live_gate import build_bytes
+
+        if build_bytes(self.cache_bytes()) or build_bytes(self.q_bytes()):
+            return self
+        return dataclasses.replace(self, batch=1, seqlen_k=4096)
+
     def key(self) -> str:
         return decode_key(self.head_dim, self.dtype, self.group, self.seqlen_k, self.batch, self.page_size,
                           self.kv_dtype)
@@ -205,8 +216,8 @@ def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, sett
     configs = configs if configs is not None else decode_space(gpu.arch)
     if on_configs is not None:
         on_configs(configs)
-    observations, stats = sweep_family("decode", configs, problem.to_dict(), gpu, cache_dir, workers,
-                                       on_result=on_result)
+    observations, stats = sweep_family("decode", configs, problem.static_problem().to_dict(), gpu, cache_dir,
+                                       workers, on_result=on_result)
     rows = family_rows(configs, observations, prune(observations, settings or PruneSettings()), _static_key)
     for row, obs in zip(rows, observations):
         row["combine"] = obs["kernels"][1] if len(obs.get("kernels") or ()) > 1 else {}

@@ -52,6 +52,13 @@ class DecodeItem(TaskItem):
         self._incumbent_asked = False
         self._incumbent: Optional[dict] = None
         super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
+        #: the buckets of one compile-only problem share its static phase: the pipeline runs them one at a time,
+        #: and the second finds every observation in the compile cache
+        self.static_group = ("decode", tuple(sorted(self.compile_problem().items())))
+
+    def compile_problem(self) -> dict:
+        """The compile-only problem the static phase builds (:meth:`DecodeProblem.static_problem`)."""
+        return self.problem.static_problem().to_dict()
 
     def work_s(self) -> float:
         """Estimated timing-worker seconds (:data:`DECODE_WORK_S`), for the order of a plan on several workers."""

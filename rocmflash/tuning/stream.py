@@ -135,19 +135,29 @@ class SurvivorStream:
         return [(obs or {}).get("compile_seconds") or 0.0 for obs in self._obs]
 
 
-class ReadyQueue:
-    """Released configs, pre-warmed in batches by ``prewarm(list of entries)`` on a helper thread (None: ready at
-    once), then ready to time; ``notify()`` after each batch becomes ready. Entries are whatever the caller
-    puts (the forward item: ``(index, candidate, prefix)``)."""
+#: how many pre-warms of released configs run at once (each on its own helper thread, in the kept pre-warm pool)
+PREWARM_THREADS = 16
 
-    def __init__(self, prewarm: Optional[Callable[[list], None]], notify: Callable[[], None]):
+
+class ReadyQueue:
+    """Released configs, pre-warmed by ``prewarm(list of entries)`` on helper threads (None: ready at once), then
+    ready to time; ``notify()`` after each pre-warm ends. Up to ``threads`` pre-warms run at once, each taking its
+    share of what is waiting (one entry each while few wait), so an entry is ready when its own pre-warm ends:
+    a slow build (a compile the static phase did not make) holds back only the entries that went with it, and
+    a config released while others pre-warm starts at once. Entries are whatever the caller puts (the forward
+    item: ``(index, candidate)``)."""
+
+    def __init__(self, prewarm: Optional[Callable[[list], None]], notify: Callable[[], None],
+                 threads: int = PREWARM_THREADS):
         self.prewarm, self.notify = prewarm, notify
+        self.threads = max(1, int(threads))
         self._cv = threading.Condition()
         self._pending: list = []
         self.ready: list = []  #: entries ready to time, in the order they became ready
         self._given = 0
         self._closed = False
-        self._thread: Optional[threading.Thread] = None
+        self._workers: list = []
+        self._busy = 0
 
     def put(self, entries: list) -> None:
         if not entries:
@@ -159,10 +169,12 @@ class ReadyQueue:
             return
         with self._cv:
             self._pending.extend(entries)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True, name="rocmflash-stream-prewarm")
-                self._thread.start()
-            self._cv.notify()
+            idle = len(self._workers) - self._busy
+            for _ in range(min(len(self._pending) - idle, self.threads - len(self._workers))):
+                thread = threading.Thread(target=self._loop, daemon=True, name="rocmflash-stream-prewarm")
+                self._workers.append(thread)
+                thread.start()
+            self._cv.notify_all()
 
     def _loop(self) -> None:
         while True:
@@ -171,11 +183,14 @@ class ReadyQueue:
                     self._cv.wait()
                 if not self._pending:
                     return
-                batch, self._pending = self._pending, []
+                share = -(-len(self._pending) // len(self._workers))  # ceil: the waiting split over every thread
+                batch, self._pending = self._pending[:share], self._pending[share:]
+                self._busy += 1
             try:
                 self.prewarm(batch)
             finally:  # a failed pre-warm is an optimisation lost: the timing meets any real error again
                 with self._cv:
+                    self._busy -= 1
                     self.ready.extend(batch)
                 self.notify()
 
@@ -183,9 +198,9 @@ class ReadyQueue:
         """Wait until every released entry is pre-warmed and ready."""
         with self._cv:
             self._closed = True
-            self._cv.notify()
-            thread = self._thread
-        if thread is not None:
+            self._cv.notify_all()
+            workers = list(self._workers)
+        for thread in workers:
             thread.join()
 
     def take(self, upto: Optional[int] = None) -> list:
