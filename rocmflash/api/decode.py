@@ -36,13 +36,13 @@ import torch  # noqa: E402
 
 from rocmflash.api import decode_fp8 as F8D  # noqa: E402
 from rocmflash.api.decode_cache import (  # noqa: E402,F401  (re-exported: the code moved there)
-    _append,
     _check_values,
     _lengths,
 )
 from rocmflash.api.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
 from rocmflash.api.varlen import check_options  # noqa: E402
 from rocmflash.kernels import common as C  # noqa: E402
+from rocmflash.kernels import kv_append  # noqa: E402
 from rocmflash.kernels import kv_decode as KD  # noqa: E402
 from rocmflash.kernels import kv_quant as KQ  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
@@ -407,16 +407,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         check_errors(device)
     else:
         _poll_errors(device)
-    if new and fp8:  # quantise (one launch; a bad scale writes nothing and sets BAD_DESCALE)
-        KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale, v_descale,
-                            KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
-    elif new:
-        _append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.capacity)
-    seqlens = lens + new if new else lens
     out = torch.empty_like(q)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
-    if plan.nonempty:
-        with L.on_device(q):
+    with L.on_device(q):
+        if new and fp8:  # quantise (one launch; a bad scale writes nothing and sets BAD_DESCALE)
+            KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale, v_descale,
+                                KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
+            seqlens = lens + new
+        elif new:  # one launch: the rows, and the lengths after them
+            seqlens = kv_append.append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.backend,
+                                       plan.launch_keys)
+        else:
+            seqlens = lens
+        if plan.nonempty:
             KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)

@@ -1,6 +1,7 @@
 """What a decode call does to the KV cache itself: the cache lengths it reads, the checks of their values
-(``cache_seqlens``, ``cache_leftpad``, ``block_table``) where reading them costs nothing, and the append of
-the new tokens. :mod:`rocmflash.api.decode` (``flash_attn_with_kvcache``) re-exports these names.
+(``cache_seqlens``, ``cache_leftpad``, ``block_table``) where reading them costs nothing (the append of the new
+tokens is one kernel: :mod:`rocmflash.kernels.kv_append`). :mod:`rocmflash.api.decode` (``flash_attn_with_kvcache``)
+re-exports these names.
 """
 
 from __future__ import annotations
@@ -61,37 +62,3 @@ def _check_values(cache_seqlens, lens, block_table, k_cache, new, capacity, page
         b, p = (int(x) for x in bad_page.nonzero()[0])
         raise ValueError(f"block_table[{b}] points outside the cache: block {int(block_table[b, p])} "
                          f"(the cache has {num_blocks} blocks)")
-
-
-def _append(k_cache, v_cache, k, v, lens, block_table, page_size, capacity: int) -> None:
-    """Write the new keys/values at positions ``lens[b] + t`` (in place, no host sync).
-
-    Unchecked values never address outside the cache: a length outside ``0..capacity - new`` is
-    clamped into it (the write lands in that sequence's own rows) and a page number outside the pool
-    into it; the kernel reports both (:func:`rocmflash.api.decode_errors.check_errors`).
-
-    Each tensor op here is a kernel launch on a GPU (several µs of host time each), so the
-    indices are built with as few as give the same writes: one new token needs no ``arange``,
-    one sequence of a contiguous cache is written through a view (no batch index), the batch
-    index otherwise broadcasts against the positions instead of being expanded, and the
-    in-page offset is computed once for K and V.
-    """
-    B, new = k.shape[0], k.shape[1]
-    start = lens.to(torch.int64).clamp_(0, capacity - new)  # (B,)
-    if block_table is None and B == 1:
-        pos = start + torch.arange(new, device=k.device) if new > 1 else start  # (new,)
-        k_cache[0, pos] = k[0]
-        v_cache[0, pos] = v[0]
-        return
-    pos = start[:, None]
-    if new > 1:
-        pos = pos + torch.arange(new, device=k.device)  # (B, new)
-    if block_table is None:
-        rows = torch.arange(B, device=k.device)[:, None]  # (B, 1), broadcast against pos
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
-    else:
-        blocks = torch.gather(block_table.to(torch.int64), 1, pos // page_size).clamp_(0, k_cache.shape[0] - 1)
-        offs = pos % page_size
-        k_cache[blocks, offs] = k
-        v_cache[blocks, offs] = v

@@ -1,0 +1,106 @@
+"""The append of ``flash_attn_with_kvcache``'s new keys/values into a 16-bit cache, in one launch.
+
+A decode step at batch 1 is host-bound: each torch op is a kernel launch and several microseconds of host
+time, and the append in torch took four or five of them (the positions as int64, their clamp, an index write
+for K and one for V) plus one more for the lengths the attention reads (``cache_seqlens + Sk_new``). This
+kernel does all of it in one launch: one program per (sequence, new token, K/V head) copies that row of K and
+of V to ``cache_seqlens[b] + t`` and the first program of each sequence writes ``cache_seqlens[b] + Sk_new``
+for the attention kernel. The GPU never waits and the host never reads a value.
+
+Out-of-range values never address outside the cache, as the fp8 append (:mod:`.kv_quant`) and the decode
+kernel: a length outside ``0..capacity - Sk_new`` is clamped into the sequence's own rows and a page number
+outside the pool into the pool; the decode kernel reports both (its error word).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton.language as tl
+
+from rocmflash.kernels import common as C
+from rocmflash.kernels.common import kernel_jit
+
+
+@kernel_jit
+def _append_rows(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT,
+                 stride_knb, stride_knt, stride_knh, stride_knd, stride_vnb, stride_vnt, stride_vnh, stride_vnd,
+                 stride_kcb, stride_kcn, stride_kch, stride_kcd, stride_vcb, stride_vcn, stride_vch, stride_vcd,
+                 stride_btb, NEW, CAPACITY, PAGE_SIZE, NUM_BLOCKS,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr):
+    bt_idx = tl.program_id(0)  # sequence * NEW + new token
+    h = tl.program_id(1)
+    b = bt_idx // NEW
+    t = bt_idx % NEW
+    given = tl.load(SEQLENS + b)
+    if (t == 0) & (h == 0):  # the lengths the attention reads: the given ones (even out of range) plus NEW
+        tl.store(SEQ_OUT + b, given + NEW)
+    pos = tl.minimum(tl.maximum(given, 0), CAPACITY - NEW) + t
+    if PAGED:
+        page = tl.load(BT + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
+        k_row = page.to(tl.int64) * stride_kcb + (pos % PAGE_SIZE).to(tl.int64) * stride_kcn
+        v_row = page.to(tl.int64) * stride_vcb + (pos % PAGE_SIZE).to(tl.int64) * stride_vcn
+    else:
+        k_row = b.to(tl.int64) * stride_kcb + pos.to(tl.int64) * stride_kcn
+        v_row = b.to(tl.int64) * stride_vcb + pos.to(tl.int64) * stride_vcn
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    k = tl.load(KN + b.to(tl.int64) * stride_knb + t * stride_knt + h * stride_knh + offs_d * stride_knd, mask=dmask)
+    v = tl.load(VN + b.to(tl.int64) * stride_vnb + t * stride_vnt + h * stride_vnh + offs_d * stride_vnd, mask=dmask)
+    tl.store(KC + k_row + h * stride_kch + offs_d * stride_kcd, k, mask=dmask)
+    tl.store(VC + v_row + h * stride_vch + offs_d * stride_vcd, v, mask=dmask)
+
+
+@functools.lru_cache(maxsize=64)
+def _constexprs(head_dim: int, paged: bool) -> dict:
+    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, C.next_pow2(head_dim)), PAGED=paged)
+
+
+def append_args(k, v, k_cache, v_cache, block_table, seqlens, seq_out, page_size: int) -> dict:
+    """The kernel's arguments (a contiguous cache passes ``seqlens`` as the unread block table)."""
+    sk, sv, skc, svc = k.stride(), v.stride(), k_cache.stride(), v_cache.stride()
+    paged = block_table is not None
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    return dict(KN=k, VN=v, KC=k_cache, VC=v_cache, BT=block_table if paged else seqlens, SEQLENS=seqlens,
+                SEQ_OUT=seq_out,
+                stride_knb=sk[0], stride_knt=sk[1], stride_knh=sk[2], stride_knd=sk[3],
+                stride_vnb=sv[0], stride_vnt=sv[1], stride_vnh=sv[2], stride_vnd=sv[3],
+                stride_kcb=skc[0], stride_kcn=skc[1], stride_kch=skc[2], stride_kcd=skc[3],
+                stride_vcb=svc[0], stride_vcn=svc[1], stride_vch=svc[2], stride_vcd=svc[3],
+                stride_btb=block_table.stride(0) if paged else 0, NEW=k.shape[1], CAPACITY=capacity,
+                PAGE_SIZE=page_size if paged else 1, NUM_BLOCKS=k_cache.shape[0])
+
+
+_APPEND_CFG = None
+
+
+def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: str, keys=None):
+    """Write ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the 16-bit caches at ``lens[b] + t`` (one launch, no host
+    read); returns the int32 ``(B,)`` lengths after the append (``lens + Sk_new``), written by the same launch.
+
+    ``keys``: the caller's dict of kept launch keys, under the promise of ``kv_decode.launch``'s ``keys`` (the
+    same dtypes, shapes, strides, device and storage class as when it was filled)."""
+    from rocmflash.kernels.kv_decode import _kept_key
+
+    global _APPEND_CFG
+    if _APPEND_CFG is None:
+        from rocmflash.config import KernelConfig
+
+        _APPEND_CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    B, new, hkv, d = k.shape
+    seq_out = torch.empty_like(lens)
+    paged = block_table is not None
+    bt = block_table if paged else lens  # unread without pages
+    tensors = (k, v, k_cache, v_cache, bt, lens, seq_out)
+    scalars = (page_size, paged)
+    C.launch_cached(_append_rows, scalars, tensors,
+                    lambda: ((B * new, hkv), append_args(k, v, k_cache, v_cache, block_table, lens, seq_out,
+                                                         page_size), _constexprs(d, paged)),
+                    _APPEND_CFG, backend,
+                    key=_kept_key(keys, ("append", backend), _append_rows, scalars, tensors, _APPEND_CFG, backend))
+    return seq_out
+
+
+__all__ = ["append", "append_args"]
