@@ -485,7 +485,7 @@ def test_quantise_append_kernel_cross_compiles(arch, dtype):
     cache = T("*u8", (4096 * 8 * D, 8 * D, D, 1), (8, 4096, 8, D))
     scale = T("*fp32", (8, 1), (8, 8))
     i32 = P("*i32", (1,))
-    args = KQ.append_args(new, new, cache, cache, None, i32, scale, scale, i32, 0)
+    args = KQ.append_args(new, new, cache, cache, None, i32, scale, scale, i32, 0, seq_out=i32)
     k = C.compile_kernel(KQ._quant_append, arch, args, KQ._constexprs(dtype, D, False, 64, 8),
                          KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1))
     if arch.startswith("gfx"):

@@ -411,9 +411,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     with L.on_device(q):
         if new and fp8:  # quantise (one launch; a bad scale writes nothing and sets BAD_DESCALE)
-            KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale, v_descale,
-                                KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
-            seqlens = lens + new
+            seqlens = KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale,
+                                          v_descale, KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
         elif new:  # one launch: the rows, and the lengths after them
             seqlens = kv_append.append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.backend,
                                        plan.launch_keys)

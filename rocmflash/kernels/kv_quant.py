@@ -134,7 +134,7 @@ def _scales_bad(KS, VS, stride_ksb, stride_ksh, stride_vsb, stride_vsh, NUM, H_K
 
 
 @kernel_jit
-def _quant_append(KN, VN, KC, VC, BT, SEQLENS, KS, VS, ERR,
+def _quant_append(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT, KS, VS, ERR,
                   stride_knb, stride_knt, stride_knh, stride_knd, stride_vnb, stride_vnt, stride_vnh, stride_vnd,
                   stride_kcb, stride_kcn, stride_kch, stride_kcd, stride_vcb, stride_vcn, stride_vch, stride_vcd,
                   stride_btb, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
@@ -146,6 +146,9 @@ def _quant_append(KN, VN, KC, VC, BT, SEQLENS, KS, VS, ERR,
     h = tl.program_id(1)
     b = bt_idx // NEW
     t = bt_idx % NEW
+    given = tl.load(SEQLENS + b)
+    if (t == 0) & (h == 0):  # the lengths the attention reads (a bad scale still leaves them right)
+        tl.store(SEQ_OUT + b, given + NEW)
     bad = _scales_bad(KS, VS, stride_ksb, stride_ksh, stride_vsb, stride_vsh, NUM_SCALES, H_KV, SCALE_BLOCK)
     if bad != 0:  # write nothing anywhere; one program reports
         if (bt_idx == 0) & (h == 0):
@@ -153,7 +156,7 @@ def _quant_append(KN, VN, KC, VC, BT, SEQLENS, KS, VS, ERR,
         return
     # as flash_attn_with_kvcache's 16-bit append: a length outside 0..CAPACITY-NEW is clamped into the
     # sequence's own rows and a page outside the pool into it (the decode kernel reports both)
-    pos = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), CAPACITY - NEW) + t
+    pos = tl.minimum(tl.maximum(given, 0), CAPACITY - NEW) + t
     if PAGED:
         page = tl.load(BT + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
@@ -185,16 +188,17 @@ def _constexprs(dtype, head_dim: int, paged: bool, num_scales: int, bad_bit: int
 
 
 def append_args(k, v, k_cache, v_cache, block_table, seqlens, k_descale, v_descale, err, page_size: int,
-                bt=None) -> dict:
+                bt=None, *, seq_out) -> dict:
     """The append kernel's arguments; ``k_cache``/``v_cache`` as uint8 views (the kernel stores bytes);
-    ``bt``: the tensor standing in for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch."""
+    ``bt``: the tensor standing in for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch;
+    ``seq_out``: where the lengths after the append go."""
     sk, sv, skc, svc = k.stride(), v.stride(), k_cache.stride(), v_cache.stride()
     sks, svs = k_descale.stride(), v_descale.stride()
     paged = block_table is not None
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
     stand_in = bt if bt is not None else seqlens
     return dict(KN=k, VN=v, KC=k_cache, VC=v_cache, BT=block_table if paged else stand_in, SEQLENS=seqlens,
-                KS=k_descale, VS=v_descale, ERR=err,
+                SEQ_OUT=seq_out, KS=k_descale, VS=v_descale, ERR=err,
                 stride_knb=sk[0], stride_knt=sk[1], stride_knh=sk[2], stride_knd=sk[3],
                 stride_vnb=sv[0], stride_vnt=sv[1], stride_vnh=sv[2], stride_vnd=sv[3],
                 stride_kcb=skc[0], stride_kcn=skc[1], stride_kch=skc[2], stride_kcd=skc[3],
@@ -212,7 +216,8 @@ def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, 
                      bad_bit: int, backend: str) -> None:
     """Quantise ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the fp8 caches at ``lens[b] + t`` (one launch, no host
     read); ``err``: the device's decode error word, into which ``bad_bit`` is ORed when a scale is bad
-    (nothing is written then)."""
+    (nothing is written to the caches then). Returns the int32 ``(B,)`` lengths after the append
+    (``lens + Sk_new``), written by the same launch."""
     global _APPEND_CFG
     if _APPEND_CFG is None:
         from rocmflash.config import KernelConfig
@@ -221,13 +226,15 @@ def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, 
     B, new, hkv, d = k.shape
     kc, vc = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     bt = block_table if block_table is not None else lens  # unread without pages
-    tensors = (k, v, kc, vc, bt, lens, k_descale, v_descale, err)
+    seq_out = torch.empty_like(lens)
+    tensors = (k, v, kc, vc, bt, lens, seq_out, k_descale, v_descale, err)
     C.launch_cached(_quant_append, (k_cache.dtype, page_size, block_table is not None, bad_bit), tensors,
                     lambda: ((B * new, hkv),
                              append_args(k, v, kc, vc, block_table, lens, k_descale, v_descale, err, page_size,
-                                         bt),
+                                         bt, seq_out=seq_out),
                              _constexprs(k_cache.dtype, d, block_table is not None, B * hkv, bad_bit)),
                     _APPEND_CFG, backend)
+    return seq_out
 
 
 def launch_views(kv_fp8: bool, k_cache, v_cache, k_descale, v_descale, seqlens) -> tuple:
