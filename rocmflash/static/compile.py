@@ -214,12 +214,28 @@ class SweepStats:
 
 
 # ------------------------------------------------------------------ worker side
+#: how much lower than the tune's own processes a compile worker runs (``os.nice``): during a live tune the compile
+#: pool fills every core while the timing workers, whose host side launches and syncs every measurement, and the
+#: scheduler need a core the moment they wake; a compile is throughput work that loses nothing by yielding to them
+COMPILE_NICENESS = 10
+
+
 def _worker_init(triton_cache_dir: str) -> None:
     # Workers only cross-compile: hide every GPU before torch can see one.
     for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
         os.environ[var] = ""
     os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
     os.environ.pop("TRITON_INTERPRET", None)
+    _lower_priority(COMPILE_NICENESS)
+
+
+def _lower_priority(increment: int) -> None:
+    """Raise this process's niceness by ``increment`` (the compilers it spawns inherit it); a no-op where the OS has
+    no ``nice`` or refuses."""
+    try:
+        os.nice(increment)
+    except (AttributeError, OSError):
+        pass
 
 
 def observe(task: dict) -> dict:
