@@ -29,5 +29,25 @@ def test_a_refused_priority_change_is_not_an_error(monkeypatch):
     def refuse(_):
         raise PermissionError("not allowed")
 
-    monkeypatch.setattr(SC.os, "nice", refuse)
-    SC._lower_priority(5)  # no exception: the compile runs at the priority it has
+    from rocmflash.hw import platform
+
+    monkeypatch.setattr(os, "nice", refuse)
+    platform.lower_priority(5)  # no exception: the worker runs at the priority it has
+
+
+def _niceness(_task) -> int:
+    return os.nice(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no os.nice on this platform")
+def test_a_kept_prewarm_worker_runs_below_its_parent_and_above_the_compilers(tmp_path):
+    from rocmflash.tuning.isolated import TaskPrewarmPool
+    from rocmflash.tuning.live_worker import PREWARM_NICENESS
+
+    parent = os.nice(0)
+    pool = TaskPrewarmPool(str(tmp_path), {}, 1)
+    try:
+        assert pool.run([{}], _niceness, 120) == [min(19, parent + PREWARM_NICENESS)]
+    finally:
+        pool.close()
+    assert 0 < PREWARM_NICENESS < SC.COMPILE_NICENESS

@@ -123,3 +123,15 @@ def sdpa_backend_enum(name: str):
 
 __all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "visible_device_ids", "sdpa_backends",
            "missing_sdpa_backend", "sdpa_backend_enum"]
+
+
+def lower_priority(increment: int) -> None:
+    """Raise this process's niceness by ``increment`` (what it spawns inherits it): the helper processes of a tune
+    (compile and pre-warm workers) yield the CPU to its timing workers and scheduler. A no-op where the OS has no
+    ``nice`` or refuses."""
+    import os
+
+    try:
+        os.nice(increment)
+    except (AttributeError, OSError):
+        pass

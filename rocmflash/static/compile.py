@@ -226,16 +226,9 @@ def _worker_init(triton_cache_dir: str) -> None:
         os.environ[var] = ""
     os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
     os.environ.pop("TRITON_INTERPRET", None)
-    _lower_priority(COMPILE_NICENESS)
+    from rocmflash.hw.platform import lower_priority
 
-
-def _lower_priority(increment: int) -> None:
-    """Raise this process's niceness by ``increment`` (the compilers it spawns inherit it); a no-op where the OS has
-    no ``nice`` or refuses."""
-    try:
-        os.nice(increment)
-    except (AttributeError, OSError):
-        pass
+    lower_priority(COMPILE_NICENESS)
 
 
 def observe(task: dict) -> dict:

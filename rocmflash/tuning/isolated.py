@@ -49,8 +49,11 @@ def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: i
                 pass
 
 
-#: the most pre-warm workers a runner keeps by default (each holds torch and a device context)
-MAX_PREWARM_WORKERS = 32
+#: the most pre-warm workers a runner keeps by default. Each holds torch and a device context, and all of them start
+#: with the tune, beside the compile pool and the timing workers; most pre-warms find the static phase's build in
+#: Triton's cache and only launch it, and a static phase's stream pre-warms at most
+#: :data:`rocmflash.tuning.stream.PREWARM_THREADS` at once
+MAX_PREWARM_WORKERS = 16
 
 
 def prewarm_pool_size(max_workers: Optional[int] = None) -> int:
@@ -74,13 +77,13 @@ class TaskPrewarmPool:
     def _started(self):
         import pebble
 
-        from rocmflash.tuning.live_worker import worker_init
+        from rocmflash.tuning.live_worker import prewarm_init
 
         with self._lock:
             if self._pool is None:
                 self._pool = pebble.ProcessPool(max_workers=self.max_workers,
-                                                context=multiprocessing.get_context("spawn"), initializer=worker_init,
-                                                initargs=(self.triton_cache_dir, self.env, False))
+                                                context=multiprocessing.get_context("spawn"), initializer=prewarm_init,
+                                                initargs=(self.triton_cache_dir, self.env))
             return self._pool
 
     def start(self) -> None:

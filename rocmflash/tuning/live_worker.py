@@ -309,11 +309,20 @@ def _ready() -> bool:
 
 
 # ---------------------------------------------------------------------- pre-warm worker
+#: how much lower than the tune's own processes a kept pre-warm worker runs (``os.nice``): the pool's processes
+#: start with the tune and import torch all at once while the scheduler and the timing workers start too; below
+#: them, above the compile workers (:data:`rocmflash.static.compile.COMPILE_NICENESS`), whose output they launch
+PREWARM_NICENESS = 5
+
+
 def prewarm_init(triton_cache_dir: Optional[str], env: Optional[dict] = None) -> None:
     """:func:`worker_init` of a pre-warm worker, never interpreted: when the runner interprets, a
     pre-warm worker only cross-compiles, and ``triton.jit`` decides at import time between
     compiled and interpreted functions (Triton's own helpers included), so Triton must be
-    imported without ``TRITON_INTERPRET`` here."""
+    imported without ``TRITON_INTERPRET`` here. Runs at :data:`PREWARM_NICENESS`."""
+    from rocmflash.hw.platform import lower_priority
+
+    lower_priority(PREWARM_NICENESS)
     worker_init(triton_cache_dir, env, interpret=False)
 
 
