@@ -23,7 +23,9 @@ throw-away database) on a simulated clock (:class:`~rocmflash.tuning.pipeline_ex
   compiles first) on ``--cpu-cores / compile slots`` cores, once per static phase (problems that
   share one pay it once, as in a real tune); ``--cache warm``: nothing. Then its pre-warm: the
   configs it will time, in waves over the pre-warm pool's processes, :data:`PREWARM_BUILD_S` each
-  for the first problem of a family and :data:`PREWARM_HIT_S` for the rest (warm: all), after the
+  for the first problem of a family (``--scheduler new``: of the forward's, only the ``split_kv`` configs, whose
+  launch pins a split count the cross-compile lacks; the others find its build) and :data:`PREWARM_HIT_S` for
+  the rest (warm: all), after the
   pool has started (:data:`PREWARM_POOL_START_S`; the new scheduler starts it with the run).
 * a timing worker's process starts in :data:`WORKER_START_S` (on several simulated GPUs, a ``--gpus`` run,
   :data:`EARLY_START_S` of it, and of the pre-warm pool's start, pass before the tune begins).
@@ -65,6 +67,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from rocmflash.tuning.isolated import MAX_PREWARM_WORKERS  # noqa: E402
 from scale_sim_journal import (FILL_RULES, INCUMBENT, INCUMBENT_S, STARTUP_IN_JOB_S, Durations,  # noqa: E402,F401
                                SimRunner, read_journals)
 
@@ -133,7 +136,8 @@ class StaticModel:
 
     def __init__(self, scheduler: str, cache: str, cpu_cores: int, compile_slots: int, clock):
         self.old, self.warm, self.clock = scheduler == "old", cache == "warm", clock
-        self.pool_procs = max(1, min(32, cpu_cores - 1) // max(1, compile_slots))  # new: one pool, shared
+        # new: one kept pool (rocmflash.tuning.isolated.MAX_PREWARM_WORKERS processes), shared by the static phases
+        self.pool_procs = max(1, min(MAX_PREWARM_WORKERS, cpu_cores - 1) // max(1, compile_slots))
         self.fwd_pool_procs = max(1, cpu_cores - 1)  # old: the forward's own pool
         self.task_procs = max(1, min(OLD_TASK_PREWARM_PROCS, cpu_cores - 1))
         # the kept pool (old: the forward's, started by its first pre-warm; new: started with the run)
@@ -161,6 +165,7 @@ class StaticModel:
             procs = self.fwd_pool_procs if self.old else self.pool_procs
         per = PREWARM_HIT_S if self.warm or item.family in self.built else PREWARM_BUILD_S.get(item.family, 1.0)
         self.built.add(item.family)
+        costs = self._fwd_costs(item, per)
         if streamed:  # survivors pre-warm in batches as their compiles arrive, beside the rest of the compile
             seconds = [0.0] * len(item.compile_order_seconds()) if self.warm or not compiled else \
                 item.compile_order_seconds()
@@ -170,14 +175,29 @@ class StaticModel:
                 prefix_done.append(last)
             start = 0.0 if self.warm or not compiled else COMPILE_START_S
             arrive = [now + start + prefix_done[min(p, len(prefix_done) - 1)] for p in streamed]
-            release = _prewarm_batches(arrive, ready, procs, per)
+            release = _prewarm_batches(arrive, ready, procs, costs[:len(arrive)] if costs else per)
             self.released[id(item)] = [r - now for r in release]
             n -= len(streamed)
             t = max(t, release[-1])
             if not n:
                 return t - now
         t = max(t, ready)
-        return t + math.ceil(n / procs) * per - now
+        rest = costs[len(streamed):] if costs else []
+        return t + math.ceil(n / procs) * (sum(rest) / len(rest) if rest else per) - now
+
+    def _fwd_costs(self, item, per: float) -> list:
+        """Scheduler "new", a forward problem whose pre-warms build: per pre-warmed config (streamed ones first), a
+        build only for ``split_kv`` (its launch pins a split count the static phase's build does not have); every
+        other variant's launch finds the static phase's build in Triton's cache (checked with a stub driver: the
+        JIT's cache key of the online, two-phase and split-d builds equals the cross-compile's). [] otherwise."""
+        if self.old or item.family != "fwd" or per == PREWARM_HIT_S:
+            return []
+        ready = getattr(getattr(item, "_ready", None), "ready", None) or []
+        streamed = [c.config for _, c in ready]
+        seen = {c.to_json() for c in streamed}
+        chosen = [getattr(c, "config", c) for c in (item.chosen or [])]  # pruned / exhaustive: candidates
+        rest = [c for c in chosen if c.to_json() not in seen]
+        return [per if c.variant == "split_kv" else PREWARM_HIT_S for c in streamed + rest]
 
     def _streamed(self, item) -> list:
         """The compile-order prefix each streamed config waited for (scheduler "new": a forward race streams its round
@@ -190,8 +210,9 @@ class StaticModel:
         return self.released.pop(id(item), [])
 
 
-def _prewarm_batches(arrive: list, ready: float, procs: int, per: float) -> list:
-    """When each config (arrival times, nondecreasing) is pre-warmed: the stream's pre-warm threads
+def _prewarm_batches(arrive: list, ready: float, procs: int, per) -> list:
+    """When each config (arrival times, nondecreasing; ``per``: seconds of each pre-warm, one or a list) is
+    pre-warmed: the stream's pre-warm threads
     (:data:`~rocmflash.tuning.stream.PREWARM_THREADS`, at most ``procs`` builds at once) each take a config as it
     arrives, from ``ready`` (the pool up); a config is ready when its own pre-warm ends."""
     import heapq
@@ -200,10 +221,11 @@ def _prewarm_batches(arrive: list, ready: float, procs: int, per: float) -> list
 
     free = [ready] * max(1, min(PREWARM_THREADS, procs))
     out = []
-    for t in arrive:
+    for i, t in enumerate(arrive):
         start = max(t, heapq.heappop(free))
-        out.append(start + per)
-        heapq.heappush(free, start + per)
+        end = start + (per[i] if isinstance(per, list) else per)
+        out.append(end)
+        heapq.heappush(free, end)
     return out
 
 

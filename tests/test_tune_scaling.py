@@ -3,6 +3,7 @@ one pre-warm pool per runner for every family, started with the tune and safe to
 running at once; timing workers started with the tune; ``tune --pass both`` as one pipeline; the scaling
 model's calibrated static phases and durations (bench/scale_sim.py)."""
 
+import math
 import os
 import sys
 import threading
@@ -196,14 +197,40 @@ def test_scale_model_static_phases_old_and_new():
     assert first == pytest.approx(S.COMPILE_START_S + 2.0 + S.PREWARM_POOL_START_S + 2 * S.PREWARM_BUILD_S["bwd"])
     again = old(_SimItem("bwd", [], tasks=16), 8)  # the family's second problem: a fresh pool again, hits
     assert again == pytest.approx(S.PREWARM_POOL_START_S + 2 * S.PREWARM_HIT_S)
-    # new: one pool of min(31, 32) // 2 slots = 15 processes, started with the run (ready at the start-up time)
+    # new: one kept pool of min(MAX_PREWARM_WORKERS, 31) processes shared by 2 slots, started with the run (ready at
+    # the start-up time)
+    procs = min(S.MAX_PREWARM_WORKERS, 31) // 2
     new = S.StaticModel("new", "cold", 32, 2, lambda: clock[0])
-    assert new(_SimItem("decode", [], tasks=30), 16) == pytest.approx(S.PREWARM_POOL_START_S + 2 * S.PREWARM_BUILD_S[
-        "decode"])
+    assert new(_SimItem("decode", [], tasks=30), 16) == pytest.approx(
+        S.PREWARM_POOL_START_S + math.ceil(30 / procs) * S.PREWARM_BUILD_S["decode"])
     clock[0] = 100.0  # later: the pool is up, the family's binaries are built
-    assert new(_SimItem("decode", [1.0], tasks=15), 16) == pytest.approx(S.COMPILE_START_S + 1.0 + S.PREWARM_HIT_S)
+    assert new(_SimItem("decode", [1.0], tasks=procs), 16) == pytest.approx(
+        S.COMPILE_START_S + 1.0 + S.PREWARM_HIT_S)
     warm = S.StaticModel("new", "warm", 32, 2, lambda: clock[0])
-    assert warm(_SimItem("bwd", [5.0] * 4, tasks=15), 16) == pytest.approx(S.PREWARM_HIT_S)  # nothing compiles
+    assert warm(_SimItem("bwd", [5.0] * 4, tasks=procs), 16) == pytest.approx(S.PREWARM_HIT_S)  # nothing compiles
+
+
+def test_scale_model_builds_only_the_split_kv_prewarms_of_a_forward_problem():
+    """Scheduler "new": a forward launch finds the static phase's build in Triton's cache except split_kv's (its
+    launch pins a split count the cross-compile does not), so only those pre-warms cost a build; each streamed
+    config is ready when its own pre-warm ends."""
+    import scale_sim as S
+
+    from rocmflash.config import KernelConfig
+
+    online = KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    split = online.replace(variant="split_kv")
+    cand = types.SimpleNamespace
+    item = types.SimpleNamespace(family="fwd", chosen=None,
+                                 _ready=types.SimpleNamespace(ready=[(0, cand(config=online)),
+                                                                     (1, cand(config=split))]))
+    model = S.StaticModel("new", "cold", 32, 2, lambda: 0.0)
+    assert model._fwd_costs(item, S.PREWARM_BUILD_S["fwd"]) == [S.PREWARM_HIT_S, S.PREWARM_BUILD_S["fwd"]]
+    assert model._fwd_costs(item, S.PREWARM_HIT_S) == []  # a family already built: every pre-warm hits
+    assert S.StaticModel("old", "cold", 32, 1, lambda: 0.0)._fwd_costs(item, S.PREWARM_BUILD_S["fwd"]) == []
+    # two configs arriving at once on two free slots: each ready after its own pre-warm, not the slower one's
+    assert S._prewarm_batches([1.0, 1.0], 0.0, 8, [0.5, 3.0]) == [1.5, 4.0]
+    assert S._prewarm_batches([1.0, 1.0, 1.0], 0.0, 2, 1.0) == [2.0, 2.0, 3.0]  # two at a time
 
 
 def test_scale_model_durations_strip_worker_start_up_and_fill_the_incumbent():
