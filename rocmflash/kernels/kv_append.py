@@ -24,6 +24,24 @@ from rocmflash.kernels.common import kernel_jit
 
 
 @kernel_jit
+def append_rows(b, t, given, BT, stride_btb, stride_kcb, stride_kcn, stride_vcb, stride_vcn, NEW, CAPACITY,
+                PAGE_SIZE, NUM_BLOCKS, PAGED: tl.constexpr):
+    """Offsets of the K and V cache rows new token ``t`` of sequence ``b`` goes to (``given``: its cached length).
+    A length outside ``0..CAPACITY-NEW`` is clamped into the sequence's own rows and a page outside the pool into
+    it: never an address outside the cache (the decode kernel reports both)."""
+    pos = tl.minimum(tl.maximum(given, 0), CAPACITY - NEW) + t
+    if PAGED:
+        page = tl.load(BT + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
+        k_row = page.to(tl.int64) * stride_kcb + (pos % PAGE_SIZE).to(tl.int64) * stride_kcn
+        v_row = page.to(tl.int64) * stride_vcb + (pos % PAGE_SIZE).to(tl.int64) * stride_vcn
+    else:
+        k_row = b.to(tl.int64) * stride_kcb + pos.to(tl.int64) * stride_kcn
+        v_row = b.to(tl.int64) * stride_vcb + pos.to(tl.int64) * stride_vcn
+    return k_row, v_row
+
+
+@kernel_jit
 def _append_rows(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT,
                  stride_knb, stride_knt, stride_knh, stride_knd, stride_vnb, stride_vnt, stride_vnh, stride_vnd,
                  stride_kcb, stride_kcn, stride_kch, stride_kcd, stride_vcb, stride_vcn, stride_vch, stride_vcd,
@@ -36,15 +54,8 @@ def _append_rows(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT,
     given = tl.load(SEQLENS + b)
     if (t == 0) & (h == 0):  # the lengths the attention reads: the given ones (even out of range) plus NEW
         tl.store(SEQ_OUT + b, given + NEW)
-    pos = tl.minimum(tl.maximum(given, 0), CAPACITY - NEW) + t
-    if PAGED:
-        page = tl.load(BT + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
-        k_row = page.to(tl.int64) * stride_kcb + (pos % PAGE_SIZE).to(tl.int64) * stride_kcn
-        v_row = page.to(tl.int64) * stride_vcb + (pos % PAGE_SIZE).to(tl.int64) * stride_vcn
-    else:
-        k_row = b.to(tl.int64) * stride_kcb + pos.to(tl.int64) * stride_kcn
-        v_row = b.to(tl.int64) * stride_vcb + pos.to(tl.int64) * stride_vcn
+    k_row, v_row = append_rows(b, t, given, BT, stride_btb, stride_kcb, stride_kcn, stride_vcb, stride_vcn, NEW,
+                               CAPACITY, PAGE_SIZE, NUM_BLOCKS, PAGED)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     k = tl.load(KN + b.to(tl.int64) * stride_knb + t * stride_knt + h * stride_knh + offs_d * stride_knd, mask=dmask)

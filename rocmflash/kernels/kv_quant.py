@@ -31,6 +31,7 @@ import triton.language as tl
 from rocmflash.hw import fp8 as F8
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
+from rocmflash.kernels.kv_append import append_rows
 
 
 class Fp8Layout(NamedTuple):
@@ -154,17 +155,9 @@ def _quant_append(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT, KS, VS, ERR,
         if (bt_idx == 0) & (h == 0):
             tl.atomic_or(ERR, BAD_DESCALE, sem="relaxed")
         return
-    # as flash_attn_with_kvcache's 16-bit append: a length outside 0..CAPACITY-NEW is clamped into the
-    # sequence's own rows and a page outside the pool into it (the decode kernel reports both)
-    pos = tl.minimum(tl.maximum(given, 0), CAPACITY - NEW) + t
-    if PAGED:
-        page = tl.load(BT + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
-        page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
-        k_row = page.to(tl.int64) * stride_kcb + (pos % PAGE_SIZE).to(tl.int64) * stride_kcn
-        v_row = page.to(tl.int64) * stride_vcb + (pos % PAGE_SIZE).to(tl.int64) * stride_vcn
-    else:
-        k_row = b.to(tl.int64) * stride_kcb + pos.to(tl.int64) * stride_kcn
-        v_row = b.to(tl.int64) * stride_vcb + pos.to(tl.int64) * stride_vcn
+    # as the 16-bit append (kv_append): out-of-range lengths and pages clamped into the cache
+    k_row, v_row = append_rows(b, t, given, BT, stride_btb, stride_kcb, stride_kcn, stride_vcb, stride_vcn, NEW,
+                               CAPACITY, PAGE_SIZE, NUM_BLOCKS, PAGED)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     ks = tl.load(KS + b * stride_ksb + h * stride_ksh)
