@@ -345,3 +345,21 @@ def test_decode_config_is_kept_per_database_bucket(fake_triton):
     Dm.decode_config(cpu, 64, torch.float16, 4, 2049, 4)
     Dm.decode_config(cpu, 64, torch.float16, 4, 2048, 5)
     assert len(Dm._DECODE_CONFIGS) == 3
+
+
+def test_a_cache_growing_each_call_leaves_no_replay_plans_behind(fake_triton):
+    """A new signature each call (transformers' cache one key longer per step) never repeats a launch: its launches
+    go through Triton and build no replay plan (building one cost more than the launch saved, and thousands kept
+    the garbage collector busy); a signature seen again gets its plans and replays from its third call."""
+    plans_before = len(L._PLANS)
+    for L_keys in range(40, 48):
+        args = _inputs(capacity=L_keys, new=0, seed=L_keys)
+        Dm.flash_attn_with_kvcache(**args, num_splits=2)
+    assert len(L._PLANS) == plans_before
+    assert {kind for kind, *_ in fake_triton} == {"jit"}
+    n = len(fake_triton)
+    for seed in range(3):  # one signature, three calls: JIT, JIT leaving plans, replays
+        Dm.flash_attn_with_kvcache(**_inputs(capacity=64, new=0, seed=seed), num_splits=2)
+    kinds = [kind for kind, *_ in fake_triton[n:]]
+    assert kinds == ["jit", "jit", "jit", "jit", "replay", "replay"]  # split + combine per call
+    assert len(L._PLANS) == plans_before + 2

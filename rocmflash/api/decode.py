@@ -421,6 +421,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         if plan.nonempty:
             KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
+                      transient=plan.launch_keys is None,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
     return (out, lse) if want_lse else out
 
@@ -444,7 +445,7 @@ def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=Non
         lens = _FULL_LENGTHS[key] = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
     with L.on_device(q):
         KD.launch(plan.call, q, k, v, lens, lens, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
-                  backend=plan.backend)
+                  backend=plan.backend, transient=plan.launch_keys is None)
 
 
 __all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache", "check_errors", "attend_whole_cache",

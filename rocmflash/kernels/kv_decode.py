@@ -246,7 +246,8 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None) -> None:
+           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None,
+           transient: bool = False) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -270,8 +271,11 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     :func:`error_word` for ``q``'s device instead of addressing memory outside the cache.
     ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
     holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
+    ``transient``: these shapes are not expected again (``flash_attn_with_kvcache`` on a signature's first
+    call): the launches leave no replay plan (:func:`rocmflash.kernels.launch.launch_cached`'s ``keep``).
     """
     backend = backend or C.torch_backend()
+    keep = not transient
     kcfg = cfg.kernel_config()
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     if call.leftpad != (leftpads is not None):
@@ -288,7 +292,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                             out, lse_arg, starts, err, new_keys, ks, vs),
                                  _split_constexprs(call, cfg, True, lse is not None, fnuz_view)), kcfg, backend,
                         _kept_key(keys, ("direct", lse is not None, backend, new_keys), _decode_split, scalars, tensors, kcfg,
-                                  backend))
+                                  backend), keep)
         return
     rows = call.batch * call.heads_kv * num_splits
     if workspace is None:
@@ -303,7 +307,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
                                         leftpads=starts, err=err, new_keys=new_keys, k_descale=ks, v_descale=vs),
                              _split_constexprs(call, cfg, False, False, fnuz_view)), kcfg, backend,
-                    _kept_key(keys, ("split", num_splits, backend, new_keys), _decode_split, scalars, tensors, kcfg, backend))
+                    _kept_key(keys, ("split", num_splits, backend, new_keys), _decode_split, scalars, tensors, kcfg, backend),
+                    keep)
     scalars = (call, num_splits, lse is not None)
     tensors = (po, pl, out, lse_arg)
     combine_cfg = _kernel_config(16, 4, 1, 0)
@@ -312,7 +317,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              combine_args(call, po, pl, out, lse_arg, num_splits),
                              _combine_constexprs(call, lse is not None, num_splits)),
                     combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
-                                                    _decode_combine, scalars, tensors, combine_cfg, backend))
+                                                    _decode_combine, scalars, tensors, combine_cfg, backend), keep)
 
 
 def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str):

@@ -275,7 +275,7 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled)
 
 
 def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
-                  key: Optional[tuple] = None) -> None:
+                  key: Optional[tuple] = None, keep: bool = True) -> None:
     """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
     building them only on the first launch of each specialisation.
 
@@ -292,6 +292,10 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     ``key``: this launch's :func:`launch_key`, when the caller kept it from an earlier launch
     and knows that nothing the key reads has changed since (see ``kv_decode.launch``);
     computing the key is a large part of a cached launch's cost. None: computed here.
+
+    ``keep=False``: the caller expects no second launch of this key (a KV cache one key longer each call), so
+    a miss leaves no plan behind: building one costs more than the launch saves, and thousands of them keep
+    the garbage collector busy.
     """
     if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
         grid, args, constexprs = build()
@@ -311,7 +315,7 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
         return
     grid, args, constexprs = build()
     compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})
-    if _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
+    if keep and _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
         plan = _make_plan(fn, grid, args, constexprs, tensors, compiled)
         if plan is not None:
             _PLANS[key] = plan
