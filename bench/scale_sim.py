@@ -37,8 +37,8 @@ dQ config before any dK/dV config) and a decode problem's stream (its survivors 
 arrive and their own pre-warm ends: compile-order prefixes on the FIFO compile pool, then up to 16 pre-warms at
 once; ``--no-stream``: as before streaming, each item's first job after its whole static phase), :func:`~rocmflash.tuning.pipeline.default_compile_slots`
 static phases at once (never two of one static problem), every timing worker started with the run,
-the jobs of the largest items first on several workers, one pre-warm pool of up to 32 processes kept
-for the tune and started with it.
+the jobs of the largest items first on several workers, one pre-warm pool of up to
+:data:`~rocmflash.tuning.isolated.MAX_PREWARM_WORKERS` (16) processes kept for the tune and started with it.
 ``--scheduler old`` is the code the 2-GPU run of 2026-11-26 measured: one static phase at a time,
 items in plan order, a timing worker started by its first job (but the first, which the forward's
 pre-warm started), the forward's pre-warm pool kept, a fresh pool of 8 for each other problem.

@@ -121,10 +121,6 @@ def sdpa_backend_enum(name: str):
     return getattr(SDPBackend, _SDPA_ENUM[name], None)
 
 
-__all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "visible_device_ids", "sdpa_backends",
-           "missing_sdpa_backend", "sdpa_backend_enum"]
-
-
 def lower_priority(increment: int) -> None:
     """Raise this process's niceness by ``increment`` (what it spawns inherits it): the helper processes of a tune
     (compile and pre-warm workers) yield the CPU to its timing workers and scheduler. A no-op where the OS has no
@@ -135,3 +131,7 @@ def lower_priority(increment: int) -> None:
         os.nice(increment)
     except (AttributeError, OSError):
         pass
+
+
+__all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "visible_device_ids", "sdpa_backends",
+           "missing_sdpa_backend", "sdpa_backend_enum", "lower_priority"]

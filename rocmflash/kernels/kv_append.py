@@ -87,6 +87,16 @@ def append_args(k, v, k_cache, v_cache, block_table, seqlens, seq_out, page_size
 _APPEND_CFG = None
 
 
+def append_config():
+    """The launch config of an append (this one and the fp8 cache's, :mod:`.kv_quant`): one warp per row."""
+    global _APPEND_CFG
+    if _APPEND_CFG is None:
+        from rocmflash.config import KernelConfig
+
+        _APPEND_CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    return _APPEND_CFG
+
+
 def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: str, keys=None):
     """Write ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the 16-bit caches at ``lens[b] + t`` (one launch, no host
     read); returns the int32 ``(B,)`` lengths after the append (``lens + Sk_new``), written by the same launch.
@@ -95,11 +105,7 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
     same dtypes, shapes, strides, device and storage class as when it was filled)."""
     from rocmflash.kernels.kv_decode import _kept_key
 
-    global _APPEND_CFG
-    if _APPEND_CFG is None:
-        from rocmflash.config import KernelConfig
-
-        _APPEND_CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    cfg = append_config()
     B, new, hkv, d = k.shape
     seq_out = torch.empty_like(lens)
     paged = block_table is not None
@@ -109,9 +115,8 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
     C.launch_cached(_append_rows, scalars, tensors,
                     lambda: ((B * new, hkv), append_args(k, v, k_cache, v_cache, block_table, lens, seq_out,
                                                          page_size), _constexprs(d, paged)),
-                    _APPEND_CFG, backend,
-                    key=_kept_key(keys, ("append", backend), _append_rows, scalars, tensors, _APPEND_CFG, backend))
+                    cfg, backend, key=_kept_key(keys, ("append", backend), _append_rows, scalars, tensors, cfg, backend))
     return seq_out
 
 
-__all__ = ["append", "append_args"]
+__all__ = ["append", "append_args", "append_config", "append_rows"]

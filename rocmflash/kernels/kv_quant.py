@@ -31,6 +31,7 @@ import triton.language as tl
 from rocmflash.hw import fp8 as F8
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
+from rocmflash.kernels import kv_append as KA
 from rocmflash.kernels.kv_append import append_rows
 
 
@@ -182,40 +183,25 @@ def _constexprs(dtype, head_dim: int, paged: bool, num_scales: int, bad_bit: int
 
 def append_args(k, v, k_cache, v_cache, block_table, seqlens, k_descale, v_descale, err, page_size: int,
                 bt=None, *, seq_out) -> dict:
-    """The append kernel's arguments; ``k_cache``/``v_cache`` as uint8 views (the kernel stores bytes);
-    ``bt``: the tensor standing in for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch;
-    ``seq_out``: where the lengths after the append go."""
-    sk, sv, skc, svc = k.stride(), v.stride(), k_cache.stride(), v_cache.stride()
+    """The append kernel's arguments: the 16-bit append's (:func:`rocmflash.kernels.kv_append.append_args`) and
+    the scales; ``k_cache``/``v_cache`` as uint8 views (the kernel stores bytes); ``bt``: the tensor standing in
+    for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch; ``seq_out``: where the lengths after
+    the append go."""
+    args = KA.append_args(k, v, k_cache, v_cache, block_table, seqlens, seq_out, page_size)
+    if block_table is None and bt is not None:
+        args["BT"] = bt
     sks, svs = k_descale.stride(), v_descale.stride()
-    paged = block_table is not None
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    stand_in = bt if bt is not None else seqlens
-    return dict(KN=k, VN=v, KC=k_cache, VC=v_cache, BT=block_table if paged else stand_in, SEQLENS=seqlens,
-                SEQ_OUT=seq_out, KS=k_descale, VS=v_descale, ERR=err,
-                stride_knb=sk[0], stride_knt=sk[1], stride_knh=sk[2], stride_knd=sk[3],
-                stride_vnb=sv[0], stride_vnt=sv[1], stride_vnh=sv[2], stride_vnd=sv[3],
-                stride_kcb=skc[0], stride_kcn=skc[1], stride_kch=skc[2], stride_kcd=skc[3],
-                stride_vcb=svc[0], stride_vcn=svc[1], stride_vch=svc[2], stride_vcd=svc[3],
-                stride_btb=block_table.stride(0) if paged else 0, stride_ksb=sks[0], stride_ksh=sks[1],
-                stride_vsb=svs[0], stride_vsh=svs[1], NEW=k.shape[1], H_KV=k.shape[2],
-                NUM_SCALES=k_descale.shape[0] * k_descale.shape[1], CAPACITY=capacity,
-                PAGE_SIZE=page_size if paged else 1, NUM_BLOCKS=k_cache.shape[0])
-
-
-_APPEND_CFG = None
+    args.update(KS=k_descale, VS=v_descale, ERR=err, stride_ksb=sks[0], stride_ksh=sks[1], stride_vsb=svs[0],
+                stride_vsh=svs[1], H_KV=k.shape[2], NUM_SCALES=k_descale.shape[0] * k_descale.shape[1])
+    return args
 
 
 def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, k_descale, v_descale, err,
-                     bad_bit: int, backend: str) -> None:
+                     bad_bit: int, backend: str):
     """Quantise ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the fp8 caches at ``lens[b] + t`` (one launch, no host
     read); ``err``: the device's decode error word, into which ``bad_bit`` is ORed when a scale is bad
     (nothing is written to the caches then). Returns the int32 ``(B,)`` lengths after the append
     (``lens + Sk_new``), written by the same launch."""
-    global _APPEND_CFG
-    if _APPEND_CFG is None:
-        from rocmflash.config import KernelConfig
-
-        _APPEND_CFG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
     B, new, hkv, d = k.shape
     kc, vc = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     bt = block_table if block_table is not None else lens  # unread without pages
@@ -226,7 +212,7 @@ def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, 
                              append_args(k, v, kc, vc, block_table, lens, k_descale, v_descale, err, page_size,
                                          bt, seq_out=seq_out),
                              _constexprs(k_cache.dtype, d, block_table is not None, B * hkv, bad_bit)),
-                    _APPEND_CFG, backend)
+                    KA.append_config(), backend)
     return seq_out
 
 

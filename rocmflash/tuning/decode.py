@@ -38,7 +38,6 @@ from rocmflash.tuning.decode_lookup import (PREFIX, _bucket, clear_cache, decode
                                             lookup_decode, nearest_decode_entry, parse_decode_key)
 
 
-
 # ----------------------------------------------------------------------------- problem
 @dataclasses.dataclass(frozen=True)
 class DecodeProblem:
