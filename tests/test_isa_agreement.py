@@ -89,9 +89,14 @@ def test_scratch_and_loops_agree_with_llvm(compiled):
         to_memory = asm_field(asm, "private_segment_fixed_size") > 0
         # scratch traffic exactly when the kernel reserves scratch; then its stores cover every spilled VGPR.
         # Without scratch, LLVM parked the spills in free AGPRs (Triton 3.9 on gfx90a): no memory traffic.
+        # A kernel that uses AGPRs can park part of its spills there and store only the rest (Triton 3.8,
+        # gfx90a, a 256x128x64 gemm: 32 spills, 256 AGPRs, 2 memory slots): then at least one store, never more
+        # stores than spills.
         assert bool(use.ops) == to_memory, (result["spec"], spills, use)
         if to_memory:
-            assert spills <= use.store_bytes // 4 <= spills + max(2, spills // 10), (result["spec"], spills, use)
+            parked = asm_field(asm, "agpr_count") > 0
+            least = 1 if parked else spills
+            assert least <= use.store_bytes // 4 <= spills + max(2, spills // 10), (result["spec"], spills, use)
         else:
             assert use.store_bytes == 0, (result["spec"], spills, use)
         assert bool(use.lane_ops) == bool(asm_field(asm, "sgpr_spill_count")), result["spec"]
