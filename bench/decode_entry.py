@@ -10,7 +10,10 @@ rocmflash path is the public call with the shipped databases, host time included
 - ``patch_sdpa``: ``F.scaled_dot_product_attention(..., enable_gqa=True)`` with ``rocmflash.patch_sdpa()`` called once
   for the run (a model's start-up), SDPA's own function bound before it for the baseline;
 - ``kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)`` (the default call);
-- ``kvcache unchecked``: the same with ``check_values=False``.
+- ``kvcache unchecked``: the same with ``check_values=False``;
+- with ``--fused``, also ``attention fused`` and ``kvcache fused``: the same calls with the decode kernel's
+  fused merge on (``rocmflash.kernels.kv_decode.FUSED_COMBINE``: one launch, the last split program of each
+  (sequence, K/V head) merges the splits), timed in the same interleaved rounds as the default two launches.
 
 Ratio = SDPA default µs / path µs (> 1: rocmflash faster). Bandwidth = K+V bytes / time.
 
@@ -27,7 +30,21 @@ import sys
 from interleaved import MarkdownTable, interleaved_medians
 
 
-def _paths(torch, B, L, Hq, Hkv, D=128):
+def _with_fused_merge(fn):
+    """``fn`` run with the decode kernel's fused merge on (and the flag restored after)."""
+    from rocmflash.kernels import kv_decode as KD
+
+    def call():
+        before, KD.FUSED_COMBINE = KD.FUSED_COMBINE, True
+        try:
+            return fn()
+        finally:
+            KD.FUSED_COMBINE = before
+
+    return call
+
+
+def _paths(torch, B, L, Hq, Hkv, D=128, fused=False):
     import torch.nn.functional as F
 
     import rocmflash
@@ -50,7 +67,7 @@ def _paths(torch, B, L, Hq, Hkv, D=128):
     def patched():
         return wrapper(qs, ks, vs, enable_gqa=True)
 
-    return {
+    paths = {
         "sdpa default": lambda: original(qs, ks, vs, enable_gqa=True),
         "attention": lambda: rocmflash.attention(qs, ks, vs),
         "patch_sdpa": patched,
@@ -58,6 +75,10 @@ def _paths(torch, B, L, Hq, Hkv, D=128):
         "kvcache unchecked": lambda: rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
                                                                        check_values=False),
     }
+    if fused:
+        paths["attention fused"] = _with_fused_merge(paths["attention"])
+        paths["kvcache fused"] = _with_fused_merge(paths["kvcache"])
+    return paths
 
 
 def main(argv=None) -> int:
@@ -68,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--lengths", default="2048,8192,32768,65536")
     ap.add_argument("--kv-heads", default="8,32", help="Hkv values (Hq=32)")
+    ap.add_argument("--fused", action="store_true", help="also time the decode kernel's fused merge (one launch)")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -89,7 +111,7 @@ def main(argv=None) -> int:
                 nbytes = 2 * B * L * Hkv * 128 * 2
                 if nbytes > 40e9:
                     continue
-                paths = _paths(torch, B, L, 32, Hkv)
+                paths = _paths(torch, B, L, 32, Hkv, fused=args.fused)
                 med = interleaved_medians(torch, paths, args.rounds, args.iters)
                 for p, t in med.items():
                     table.add(f"| {Hkv} | {B} | {L} | {p} | {t:.1f} | {nbytes / (t * 1e-6) / 1e9:.0f} | "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Optional
 
 import torch
@@ -56,6 +57,35 @@ KERNELS = ("_decode_split", "_decode_combine")
 ERRORS = EW.ErrorWord()
 _ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
 error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of ``device``
+
+
+#: a launch of several splits merges them in its last program per (sequence, K/V head) instead of a second
+#: (combine) launch: one launch and one buffer less per call, which is what a small-batch decode step costs on
+#: the host. Off until measured on a GPU (the merge relies on the arrival count's acquire/release ordering,
+#: which the CPU interpreter, running programs one after another, cannot exercise); on with
+#: ``ROCMFLASH_DECODE_FUSED_COMBINE=1``. Never while a CUDA graph is captured (its counts would be the graph's).
+FUSED_COMBINE = os.environ.get("ROCMFLASH_DECODE_FUSED_COMBINE", "0") == "1"
+
+_ARRIVALS: dict = {}  #: (device, stream) -> int32 arrival counts, zero between launches
+
+
+def arrival_counts(device, programs: int) -> torch.Tensor:
+    """The int32 arrival counts of a fused launch of ``programs`` (sequence, K/V head) groups on ``device``'s
+    current stream: zeros, which every launch leaves as it found them (its last program per group resets its
+    count). One buffer per stream, so launches in flight on two streams never share a count."""
+    key = (device, _current_stream(device) if device.type == "cuda" else 0)
+    counts = _ARRIVALS.get(key)
+    if counts is None or counts.numel() < programs:
+        counts = _ARRIVALS[key] = torch.zeros(max(256, C.next_pow2(programs)), dtype=torch.int32, device=device)
+    return counts
+
+
+def _current_stream(device) -> int:
+    """The handle of ``device``'s current stream: torch's raw-stream query (what Triton's own launcher asks,
+    a fraction of a µs), or the public ``torch.cuda.current_stream`` where a torch lacks it."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 # ----------------------------------------------------------------------------- configs
@@ -181,18 +211,24 @@ class DecodeCall:
 
 @functools.lru_cache(maxsize=1024)
 def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False,
-                      fnuz_view: bool = False) -> dict:
+                      fnuz_view: bool = False, fused_splits: int = 0) -> dict:
+    """``fused_splits``: the split count of a launch whose last program per (sequence, K/V head) merges the
+    splits itself (:data:`FUSED_COMBINE`); 0: the partials go to :func:`_decode_combine`."""
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
                 BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
-                LEFTPAD=call.leftpad, KV_FP8=call.kv_fp8, FNUZ_VIEW=bool(fnuz_view))
+                LEFTPAD=call.leftpad, KV_FP8=call.kv_fp8, FNUZ_VIEW=bool(fnuz_view), FUSED=bool(fused_splits),
+                SPLITS_PAD=C.next_pow2(fused_splits) if fused_splits else 1)
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
-               out=None, lse=None, leftpads=None, err=None, new_keys: int = 0, k_descale=None, v_descale=None) -> dict:
+               out=None, lse=None, leftpads=None, err=None, new_keys: int = 0, k_descale=None, v_descale=None,
+               sem=None) -> dict:
     """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
-    (pass them then; otherwise the partial buffers ``po``/``pl`` stand in for them, unused).
+    or by the last split of a fused launch (pass them then; otherwise the partial buffers ``po``/``pl``
+    stand in for them, unused). ``sem``: a fused launch's int32 arrival counts (:func:`arrival_counts`;
+    else ``seqlens`` stands in, unread).
     ``leftpads``: int32 ``(B,)`` start keys when ``call.leftpad`` (else ``seqlens`` stands in, unread).
     ``err``: the error word (:func:`error_word`; compile-only builds: any int32 stand-in);
     ``new_keys``: keys appended this call (a length below it is out of range); ``k_descale``/``v_descale``:
@@ -207,7 +243,8 @@ def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, 
     return dict(Q=q, K=k_cache, V=v_cache, BT=block_table, SEQLENS=seqlens,
                 LEFTPADS=leftpads if leftpads is not None else seqlens, PO=po, PL=pl,
                 O=out if out is not None else po, LSE=lse if lse is not None else pl,
-                ERR=err if err is not None else seqlens, KS=ks, VS=vs, NUM_BLOCKS=num_blocks, CAPACITY=capacity,
+                ERR=err if err is not None else seqlens, KS=ks, VS=vs, SEM=sem if sem is not None else seqlens,
+                NUM_BLOCKS=num_blocks, CAPACITY=capacity,
                 NEW_KEYS=int(new_keys),
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
                 softcap=softcap if softcap > 0 else 1.0,
@@ -295,11 +332,16 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                   backend), keep)
         return
     rows = call.batch * call.heads_kv * num_splits
+    fused = FUSED_COMBINE and not EW.capturing(q.device)
     if workspace is None:
         po = torch.empty(rows * call.block_m * call.block_d, dtype=torch.float32, device=q.device)
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
+    if fused:
+        _launch_fused(call, q, k_cache, v_cache, block_table, seqlens, cfg, num_splits, out, lse, lse_arg, po, pl,
+                      starts, err, ks, vs, fnuz_view, new_keys, keys, backend, kcfg, keep)
+        return
     scalars = (call, cfg, num_splits, new_keys)
     tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs)
     C.launch_cached(_decode_split, scalars, tensors,
@@ -318,6 +360,21 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              _combine_constexprs(call, lse is not None, num_splits)),
                     combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
                                                     _decode_combine, scalars, tensors, combine_cfg, backend), keep)
+
+
+def _launch_fused(call, q, k_cache, v_cache, block_table, seqlens, cfg, num_splits, out, lse, lse_arg, po, pl, starts,
+                  err, ks, vs, fnuz_view, new_keys, keys, backend, kcfg, keep) -> None:
+    """The split kernel alone, its last program per (sequence, K/V head) merging the splits (:data:`FUSED_COMBINE`)."""
+    sem = arrival_counts(q.device, call.batch * call.heads_kv)
+    scalars = (call, cfg, num_splits, lse is not None, new_keys, "fused")
+    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, out, lse_arg, err, ks, vs, sem)
+    C.launch_cached(_decode_split, scalars, tensors,
+                    lambda: ((num_splits, call.batch * call.heads_kv),
+                             split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
+                                        out, lse_arg, starts, err, new_keys, ks, vs, sem),
+                             _split_constexprs(call, cfg, False, lse is not None, fnuz_view, num_splits)), kcfg,
+                    backend, _kept_key(keys, ("fused", num_splits, lse is not None, backend, new_keys), _decode_split,
+                                       scalars, tensors, kcfg, backend), keep)
 
 
 def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str):
@@ -353,7 +410,7 @@ class _StridedPtr(C.Ptr):
 def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
                 softcap: bool = False, window: bool = False, leftpad: bool = False, cache_bytes: int = 0,
-                q_bytes: int = 0, kv_dtype: str = ""):
+                q_bytes: int = 0, kv_dtype: str = "", fused: bool = False):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
     ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them);
     ``leftpad``: the left-padded build (``cache_leftpad``).
@@ -363,7 +420,8 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     is read with global loads instead of buffer loads (another binary, other registers), so a
     build for a large cache must be told its size. ``kv_dtype``: an fp8 cache's Triton type
     (``fp8e4b8``/``fp8e5b16`` FNUZ on gfx942, ``fp8e4nv``/``fp8e5`` OCP on gfx950 and sm_89+; checked
-    against the target) with fp32 descales; "" (default): the cache is ``dtype``."""
+    against the target) with fp32 descales; "" (default): the cache is ``dtype``. ``fused``: the split kernel
+    that merges its splits itself (:data:`FUSED_COMBINE`); the combine kernel is built all the same."""
     for name, value in (("cache_bytes", cache_bytes), ("q_bytes", q_bytes)):
         if type(value) is not int or value < 0:
             raise ValueError(f"compile_for: {name} {value!r} is invalid; expected an int >= 0")
@@ -383,9 +441,10 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     kcfg = cfg.kernel_config()
     main = C.compile_kernel(_decode_split, target,
                             split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits,
+                                       q if fused else None, f32 if fused else None,
                                        leftpads=_StridedPtr("*i32", (1,)) if leftpad else None, k_descale=scales,
-                                       v_descale=scales),
-                            _split_constexprs(call, cfg), kcfg)
+                                       v_descale=scales, sem=_StridedPtr("*i32", (1,)) if fused else None),
+                            _split_constexprs(call, cfg, False, fused, False, splits if fused else 0), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
                                _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))
     return main, combine

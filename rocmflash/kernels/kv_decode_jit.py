@@ -94,7 +94,7 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
 
 
 @kernel_jit
-def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, SEM, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
@@ -104,7 +104,8 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, s
                   WIN_LEFT, WIN_RIGHT, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
-                  STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr, KV_FP8: tl.constexpr, FNUZ_VIEW: tl.constexpr):
+                  STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr, KV_FP8: tl.constexpr, FNUZ_VIEW: tl.constexpr,
+                  FUSED: tl.constexpr, SPLITS_PAD: tl.constexpr):
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV
@@ -189,6 +190,52 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, s
     row = off_bhk.to(tl.int64) * NUM_SPLITS + split
     tl.store(PO + row * (BLOCK_M * BLOCK_D) + offs_r[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None])
     tl.store(PL + row * BLOCK_M + offs_r, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe)))
+    if FUSED:  # the last of this (sequence, K/V head)'s NUM_SPLITS programs merges them: no combine launch
+        _merge_if_last(PO, PL, O, LSE, SEM, off_bhk, off_b, offs_r, offs_t, offs_h, offs_d, rmask, stride_ob,
+                       stride_ot, stride_oh, stride_od, H_KV, GROUP, SEQ_Q, NUM_SPLITS, HEAD_DIM, BLOCK_M, BLOCK_D,
+                       SPLITS_PAD, STORE_LSE)
+
+
+@kernel_jit
+def _merge_if_last(PO, PL, O, LSE, SEM, off_bhk, off_b, offs_r, offs_t, offs_h, offs_d, rmask, stride_ob, stride_ot,
+                   stride_oh, stride_od, H_KV, GROUP, SEQ_Q, NUM_SPLITS, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Count this program's partial in; the program that brings the count to ``NUM_SPLITS`` merges every split
+    of its (sequence, K/V head) into ``O``/``LSE`` and sets the count back to 0 for the next launch.
+
+    Ordering: every thread's partial stores come before the barrier, and the count is a release (their
+    partials are visible to whoever sees the count) and an acquire (the merging program sees every other
+    program's partials). The merge reads the partials past the per-CU/SM cache (``.cg``), where a line of them
+    could be older than the other program's store."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(SEM + off_bhk, 1, sem="acq_rel", scope="gpu")
+    if arrived == NUM_SPLITS - 1:
+        tl.atomic_xchg(SEM + off_bhk, 0, sem="relaxed", scope="gpu")
+        offs_s = tl.arange(0, SPLITS_PAD)
+        rows = off_bhk.to(tl.int64) * NUM_SPLITS + offs_s
+        smask = offs_s < NUM_SPLITS
+        # (splits, rows) log2 LSEs; their max per row, then weights 2^(L_s - max) (empty splits: 0)
+        l_s = tl.load(PL + rows[:, None] * BLOCK_M + offs_r[None, :], mask=smask[:, None], other=float("-inf"),
+                      cache_modifier=".cg")
+        m = tl.max(l_s, 0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.math.exp2(l_s - m_use[None, :])
+        total = tl.sum(w, 0)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for s in range(0, NUM_SPLITS):
+            w_s = tl.math.exp2(tl.load(PL + (off_bhk.to(tl.int64) * NUM_SPLITS + s) * BLOCK_M + offs_r,
+                                       cache_modifier=".cg") - m_use)
+            o_s = tl.load(PO + (off_bhk.to(tl.int64) * NUM_SPLITS + s) * (BLOCK_M * BLOCK_D)
+                          + offs_r[:, None] * BLOCK_D + offs_d[None, :], cache_modifier=".cg")
+            acc += w_s[:, None] * o_s
+        t_safe = tl.where(total == 0.0, 1.0, total)
+        o_ptrs = (O + off_b.to(tl.int64) * stride_ob + offs_t[:, None] * stride_ot + offs_h[:, None] * stride_oh
+                  + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, (acc / t_safe[:, None]).to(O.dtype.element_ty),
+                 mask=rmask[:, None] & (offs_d[None, :] < HEAD_DIM))
+        if STORE_LSE:  # (B, Hq, Sq) natural log
+            lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
+            tl.store(LSE + (off_b.to(tl.int64) * (H_KV * GROUP) + offs_h) * SEQ_Q + offs_t, lse, mask=rmask)
 
 
 @kernel_jit
