@@ -41,3 +41,36 @@ def test_amd_left_padded_decode_default_keeps_its_occupancy(arch, paged):
     assert padded["vgpr_spill_count"] == 0 and padded["scratch_bytes"] == 0, padded
     assert spills({"status": "ok", "kernels": [padded]}, PruneSettings()) is None, padded
     assert padded["waves_per_simd"] == plain["waves_per_simd"] >= 2, (plain, padded)
+
+
+#: the L1 invalidate LLVM puts after an agent-scope acquire on each arch (the merge then reads other CUs' partials)
+_ACQUIRE = {"gfx90a": "buffer_wbinvl1_vol", "gfx942": "buffer_inv sc1", "gfx950": "buffer_inv sc1"}
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
+def test_amd_fused_merge_build_orders_its_count_and_keeps_its_occupancy(arch):
+    """The fused-merge split kernel (``FUSED_COMBINE``) of the AMD default, D=128, as LLVM compiled it: one atomic
+    add on the arrival count followed by the L1 invalidate of an acquire, the count reset by an atomic swap, no
+    spill, and the plain build's waves/SIMD (isa_tools' reading, checked against LLVM's own occupancy line)."""
+    import re
+
+    cfg = KD.default_decode_config(arch, 128)
+    summaries = []
+    for fused in (False, True):
+        k = KD.compile_for(arch, cfg, 128, "bf16", group=8, fused=fused)[0]
+        asm = k.asm["amdgcn"]
+        (res,) = read_code_object(k.asm["hsaco"])
+        s = kernel_summary(res, num_warps=k.metadata.num_warps, asm=asm)
+        assert s["waves_per_simd_static"] == int(re.search(r"; Occupancy: (\d+)", asm).group(1)), s
+        summaries.append(s)
+        lines = [line.strip() for line in asm.splitlines()]
+        adds = [i for i, line in enumerate(lines) if line.startswith("global_atomic_add ")]
+        if not fused:
+            assert not adds
+            continue
+        assert len(adds) == 1, adds
+        assert any(line.startswith(_ACQUIRE[arch]) for line in lines[adds[0]:adds[0] + 4]), lines[adds[0]:adds[0] + 4]
+        assert any(line.startswith("global_atomic_swap ") for line in lines)
+    plain, fused = summaries
+    assert fused["vgpr_spill_count"] == 0 and fused["scratch_bytes"] == 0, fused
+    assert fused["waves_per_simd"] == plain["waves_per_simd"] >= 2, (plain, fused)
