@@ -13,9 +13,11 @@ D 128, bf16, 8192 cache slots, ``cache_seqlens`` given as an int32 tensor, one n
 with its k/v appended), on a contiguous and on a paged cache (``--page-size``, shuffled
 block table), each also with ``check_values=False`` (no host read of the lengths/table), and
 a cache that grows by one key every call without ``cache_seqlens`` (transformers' generate
-through :mod:`rocmflash.integrations.hf`: a new shape, so nothing cached per shape is reused).
+through :mod:`rocmflash.integrations.hf`: a new shape, so nothing cached per shape is reused),
+and the default call without an append (what ``bench/decode_entry.py`` times), also with the
+decode kernel's fused merge (``kv_decode.FUSED_COMBINE``: one launch instead of split + combine).
 On a GPU, SDPA over the same cache (a view of the first ``cache_seqlens + 1`` keys) is
-timed next to it.
+timed next to it. ``--modules`` works here too (each row per package, same rounds).
 
 ``--cpu-stub`` runs on a machine without a GPU: CPU tensors, Triton's launcher replaced
 by a no-op, so what is timed is rocmflash's own Python (checks, selection, autograd
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=35)
     ap.add_argument("--cpu-stub", action="store_true", help="no GPU: CPU tensors, launches stubbed out")
     ap.add_argument("--modules", default="rocmflash",
-                    help="forward: packages timed side by side in the same interleaved rounds (e.g. a renamed copy "
+                    help="packages timed side by side in the same interleaved rounds, forward and decode (e.g. a renamed copy "
                          "of an older version: rocmflash_before,rocmflash)")
     ap.add_argument("--no-profile", action="store_true", help="timings only (no cProfile tables)")
     ap.add_argument("--out", default=".")
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     if args.case == "forward":
         rows, profiled = _forward_case(torch, device, packages)
     else:
-        rows, profiled = _decode_case(torch, device, args)
+        rows, profiled = _decode_case(torch, device, args, packages)
     report = io.StringIO()
     clock = "thread CPU µs per call" if args.cpu_stub else "µs per call"
     report.write(f"torch {torch.__version__}; device {device}{' (launches stubbed)' if args.cpu_stub else ''}; "
@@ -229,13 +231,24 @@ def _incumbent_db(q, packages) -> None:
         selection.clear_cache()
 
 
-def _decode_case(torch, device, args):
-    """``(timed rows, profiled rows)`` of eager decode: contiguous and paged caches, with and without the
-    host read of the lengths/table; SDPA over the same keys on a GPU."""
+def _decode_case(torch, device, args, packages=("rocmflash",)):
+    """``(timed rows, profiled rows)`` of eager decode per package (``--modules``: each row once per package,
+    tagged, in the same interleaved rounds): contiguous and paged caches, with and without the host read of the
+    lengths/table, the default call without an append, and with the decode kernel's fused merge; SDPA over the
+    same keys on a GPU."""
     import torch.nn.functional as F
 
-    import rocmflash
+    rows, profiled = [], []
+    for package in packages:
+        tag = f" [{package}]" if len(packages) > 1 else ""
+        rows_p, profiled_p, sdpa_row = _decode_rows(torch, F, importlib.import_module(package), device, args, tag)
+        rows += rows_p
+        profiled += profiled_p
+    return rows + sdpa_row, profiled
 
+
+def _decode_rows(torch, F, rocmflash, device, args, tag):
+    """``(rows, profiled rows, [the SDPA row on a GPU])`` of one rocmflash package."""
     B, Hq, Hkv, D, capacity, length = 1, 32, 8, 128, 8192, 4096
     dt = torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(0)
@@ -267,10 +280,30 @@ def _decode_case(torch, device, args):
         with torch.no_grad():
             rocmflash.flash_attn_with_kvcache(q, kg[:, :L], vg[:, :L], softmax_scale=D ** -0.5)
 
+    def no_append():  # the default call over a cache a model keeps (flash_attn_with_kvcache's decode entry)
+        with torch.no_grad():
+            rocmflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
+
+    kv_decode = _module(rocmflash.__name__, "kernels.kv_decode")
+
+    def fused_no_append():  # the same with the decode kernel's fused merge (one launch), where this copy has it
+        before = getattr(kv_decode, "FUSED_COMBINE", None)
+        kv_decode.FUSED_COMBINE = True
+        try:
+            no_append()
+        finally:
+            kv_decode.FUSED_COMBINE = before
+
     rows = [("decode contiguous", contiguous), ("decode contiguous, check_values=False", lambda: contiguous(False)),
             (f"decode paged (page {page})", paged), (f"decode paged (page {page}), check_values=False",
                                                      lambda: paged(False)),
-            ("decode, cache one key longer each call, no cache_seqlens", growing)]
+            ("decode, cache one key longer each call, no cache_seqlens", growing),
+            ("decode contiguous, no append (default call)", no_append)]
+    if hasattr(kv_decode, "FUSED_COMBINE"):
+        rows.append(("decode contiguous, no append, fused merge", fused_no_append))
+    rows = [(name + tag, fn) for name, fn in rows]
+    profiled = [(f"decode contiguous{tag}", contiguous), (f"decode paged (page {page}){tag}", paged)]
+    sdpa_row = []
     if device == "cuda":  # on the CPU SDPA's time is its compute over 4k keys, no host cost
         qs = q.transpose(1, 2)
         ks, vs = (t[:, :length + 1].transpose(1, 2) for t in (kc, vc))
@@ -279,8 +312,8 @@ def _decode_case(torch, device, args):
             with torch.no_grad():
                 F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
 
-        rows.append(("SDPA (same keys, GQA)", sdpa))
-    return rows, [("decode contiguous", contiguous), (f"decode paged (page {page})", paged)]
+        sdpa_row = [("SDPA (same keys, GQA)", sdpa)]
+    return rows, profiled, sdpa_row
 
 
 def time_rows(rows, calls: int, rounds: int, sync, thread_clock: bool = False) -> dict:

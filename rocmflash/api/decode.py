@@ -38,6 +38,7 @@ from rocmflash.api import decode_fp8 as F8D  # noqa: E402
 from rocmflash.api.decode_cache import (  # noqa: E402,F401  (re-exported: the code moved there)
     _check_values,
     _lengths,
+    as_int32,
 )
 from rocmflash.api.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
 from rocmflash.api.varlen import check_options  # noqa: E402
@@ -400,7 +401,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     fp8 = plan.call.kv_fp8
     lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
     new = plan.new
-    starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
+    starts = as_int32(cache_leftpad) if cache_leftpad is not None else None
     if check_values:
         _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts,
                       (k_descale, v_descale) if fp8 else None)

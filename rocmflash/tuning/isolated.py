@@ -1,7 +1,7 @@
 """Timing tasks in isolated worker processes, for the tunes that time every survivor (decode, backward).
 
-:func:`prewarm_parallel` builds every survivor's binaries first, in parallel processes
-(Triton's disk cache), so the serial timing loop pays no JIT compile per config.
+:class:`TaskPrewarmPool` builds every survivor's binaries first, in parallel processes kept for the
+whole tune (Triton's disk cache), so the timing pays no JIT compile per config.
 :func:`measure_isolated` then runs one task at a time in a single worker pinned to the
 current device: a crash or a hang costs that task only (the worker is replaced), and the
 result says which (``status`` "timeout" or "crashed").
@@ -25,28 +25,6 @@ def _device_env() -> dict:
     from rocmflash.tuning.live_worker import worker_env
 
     return worker_env(torch.cuda.current_device()) if torch.cuda.is_available() else {}
-
-
-def prewarm_parallel(tasks: list, fn: Callable, timeout_s: float, max_workers: int = 8,
-                     triton_cache_dir: Optional[str] = None, env: Optional[dict] = None) -> None:
-    """Run ``fn(task)`` for every task in a pool of spawned workers (errors ignored: they show again,
-    isolated, when the task is timed). ``env``: device pinning (default: the current device);
-    ``triton_cache_dir``: the Triton cache the timing worker will read (default: Triton's own)."""
-    import pebble
-
-    from rocmflash.tuning.live_worker import worker_init
-
-    if not tasks:
-        return
-    workers = max(1, min(len(tasks), (os.cpu_count() or 2) - 1, max_workers))
-    with pebble.ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"),
-                            initializer=worker_init,
-                           initargs=(triton_cache_dir, _device_env() if env is None else env, False)) as pool:
-        for future in [pool.schedule(fn, args=(task,), timeout=timeout_s) for task in tasks]:
-            try:
-                future.result()
-            except Exception:  # a crash or hang here shows again in the timing worker
-                pass
 
 
 #: the most pre-warm workers a runner keeps by default. Each holds torch and a device context, and all of them start
@@ -296,5 +274,5 @@ def graph_replay_ms(fns: list, calls: int, replays: int = 5, warmup: int = 1) ->
     return statistics.median(times)
 
 
-__all__ = ["prewarm_parallel", "TaskPrewarmPool", "prewarm_pool_size", "warm_up", "measure_isolated", "time_flushed",
+__all__ = ["TaskPrewarmPool", "prewarm_pool_size", "warm_up", "measure_isolated", "time_flushed",
            "back_to_back_ms", "capture_graph", "graph_replay_ms"]
