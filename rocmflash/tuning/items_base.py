@@ -55,6 +55,14 @@ class TuneContext:
         self.db.put(key, entry)
         self.db.save(self.env if self.measuring else None)
 
+    def can_prewarm(self, method: str = "prewarm") -> bool:
+        """Whether :meth:`prewarm` (``method="prewarm"``) or :meth:`prewarm_tasks` (``"prewarm_tasks"``) would reach a
+        pre-warmer. A streamed static phase pre-warms on helper threads only then; without one (a replay, the
+        simulated clock of ``bench/scale_sim.py``) its survivors are ready as released, in release order."""
+        if method == "prewarm_tasks" and self.interpret:  # as prewarm_tasks: interpreted tasks build nothing
+            return False
+        return self.prewarmer is not None and hasattr(self.prewarmer, method)
+
     def prewarm(self, configs: list, shape) -> None:
         """Fill the timing workers' compile caches with the forward ``configs`` (errors show when timed)."""
         if configs and self.prewarmer is not None and hasattr(self.prewarmer, "prewarm"):

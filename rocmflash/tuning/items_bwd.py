@@ -109,7 +109,8 @@ class BackwardItem(StreamedTiming):
         if not (ctx.measuring and spec.strategy == "race"):
             return {}
         timeout_s = spec.live_settings.timeout_s
-        prewarm = None if ctx.interpret else (lambda tasks: ctx.prewarm_tasks(tasks, prewarm_bwd, timeout_s))
+        prewarm = (lambda tasks: ctx.prewarm_tasks(tasks, prewarm_bwd, timeout_s)) if ctx.can_prewarm("prewarm_tasks") \
+            else None
         return self.timing.open_stream(notify, spec.prune_settings, lambda c: {"config": c, "shape": self.problem_dict},
                                        prewarm, group=lambda c: c["kernel"], stages=KERNELS, settle=True,
                                        always=tuple(self.defaults.values()))

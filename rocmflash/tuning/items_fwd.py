@@ -116,7 +116,7 @@ class ForwardItem:
             return {}
         done = self._results(0)
         prewarm = None
-        if self.spec.prewarm:
+        if self.spec.prewarm and self.ctx.can_prewarm():
             def prewarm(entries):
                 self.ctx.prewarm([c.config for _, c in entries], self.shape)
         self._ready = ReadyQueue(prewarm, notify)

@@ -100,7 +100,7 @@ class TaskItem(StreamedTiming):
         if rules is None or not self.ctx.measuring:
             return {}
         ctx = self.ctx
-        prewarm = None if ctx.interpret else (
+        prewarm = None if not ctx.can_prewarm("prewarm_tasks") else (
             lambda tasks: ctx.prewarm_tasks([self.warm_task(t) for t in tasks], self.prewarm_fn, self.timeout_s))
         rules = dict(rules)
         return self.timing.open_stream(notify, rules.pop("settings", None),
