@@ -333,10 +333,9 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         return
     rows = call.batch * call.heads_kv * num_splits
     fused = FUSED_COMBINE and not EW.capturing(q.device)
-    if workspace is None:  # one allocation for both partial buffers (a view costs less than a second one)
-        tiles = rows * call.block_m * call.block_d
-        partials = torch.empty(tiles + rows * call.block_m, dtype=torch.float32, device=q.device)
-        po, pl = partials[:tiles], partials[tiles:]
+    if workspace is None:
+        po = torch.empty(rows * call.block_m * call.block_d, dtype=torch.float32, device=q.device)
+        pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
     if fused:
