@@ -119,8 +119,9 @@ WARM_MODULES = ("rocmflash.tuning.live_worker", "rocmflash.tuning.live_gate", "r
 
 def warm_up() -> bool:
     """A timing worker's first task, scheduled when the tune starts (:meth:`rocmflash.tuning.live.LiveRunner.
-    start_worker`): the worker process starts (its initializer imports torch and opens the device) and imports
-    the modules every family's measurement needs, while the static phases run."""
+    start_worker`): the worker process starts (its initializer imports torch and opens the device), imports
+    the modules every family's measurement needs and uses the device once as a measurement would
+    (:func:`rocmflash.tuning.worker_warm.warm_device`), while the static phases run."""
     import importlib
 
     for name in WARM_MODULES:
@@ -128,6 +129,12 @@ def warm_up() -> bool:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the measurement that needs it reports the error
             pass
+    try:
+        from rocmflash.tuning.worker_warm import warm_device
+
+        warm_device()
+    except Exception:  # noqa: BLE001 - best effort, as each of its steps
+        pass
     return True
 
 
