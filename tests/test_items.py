@@ -168,6 +168,42 @@ def test_backward_item_gives_the_entry_of_the_backward_tune(tmp_path, cache_dir,
     assert kernels == [t["config"]["kernel"] for t in old_runner.tasks]
 
 
+class Prewarming(Recorded):
+    """A replay runner that also pre-warms worker tasks (records them), as a live runner does."""
+
+    def __init__(self):
+        super().__init__()
+        self.prewarmed = []
+
+    def prewarm_tasks(self, tasks, fn, timeout_s):
+        self.prewarmed.append([t["config"].get("kernel") for t in tasks])
+
+
+def test_backward_item_prewarms_its_inputs_forward_first(tmp_path, cache_dir, small_bwd_space):
+    """Each backward problem pre-warms what its measurements' inputs are made with (the forward and delta: a
+    worker's first backward job compiled them) once, beside its static phase, before any config's pre-warm."""
+    spec = dict(gpu="mi300x", head_dim=64, dtype="bf16", seqlens=[1024, 2048], causal=True, heads=8, kv_heads=2,
+                cache_dir=cache_dir, workers=2)
+    runner = Prewarming()
+    ctx = open_context(get_gpu("mi300x"), str(tmp_path / "mi300x.json"), "replay", True, prewarmer=runner,
+                       runners=[runner], interpret=False)
+    items = backward_items(ctx, TuneSpec(db_path=str(tmp_path / "mi300x.json"), **spec).validate())
+    for item in items:
+        before = len(runner.prewarmed)
+        item.static()
+        calls = runner.prewarmed[before:]
+        assert calls[0] == [TB.INPUTS], calls
+        assert sum(batch.count(TB.INPUTS) for batch in calls) == 1
+        assert any(set(batch) <= {"dq", "dkdv"} and batch for batch in calls[1:]), calls
+    spec_off = TuneSpec(db_path=str(tmp_path / "off.json"), prewarm=False, **spec).validate()
+    runner_off = Prewarming()
+    ctx_off = open_context(get_gpu("mi300x"), str(tmp_path / "off.json"), "replay", True, prewarmer=runner_off,
+                           runners=[runner_off], interpret=False)
+    for item in backward_items(ctx_off, spec_off):
+        item.static()
+    assert all(TB.INPUTS not in batch for batch in runner_off.prewarmed)
+
+
 def test_decode_item_gives_the_entry_of_the_decode_tune(tmp_path, cache_dir):
     from rocmflash.tuning.decode_run import tune_decode
 

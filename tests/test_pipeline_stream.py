@@ -129,6 +129,48 @@ def test_without_streaming_nothing_is_timed_before_the_static_phase_ends():
     assert len(item.recorded) == 3 + 2
 
 
+class _StopAt(TimeRunner):
+    """Ctrl-C at the ``n``-th job (the journal holds the ones before it); ``stopped`` is set then."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n, self.stopped = n, threading.Event()
+
+    def time(self, label, seconds):
+        if len(self.calls) + 1 == self.n:
+            self.stopped.set()
+            raise KeyboardInterrupt
+        return super().time(label, seconds)
+
+
+class _SlowToEnd(StreamItem):
+    """Every config ready at once; the static phase then runs ``static_s`` past the Ctrl-C."""
+
+    def __init__(self, key, stopped, static_s):
+        super().__init__(key, n=4)
+        self.stopped, self.static_s = stopped, static_s
+
+    def static_stream(self, notify):
+        self.ready.extend(f"c{i}" for i in range(self.n))
+        notify()
+        self.stopped.wait(20)
+        threading.Event().wait(self.static_s)
+        self.static_over = True
+
+
+@pytest.mark.parametrize("static_s,finished", [(0.3, [False]), (8.0, [])])
+def test_ctrl_c_mid_stream_waits_briefly_for_the_static_phase_then_writes_what_is_recorded(static_s, finished):
+    """Stopped while a streaming item's static phase still runs, with results recorded: a static phase that ends
+    within the settle time (ABANDON_STATIC_WAIT_S, 5 s) gets the item's entry (finish(False)); one that does not
+    is left, its results in the journal (the wait is bounded)."""
+    runner = _StopAt(2)
+    item = _SlowToEnd("a", runner.stopped, static_s)
+    with pytest.raises(KeyboardInterrupt):
+        Pipeline([item], [runner]).run()
+    assert [label for label, _ in item.recorded] == ["c0/r1"]
+    assert item.finished == finished
+
+
 class _ShortWait:
     """The gate, waiting 0.5 s only (nothing can be timed before the static phase ends)."""
 

@@ -283,9 +283,6 @@ def _bwd_inputs(shape, device):
     """q, k, v, dO, the forward's out and LSE, delta, the fp32 reference and an L2 flush buffer (per shape)."""
     import torch
 
-    import rocmflash
-    from rocmflash.kernels import backward as bw
-    from rocmflash.kernels.common import torch_backend
     from rocmflash.tuning.live_gate import flush_buffer
 
     if _INPUTS.get("shape") != shape:
@@ -299,16 +296,39 @@ def _bwd_inputs(shape, device):
         q, do = rand(shape.heads_q, shape.seqlen_q), rand(shape.heads_q, shape.seqlen_q)
         k, v = rand(shape.heads_kv, shape.seqlen_k), rand(shape.heads_kv, shape.seqlen_k)
         scale = 1.0 / math.sqrt(shape.head_dim)
-        out, lse = rocmflash.attention(q, k, v, causal=shape.causal, return_lse=True)
-        delta = torch.empty(lse.shape, device=device, dtype=torch.float32)
-        default = bw.default_bwd_config(None, shape.head_dim)
-        dq = torch.empty_like(q)
-        bw.launch_dq(q, k, v, out, do, lse, None, delta, dq, shape.causal, scale, default.dq, torch_backend())
+        out, lse, delta, dq = _forward_and_delta(q, k, v, do, shape, scale)
         ref = reference_grads(q, k, v, do, shape.causal, scale)
         flush = flush_buffer(device)
         _INPUTS.update(shape=shape, q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, scale=scale, ref=ref,
                        flush=flush, dq=dq, dk=torch.empty_like(k), dv=torch.empty_like(v))
     return _INPUTS
+
+
+#: the config key of the pre-warm task that builds what a backward measurement's inputs need (:func:`prewarm_bwd`)
+INPUTS = "inputs"
+
+
+def _forward_and_delta(q, k, v, do, shape, scale: float) -> tuple:
+    """``(out, lse, delta, dq)`` of a backward measurement's inputs: the forward by a fixed config (the online
+    kernel's generic default; any correct forward would do) and delta by the default dQ config, both built by the
+    :data:`INPUTS` pre-warm before the first measurement needs them (a worker's first backward job had compiled them:
+    +4-5.6 s on the 2-GPU H200 tune of 2026-11-26, once per worker and problem)."""
+    import torch
+
+    from rocmflash.config import default_config
+    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels import online
+    from rocmflash.kernels.common import torch_backend
+
+    B, Hq, Sq, _ = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    online.launch(q, k, v, default_config(None, shape.head_dim), shape.causal, scale, out, lse)
+    delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)
+    dq = torch.empty_like(q)
+    bw.launch_dq(q, k, v, out, do, lse, None, delta, dq, shape.causal, scale,
+                 bw.default_bwd_config(None, shape.head_dim).dq, torch_backend())
+    return out, lse, delta, dq
 
 
 def _rel_err(got, ref) -> float:
@@ -405,7 +425,8 @@ def prewarm_bwd(task: dict) -> Optional[str]:
     """Build one config's binary at the problem's specialisation (pre-warm worker): one launch on a
     batch-1 problem of the same heads, lengths and head dim (the same strides' specialisation), each
     tensor on the timed tensor's side of the 2 GiB line (:func:`prewarm_specs`), at one and at several
-    head splits (Triton makes ``== 1`` a constant). Returns None or the error."""
+    head splits (Triton makes ``== 1`` a constant). ``{"kernel": INPUTS}``: the forward and delta that the
+    measurements' inputs are made with (:func:`_forward_and_delta`). Returns None or the error."""
     import torch
 
     from rocmflash.hw.roofline import Shape
@@ -416,7 +437,6 @@ def prewarm_bwd(task: dict) -> Optional[str]:
 
     try:
         shape = Shape.from_dict(task["shape"])
-        cfg = kernel_config(task["config"])
         dev = torch.device("cuda")
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
         half, rows = prewarm_specs(shape)
@@ -425,6 +445,11 @@ def prewarm_bwd(task: dict) -> Optional[str]:
         lse.zero_()
         delta.zero_()
         scale = 1.0 / math.sqrt(shape.head_dim)
+        if task["config"]["kernel"] == INPUTS:  # the forward and delta every measurement's inputs start with
+            _forward_and_delta(q, k, v, do, shape, scale)
+            torch.cuda.synchronize()
+            return None
+        cfg = kernel_config(task["config"])
         if task["config"]["kernel"] == "dq":
             bw.launch_dq(q, k, v, out, do, lse, None, delta, t["dq"], shape.causal, scale, cfg, torch_backend())
         else:
@@ -439,4 +464,4 @@ def prewarm_bwd(task: dict) -> Optional[str]:
 
 __all__ = ["PREFIX", "KERNELS", "bwd_key", "parse_bwd_key", "bwd_space", "kernel_config", "space_point",
            "static_phase", "rank_each_kernel", "BwdStatic", "lookup_bwd", "BwdMatch", "entry_config",
-           "reference_grads", "measure_bwd", "prewarm_bwd", "split_choices", "clear_cache"]
+           "reference_grads", "measure_bwd", "prewarm_bwd", "split_choices", "clear_cache", "INPUTS"]

@@ -82,12 +82,15 @@ class BackwardItem(StreamedTiming):
         self._start = time.perf_counter()
         spec, ctx = self.spec, self.ctx
         sp = self.static_group[1]
+        inputs = self._prewarm_inputs()
         hooks = self._open_stream(notify) if notify is not None else {}
         try:
             self.static_result = ctx.statics.get(self.static_group, lambda: static_phase(
                 ctx.gpu, sp, spec.cache_dir, spec.workers, spec.prune_settings, **hooks))
         finally:
             self.timing.close_stream()
+            if inputs is not None:
+                inputs.join()
         if not ctx.measuring:
             return
         chosen = to_time(self.static_result, spec.strategy, spec.top_k, self.defaults)
@@ -98,6 +101,24 @@ class BackwardItem(StreamedTiming):
         warmed = self.timing.check_streamed()
         ctx.prewarm_tasks([t for t in self.timing.todo() if config_json(t["config"]) not in warmed], prewarm_bwd,
                           spec.live_settings.timeout_s)
+
+    def _prewarm_inputs(self):
+        """Build what every measurement's inputs are made with (the forward and delta, :data:`~rocmflash.tuning.
+        backward.INPUTS`) on the pre-warm pool, beside this static phase's cross-compile; the thread (joined when
+        the static phase ends), or None where nothing is pre-warmed."""
+        import threading
+
+        from rocmflash.tuning.backward import INPUTS, prewarm_bwd
+
+        ctx = self.ctx
+        if not (ctx.measuring and self.spec.prewarm and ctx.can_prewarm("prewarm_tasks")):
+            return None
+        task = {"config": {"kernel": INPUTS}, "shape": self.problem_dict}
+        thread = threading.Thread(target=ctx.prewarm_tasks, args=([task], prewarm_bwd,
+                                                                  self.spec.live_settings.timeout_s),
+                                  daemon=True, name="rocmflash-bwd-inputs-prewarm")
+        thread.start()
+        return thread
 
     def _open_stream(self, notify) -> dict:
         """The hooks of a streamed static phase (a measured race, whose field is every survivor and each kernel's

@@ -195,6 +195,7 @@ class Pipeline:
 
     def _abandon(self) -> None:
         """Ctrl-C or an error: the started items' entries reflect exactly what is recorded."""
+        self._settle_streaming_statics()
         for s in self._states:
             if s.phase == "timing":
                 s.phase = "done"
@@ -204,6 +205,27 @@ class Pipeline:
                     import traceback
 
                     traceback.print_exc()
+
+    def _settle_streaming_statics(self) -> None:
+        """A streaming item stopped while its static phase runs has results recorded but no static result to
+        write an entry from; its static phase may be all but done (its compiles were what released the jobs).
+        Wait up to :data:`ABANDON_STATIC_WAIT_S` for those static phases to end: each that ends without an error
+        gets its entry like an item in its timing phase; the others' results stay in the journal (``--resume``
+        times nothing twice). Executors without ``poll_event`` (the simulated clock) do not wait."""
+        import time
+
+        from rocmflash.tuning.pipeline_exec import StaticDone
+
+        waiting = {id(s.item): s for s in self._states if s.phase == "static" and s.stats.jobs}
+        poll = getattr(self.executor, "poll_event", None)
+        deadline = time.monotonic() + ABANDON_STATIC_WAIT_S
+        while waiting and poll is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            event = poll(left)
+            if isinstance(event, StaticDone) and id(event.item) in waiting and event.error is None:
+                waiting.pop(id(event.item)).phase = "timing"
 
     # ------------------------------------------------------------------ what runs next
     def _dispatch(self) -> None:
@@ -361,6 +383,9 @@ class Pipeline:
 
 
 # ------------------------------------------------------------------------------------------- settings
+#: how long a stopped pipeline waits for the static phases of streaming items that have results recorded
+ABANDON_STATIC_WAIT_S = 5.0
+
 #: cores per concurrent static phase: each runs a cross-compile pool of ``cores / slots`` processes and feeds the
 #: runner's one pre-warm pool; the slots overlap what a single static phase leaves idle (a pool starting, the
 #: serial pruning and ranking, the pre-warm's device launches)

@@ -138,6 +138,14 @@ class ThreadExecutor:
             except queue.Empty:
                 continue
 
+    def poll_event(self, timeout: float):
+        """The next event within ``timeout`` seconds, or None (a stopped pipeline settling, :class:`Pipeline
+        <rocmflash.tuning.pipeline.Pipeline>`)."""
+        try:
+            return self._events.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
     def shutdown(self) -> None:
         for inbox in self._inboxes:
             inbox.put(None)
