@@ -338,19 +338,22 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
     else:
         po, pl = workspace
-    if fused:
-        _launch_fused(call, q, k_cache, v_cache, block_table, seqlens, cfg, num_splits, out, lse, lse_arg, po, pl,
-                      starts, err, ks, vs, fnuz_view, new_keys, keys, backend, kcfg, keep)
-        return
-    scalars = (call, cfg, num_splits, new_keys)
-    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs)
+    # the split launch; fused, its last program per (sequence, K/V head) also merges into out/lse (no combine)
+    sem = arrival_counts(q.device, call.batch * call.heads_kv) if fused else None
+    merged = (out, lse_arg, sem) if fused else ()  # what a fused launch writes and counts with
+    scalars = (call, cfg, num_splits, new_keys) + ((lse is not None, "fused") if fused else ())
+    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs) + merged
+    slot = ("fused", num_splits, lse is not None) if fused else ("split", num_splits)
     C.launch_cached(_decode_split, scalars, tensors,
                     lambda: ((num_splits, call.batch * call.heads_kv),
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
-                                        leftpads=starts, err=err, new_keys=new_keys, k_descale=ks, v_descale=vs),
-                             _split_constexprs(call, cfg, False, False, fnuz_view)), kcfg, backend,
-                    _kept_key(keys, ("split", num_splits, backend, new_keys), _decode_split, scalars, tensors, kcfg, backend),
-                    keep)
+                                        *merged[:2], leftpads=starts, err=err, new_keys=new_keys, k_descale=ks,
+                                        v_descale=vs, sem=sem),
+                             _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
+                                               num_splits if fused else 0)), kcfg, backend,
+                    _kept_key(keys, slot + (backend, new_keys), _decode_split, scalars, tensors, kcfg, backend), keep)
+    if fused:
+        return
     scalars = (call, num_splits, lse is not None)
     tensors = (po, pl, out, lse_arg)
     combine_cfg = _kernel_config(16, 4, 1, 0)
@@ -360,21 +363,6 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              _combine_constexprs(call, lse is not None, num_splits)),
                     combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
                                                     _decode_combine, scalars, tensors, combine_cfg, backend), keep)
-
-
-def _launch_fused(call, q, k_cache, v_cache, block_table, seqlens, cfg, num_splits, out, lse, lse_arg, po, pl, starts,
-                  err, ks, vs, fnuz_view, new_keys, keys, backend, kcfg, keep) -> None:
-    """The split kernel alone, its last program per (sequence, K/V head) merging the splits (:data:`FUSED_COMBINE`)."""
-    sem = arrival_counts(q.device, call.batch * call.heads_kv)
-    scalars = (call, cfg, num_splits, lse is not None, new_keys, "fused")
-    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, out, lse_arg, err, ks, vs, sem)
-    C.launch_cached(_decode_split, scalars, tensors,
-                    lambda: ((num_splits, call.batch * call.heads_kv),
-                             split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
-                                        out, lse_arg, starts, err, new_keys, ks, vs, sem),
-                             _split_constexprs(call, cfg, False, lse is not None, fnuz_view, num_splits)), kcfg,
-                    backend, _kept_key(keys, ("fused", num_splits, lse is not None, backend, new_keys), _decode_split,
-                                       scalars, tensors, kcfg, backend), keep)
 
 
 def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str):

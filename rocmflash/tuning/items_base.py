@@ -59,13 +59,13 @@ class TuneContext:
         """Whether :meth:`prewarm` (``method="prewarm"``) or :meth:`prewarm_tasks` (``"prewarm_tasks"``) would reach a
         pre-warmer. A streamed static phase pre-warms on helper threads only then; without one (a replay, the
         simulated clock of ``bench/scale_sim.py``) its survivors are ready as released, in release order."""
-        if method == "prewarm_tasks" and self.interpret:  # as prewarm_tasks: interpreted tasks build nothing
+        if method == "prewarm_tasks" and self.interpret:  # interpreted tasks build nothing
             return False
         return self.prewarmer is not None and hasattr(self.prewarmer, method)
 
     def prewarm(self, configs: list, shape) -> None:
         """Fill the timing workers' compile caches with the forward ``configs`` (errors show when timed)."""
-        if configs and self.prewarmer is not None and hasattr(self.prewarmer, "prewarm"):
+        if configs and self.can_prewarm():
             try:
                 self.prewarmer.prewarm(configs, shape)
             except Exception as err:  # a pre-warm is an optimisation: the timing meets any real error again
@@ -102,12 +102,10 @@ class TuneContext:
 
     def prewarm_tasks(self, tasks: list, fn: Callable, timeout_s: float) -> None:
         """The same for worker tasks (backward, decode)."""
-        if not tasks or self.interpret:
+        if not tasks or not self.can_prewarm("prewarm_tasks"):
             return
         try:
-            if self.prewarmer is not None:
-                if hasattr(self.prewarmer, "prewarm_tasks"):
-                    self.prewarmer.prewarm_tasks(tasks, fn, timeout_s)
+            self.prewarmer.prewarm_tasks(tasks, fn, timeout_s)
         except Exception as err:
             self.out.note(f"pre-warm failed ({type(err).__name__}: {err}); configs compile when timed")
 
