@@ -13,7 +13,8 @@ D 128, bf16, 8192 cache slots, ``cache_seqlens`` given as an int32 tensor, one n
 with its k/v appended), on a contiguous and on a paged cache (``--page-size``, shuffled
 block table), each also with ``check_values=False`` (no host read of the lengths/table), and
 a cache that grows by one key every call without ``cache_seqlens`` (transformers' generate
-through :mod:`rocmflash.integrations.hf`: a new shape, so nothing cached per shape is reused),
+through :mod:`rocmflash.integrations.hf`: a new shape each call, served by the plan of the length-free
+signature and one launch plan per split count),
 and the default call without an append (what ``bench/decode_entry.py`` times), also with the
 decode kernel's fused merge (``kv_decode.FUSED_COMBINE``: one launch instead of split + combine).
 On a GPU, SDPA over the same cache (a view of the first ``cache_seqlens + 1`` keys) is
@@ -302,7 +303,8 @@ def _decode_rows(torch, F, rocmflash, device, args, tag):
     if hasattr(kv_decode, "FUSED_COMBINE"):
         rows.append(("decode contiguous, no append, fused merge", fused_no_append))
     rows = [(name + tag, fn) for name, fn in rows]
-    profiled = [(f"decode contiguous{tag}", contiguous), (f"decode paged (page {page}){tag}", paged)]
+    profiled = [(f"decode contiguous{tag}", contiguous), (f"decode paged (page {page}){tag}", paged),
+                (f"decode, cache one key longer each call{tag}", growing)]
     sdpa_row = []
     if device == "cuda":  # on the CPU SDPA's time is its compute over 4k keys, no host cost
         qs = q.transpose(1, 2)

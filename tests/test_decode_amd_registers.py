@@ -74,3 +74,67 @@ def test_amd_fused_merge_build_orders_its_count_and_keeps_its_occupancy(arch):
     plain, fused = summaries
     assert fused["vgpr_spill_count"] == 0 and fused["scratch_bytes"] == 0, fused
     assert fused["waves_per_simd"] == plain["waves_per_simd"] >= 2, (plain, fused)
+
+
+def _memory_and_matrix_ops(asm: str) -> dict:
+    """How many of each load, store, LDS and MFMA instruction the assembly holds."""
+    import collections
+    import re
+
+    ops = collections.Counter()
+    for line in asm.splitlines():
+        m = re.match(r"\s*((?:buffer|global|flat|ds|scratch)_\w+|v_mfma\w*)\b", line)
+        if m:
+            ops[m.group(1)] += 1
+    return dict(ops)
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_unspecialised_lengths_keep_the_specialised_build_s_loads_and_registers(arch, paged, monkeypatch):
+    """The split kernel leaves the cache's length and the strides that follow it unspecialised (one binary, one
+    launch plan for every length: ``LENGTH_ARGS``) and gives the strides back their divisibility (``KV_ALIGNED``).
+    As LLVM compiled it, D=128: the same loads, stores, LDS and MFMA instructions, the same VGPRs, SGPR
+    spills and waves/SIMD as the build Triton specialises on those values."""
+    from rocmflash.kernels import common as C
+
+    cfg = KD.default_decode_config(arch, 128)
+    unspecialised = KD.compile_for(arch, cfg, 128, "bf16", group=8, paged=paged, page_size=256)[0]
+    specialised_fn = C._DualJIT(KD._decode_split.fn)  # every integer specialised, as before LENGTH_ARGS
+    assert KD._decode_split.unspecialised == KD.LENGTH_ARGS and specialised_fn.unspecialised == ()
+    monkeypatch.setattr(KD, "_decode_split", specialised_fn)
+    monkeypatch.setattr(KD, "strides_aligned", lambda lengths: False)  # the divisibility comes from Triton
+    specialised = KD.compile_for(arch, cfg, 128, "bf16", group=8, paged=paged, page_size=256)[0]
+    assert "stride_kb: i32 {tt.divisibility" in specialised.asm["ttgir"]
+    assert "%stride_kb: i32 {" not in unspecialised.asm["ttgir"]  # no attribute: not specialised
+    summaries = []
+    for k in (specialised, unspecialised):
+        (res,) = read_code_object(k.asm["hsaco"])
+        summaries.append(kernel_summary(res, num_warps=k.metadata.num_warps, asm=k.asm["amdgcn"]))
+    before, after = summaries
+    for key in ("vgpr_count", "agpr_count", "vgpr_spill_count", "sgpr_spill_count", "scratch_bytes", "lds_bytes",
+                "waves_per_simd"):
+        assert after[key] == before[key], (key, before, after)
+    assert _memory_and_matrix_ops(unspecialised.asm["amdgcn"]) == _memory_and_matrix_ops(specialised.asm["amdgcn"])
+
+
+def test_unspecialised_lengths_keep_the_specialised_build_s_loads_on_sm90(monkeypatch):
+    """The same on NVIDIA sm_90 (the lent H100s), read from the PTX: the same global loads/stores by width and
+    the same tensor-core instructions as the specialised build."""
+    import collections
+    import re
+
+    from rocmflash.kernels import common as C
+
+    def ops(ptx):  # global loads/stores and async copies by width (a copy's byte count: 0x10 when wide), MMAs
+        found = collections.Counter(m.group(1) + (m.group(2) or "") for m in re.finditer(
+            r"^\s*(?:@%p\d+\s+)?((?:ld|st|cp\.async|mma|wgmma)[\w.]*)(?:\s.*?,\s*(0x[0-9a-f]+))?", ptx, re.M))
+        return {k: v for k, v in found.items() if not k.startswith(("ld.param", "ld.shared", "st.shared"))}
+
+    cfg = KD.default_decode_config("sm_90", 128)
+    unspecialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
+    monkeypatch.setattr(KD, "_decode_split", C._DualJIT(KD._decode_split.fn))
+    monkeypatch.setattr(KD, "strides_aligned", lambda lengths: False)
+    specialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
+    assert ops(unspecialised.asm["ptx"]) == ops(specialised.asm["ptx"]) and ops(specialised.asm["ptx"])
+    assert specialised.metadata.shared == unspecialised.metadata.shared

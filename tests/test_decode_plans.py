@@ -67,7 +67,9 @@ def _inputs(B=2, capacity=256, Hkv=2, group=2, D=32, dtype=torch.float16, page=0
 
 
 def _plans():
-    return list(Dm._CALL_PLANS.values())
+    """The kept plans, each once (a plan of a cache read as a whole is kept under its signature with and without
+    the cache's length)."""
+    return list({id(p): p for p in Dm._CALL_PLANS.values()}.values())
 
 
 def _fresh_plan(args: dict, opts: dict) -> "Dm._Plan":
@@ -76,7 +78,8 @@ def _fresh_plan(args: dict, opts: dict) -> "Dm._Plan":
     o.update(opts)
     return Dm._make_plan(args["q"], args["k_cache"], args["v_cache"], args["k"], args["v"], args["cache_seqlens"],
                          args["block_table"], o["softmax_scale"], o["causal"], o["window_size"], o["softcap"],
-                         o["num_splits"], bool(o["return_lse"]), C.torch_backend())
+                         o["num_splits"], bool(o["return_lse"]), C.torch_backend(),
+                         per_length=Dm._per_length(args["block_table"], args["k"], args["cache_seqlens"]))
 
 
 def test_a_plan_is_kept_from_the_second_call_and_reused(fake_triton):
@@ -347,19 +350,92 @@ def test_decode_config_is_kept_per_database_bucket(fake_triton):
     assert len(Dm._DECODE_CONFIGS) == 3
 
 
-def test_a_cache_growing_each_call_leaves_no_replay_plans_behind(fake_triton):
-    """A new signature each call (transformers' cache one key longer per step) never repeats a launch: its launches
-    go through Triton and build no replay plan (building one cost more than the launch saved, and thousands kept
-    the garbage collector busy); a signature seen again gets its plans and replays from its third call."""
+def test_a_cache_growing_each_call_replays_the_plans_of_its_first_call(fake_triton):
+    """A new signature each call (transformers' cache one key longer per step): the split launch's key leaves the
+    length out (its LENGTH_ARGS are unspecialised), the combine's never held it, so the first call leaves one plan
+    per kernel and every later call replays them -- no plan per length (thousands of those kept the garbage
+    collector busy), and no Triton JIT launch per call."""
     plans_before = len(L._PLANS)
+    kinds = []
     for L_keys in range(40, 48):
-        args = _inputs(capacity=L_keys, new=0, seed=L_keys)
-        Dm.flash_attn_with_kvcache(**args, num_splits=2)
-    assert len(L._PLANS) == plans_before
-    assert {kind for kind, *_ in fake_triton} == {"jit"}
-    n = len(fake_triton)
-    for seed in range(3):  # one signature, three calls: JIT, JIT leaving plans, replays
-        Dm.flash_attn_with_kvcache(**_inputs(capacity=64, new=0, seed=seed), num_splits=2)
-    kinds = [kind for kind, *_ in fake_triton[n:]]
-    assert kinds == ["jit", "jit", "jit", "jit", "replay", "replay"]  # split + combine per call
+        n = len(fake_triton)
+        Dm.flash_attn_with_kvcache(**_inputs(capacity=L_keys, new=0, seed=L_keys), num_splits=2)
+        kinds.append([kind for kind, *_ in fake_triton[n:]])
+    assert kinds[0] == ["jit", "jit"] and kinds[1:] == [["replay", "replay"]] * 7  # split + combine per call
     assert len(L._PLANS) == plans_before + 2
+
+
+def _growing(B, Hkv, group, D, lengths, seed=0):
+    """transformers' dynamic cache: per call a new (B, Hkv, L, D) tensor per K and V, read as (B, L, Hkv, D)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 1, Hkv * group, D, generator=gen).half()
+    for length in lengths:
+        k, v = (torch.randn(B, Hkv, length, D, generator=gen).half().transpose(1, 2) for _ in range(2))
+        yield q, k, v
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("D", [32, 40])
+def test_a_cache_one_key_longer_each_call_replays_one_plan(fake_triton, num_splits, D):
+    """The cache's length reaches the split kernel only through its unspecialised LENGTH_ARGS: a cache one
+    key longer each call (new tensors, new strides, no cache_seqlens) goes through Triton once per class
+    of those values (D=40: the strides L*40 are multiples of 16 only for even L, so KV_ALIGNED takes both
+    values) and replays afterwards, with exactly the grids and arguments a fresh launch passes."""
+    kinds, aligned = [], []
+    for q, k, v in _growing(2, 2, 2, D, range(300, 308)):
+        user = (q, k, v)
+        n = len(fake_triton)
+        Dm.flash_attn_with_kvcache(q, k, v, num_splits=num_splits)
+        got = [(r[1], r[2], _normalised(r[3], user)) for r in fake_triton[n:]]
+        kinds.append(tuple(r[0] for r in fake_triton[n:]))
+        saved = dict(L._PLANS)
+        L._PLANS.clear()
+        n = len(fake_triton)
+        Dm.flash_attn_with_kvcache(q, k, v, num_splits=num_splits)  # nothing kept: every launch through the JIT
+        want = [(r[1], r[2], _normalised(r[3], user)) for r in fake_triton[n:]]
+        assert all(r[0] == "jit" for r in fake_triton[n:]) and got == want, k.shape
+        split_args = dict(zip(KD._decode_split.arg_names, fake_triton[n][3]))
+        assert split_args["CAPACITY"] == k.shape[1] and split_args["stride_kh"] == k.stride(2)
+        aligned.append(split_args["KV_ALIGNED"])
+        L._PLANS.clear()
+        L._PLANS.update(saved)
+    classes = 2 if D == 40 else 1
+    assert aligned == ([True] * 8 if D == 32 else [True, False] * 4)
+    split = [k[0] for k in kinds]  # the split launch, then (several splits) the combine, which never sees the cache
+    assert split == ["jit"] * classes + ["replay"] * (8 - classes)
+    if num_splits > 1:
+        assert [k[1] for k in kinds] == ["jit"] + ["replay"] * 7
+
+
+def test_the_length_class_keeps_integer_width_and_alignment_apart():
+    """What the launch key holds of the cache instead of its length: each LENGTH_ARGS value's integer width
+    (Triton types an unspecialised int by range: i32 and i64 are two binaries) and KV_ALIGNED."""
+    k = torch.empty(1, 8, 2, 16).transpose(1, 2)
+    small = (4096, 16 * 4096, 4096, 16 * 4096, 4096)
+    assert KD._length_class(small, k, k) == KD._length_class(tuple(v * 2 for v in small), k, k)
+    assert KD._length_class(small, k, k) != KD._length_class((2**31,) + small[1:], k, k)
+    assert KD._length_class(small, k, k) != KD._length_class(small[:1] + (16 * 4096 + 8,) + small[2:], k, k)
+    assert KD.strides_aligned(small) and not KD.strides_aligned((4097, 8, 16, 16, 16))
+
+
+def test_a_cache_one_key_longer_each_call_keeps_one_call_plan(fake_triton):
+    """No pages, nothing appended: the signature leaves the cache's length out, so a cache one key longer each
+    call keeps one plan from its second call on; each call's capacity, config and split count are still its
+    own (those of the checked path for that call), and the plan holds no launch keys (they promise one length)."""
+    for q, k, v in _growing(2, 2, 2, 32, range(300, 310)):
+        plan = Dm._plan(q, k, v, None, None, None, None, None, False, (-1, -1), 0.0, 0, False)
+        fresh = Dm._make_plan(q, k, v, None, None, None, None, None, False, (-1, -1), 0.0, 0, False,
+                              C.torch_backend(), per_length=True)
+        assert plan[:-1] == fresh[:-1] and plan.capacity == k.shape[1]
+    (kept,) = _plans()
+    assert kept.geometry[:2] == (301, 301) and kept.launch_keys is not None  # made by the second call
+
+
+def test_a_kept_per_length_plan_still_refuses_k_and_v_of_two_lengths(fake_triton):
+    for q, k, v in _growing(2, 2, 2, 32, (300, 301)):
+        Dm.flash_attn_with_kvcache(q, k, v)
+    (q, k, v), = _growing(2, 2, 2, 32, (302,))
+    n = len(fake_triton)
+    with pytest.raises(ValueError, match="k_cache and v_cache must have the same shape"):
+        Dm.flash_attn_with_kvcache(q, k, v[:, :-1])
+    assert len(fake_triton) == n  # nothing launched

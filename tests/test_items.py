@@ -340,6 +340,7 @@ def test_backward_and_decode_resume_from_the_journal_timing_nothing_twice(tmp_pa
         tune_backward(bwd_spec("cut"), pool=Pool(stopped))
     cut = D.ConfigDB.read(str(tmp_path / "cut" / "mi300x.json"))["entries"][ref.outcomes[0].key]
     assert cut["measured"] is False and cut["counts"]["timed"] == 3  # what the journal held, no more
+    assert cut["complete"] is False and ref.outcomes[0].entry["complete"] is True
     rest = Recorded()
     res = tune_backward(bwd_spec("cut", resume=True), pool=Pool(rest))
     # the resumed run times exactly what the cut one had not (streamed survivors become ready in the order their
@@ -356,7 +357,10 @@ def test_backward_and_decode_resume_from_the_journal_timing_nothing_twice(tmp_pa
     stopped = StopAfter(2)
     with pytest.raises(KeyboardInterrupt):
         tune_decode("mi300x", problem, db, cache_dir, 2, configs=configs, pool=Pool(stopped))
-    assert D.ConfigDB.read(db)["entries"][ref.key]["counts"]["timed"] == 2
+    cut = D.ConfigDB.read(db)["entries"][ref.key]
+    # the best of what was timed is served (as the forward's), and the entry says a re-run has more to time
+    assert cut["counts"]["timed"] == 2 and cut["measured"] is True and cut["complete"] is False
+    assert ref.entry["complete"] is True
     rest = Recorded()
     res = tune_decode("mi300x", problem, db, cache_dir, 2, configs=configs, pool=Pool(rest))
     assert len(rest.tasks) == len(whole.tasks) - 2 and len(whole.tasks) > 2

@@ -140,3 +140,32 @@ def test_gpu_decode_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("D", [128, 40])
+def test_gpu_a_cache_one_key_longer_each_call_replays_bit_for_bit(D, monkeypatch):
+    """transformers' dynamic cache, eager: a new (B, Hkv, L, D) tensor each call, L one longer. After the first
+    call every split launch replays one plan (LENGTH_ARGS unspecialised); each output equals the same call
+    launched through Triton's JIT with no plan kept, bit for bit, and an fp32 reference. D=40: the K/V strides
+    are multiples of 16 only for even L (KV_ALIGNED on and off)."""
+    from rocmflash import flash_attn_with_kvcache
+    from rocmflash.kernels import launch as L
+
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    q = torch.randn(2, 1, 16, D, device="cuda", generator=gen).to(torch.bfloat16)
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    for length in range(4100, 4108):  # one split count for all (16 for 4096..4351 keys at B2 Hkv2 on 132 SMs)
+        k, v = (torch.randn(2, 2, length, D, device="cuda", generator=gen).to(torch.bfloat16).transpose(1, 2)
+                for _ in range(2))
+        plans = len(L._PLANS)
+        got = flash_attn_with_kvcache(q, k, v)
+        if length > 4101:  # (D=40: the first even and the first odd length each make theirs)
+            assert len(L._PLANS) == plans, "a new length left a new launch plan"
+        monkeypatch.setattr(L, "FAST_LAUNCH", False)
+        want = flash_attn_with_kvcache(q, k, v)
+        monkeypatch.setattr(L, "FAST_LAUNCH", True)
+        assert torch.equal(got, want), length
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2), enable_gqa=True)
+        err = ((got.float() - ref.transpose(1, 2)).norm() / ref.norm()).item()
+        assert err < 1e-2, (length, err)

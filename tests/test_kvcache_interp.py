@@ -184,6 +184,28 @@ def test_decode_without_append_and_full_cache(interpret):
     run_case([12, 60], 1, 2, 32, torch.float16, 16, append=False, seed=6)
 
 
+@pytest.mark.parametrize("D", [32, 40])
+def test_decode_over_a_cache_one_key_longer_each_call(interpret, D):
+    """transformers' dynamic cache: each call a new (B, Hkv, L, D) tensor, L one longer, read as (B, L, Hkv, D)
+    with no cache_seqlens (one plan without the length; its capacity, config and split count per call). D=40:
+    the strides L*40 are multiples of 16 only for even L (the kernel's KV_ALIGNED hint off for odd L). Causal
+    and a per-sequence length tensor (a masked step) too."""
+    from rocmflash import flash_attn_with_kvcache
+
+    gen = torch.Generator().manual_seed(D)
+    q = torch.randn(2, 1, 4, D, generator=gen).to(torch.float16)
+    for L in range(253, 261):
+        kc, vc = (torch.randn(2, 2, L, D, generator=gen).to(torch.float16).transpose(1, 2) for _ in range(2))
+        out = flash_attn_with_kvcache(q, kc, vc, causal=L % 2 == 0)
+        lens = torch.tensor([L, L - 7], dtype=torch.int32)
+        part = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        for b in range(2):
+            ref, _ = attention_fp64(q[b], kc[b], vc[b], 1 / math.sqrt(D))
+            assert rel_err(out[b], ref) < 1e-2, (L, b)
+            ref, _ = attention_fp64(q[b], kc[b, :int(lens[b])], vc[b, :int(lens[b])], 1 / math.sqrt(D))
+            assert rel_err(part[b], ref) < 1e-2, (L, b)
+
+
 # ----------------------------------------------------------------------------- bad input
 def _args(page=16):
     gen = torch.Generator().manual_seed(1)

@@ -40,6 +40,7 @@ from rocmflash.api.decode_cache import (  # noqa: E402,F401  (re-exported: the c
     _lengths,
     as_int32,
 )
+from rocmflash.api.decode_choice import _DECODE_CONFIGS, decode_config  # noqa: E402,F401 (re-exported)
 from rocmflash.api.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
 from rocmflash.api.varlen import check_options  # noqa: E402
 from rocmflash.kernels import common as C  # noqa: E402
@@ -159,36 +160,6 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
     return paged, page_size, capacity, new, fp8
 
 
-def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,
-                  page_size: int = 0, kv_fp8: bool = False) -> "KD.DecodeConfig":
-    """The decode config for this problem: the tuned database entry (``rocmflash tune --mode decode``) of the
-    nearest KV-length and batch buckets, else the per-arch default. An fp8 cache (``kv_fp8``: its torch fp8
-    dtype, or True) reads only the entries tuned for its format (``--kv-dtype fp8``: twice the keys per byte
-    of a 16-bit cache's), else the per-arch fp8 default.
-
-    Kept per bucket, not per length: the lookup reads the KV length and batch only through their
-    next powers of two (``tuning.decode._bucket``), so a cache one key longer each call
-    (transformers' generate) finds its config kept instead of looking it up anew every step.
-    """
-    key = (device, head_dim, dtype, group, C.next_pow2(max_seqlen_k), C.next_pow2(batch), page_size, kv_fp8)
-    cfg = _DECODE_CONFIGS.get(key)
-    if cfg is None:
-        from rocmflash.api.selection import device_identity
-        from rocmflash.tuning.decode import lookup_decode
-
-        gpu_name, arch = device_identity(device)
-        hit = None
-        kv_format = F8D.kv_format(kv_fp8)
-        if gpu_name is not None and kv_format is not None:
-            hit = lookup_decode(gpu_name, int(head_dim), dtype, int(group), int(max_seqlen_k), int(batch),
-                                int(page_size), kv_format)
-        cfg = _DECODE_CONFIGS[key] = hit or KD.default_decode_config(arch, int(head_dim), bool(kv_fp8))
-    return cfg
-
-
-_DECODE_CONFIGS: dict = {}  #: per (device, problem) choice; cleared with :func:`clear_cache`
-
-
 def clear_cache() -> None:
     """Forget cached decode choices (after a new tune in this process): configs, database lookups and call plans."""
     from rocmflash.tuning.decode import lookup_decode
@@ -222,6 +193,11 @@ class _Plan(NamedTuple):
     call: "KD.DecodeCall"
     cfg: "KD.DecodeConfig"
     splits: int
+    #: None, or the cache's length is not in the signature (:func:`_per_length`): a cache one key longer each call
+    #: keeps its plan, capacity, config and split count worked out per call (:func:`_at_length`); then this is
+    #: the length and the strides that follow it (:func:`_geometry`) of the call that made the plan, which its
+    #: launch keys promise
+    geometry: Optional[tuple]
     launch_keys: Optional[dict]  #: ``kv_decode.launch``'s kept launch keys for this signature (None: not kept)
 
 
@@ -272,9 +248,10 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
 
 def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
                num_splits, want_lse: bool, backend: str, keep: bool = False, cache_leftpad=None, k_descale=None,
-               v_descale=None) -> _Plan:
+               v_descale=None, per_length: bool = False) -> _Plan:
     """Check every input's metadata and the options (raising before anything runs), choose the config and
-    split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys."""
+    split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys. ``per_length``: see
+    :func:`_per_length` (the plan records the caches' :func:`_geometry`)."""
     paged, page_size, capacity, new, fp8 = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                                      num_splits, cache_leftpad, k_descale, v_descale)
     if fp8:
@@ -286,13 +263,62 @@ def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_sc
     call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right,
                                    cache_leftpad is not None, fp8))
     cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size, k_cache.dtype if fp8 else False)
+    return _Plan(backend, q.device.type == "cuda", paged, page_size, capacity, new, (B, Hq, Sq) if want_lse else None,
+                 q.numel() > 0, call, cfg, _split_count(num_splits, cfg, call, capacity, q.device),
+                 _geometry(k_cache, v_cache) if per_length else None, {} if keep else None)
+
+
+def _geometry(k_cache, v_cache) -> tuple:
+    """What a ``per_length`` signature leaves out of the caches: the length and the strides that follow it."""
+    sk, sv = k_cache.stride(), v_cache.stride()
+    return k_cache.shape[1], v_cache.shape[1], sk[0], sk[2], sv[0], sv[2]
+
+
+def _length_free(sig: Optional[tuple]) -> Optional[tuple]:
+    """``sig`` (:func:`_signature`) without the caches' length and the strides that follow it (dims 1, and 0 and 2,
+    of their (B, L, Hkv, D) view): one key for every length of a ``per_length`` call (None: not 4-D tensors).
+    The caches are the signature's 10th and 9th entries from the end (the tensors close it, k_cache second)."""
+    if sig is None:
+        return None
+    k, v = sig[-10], sig[-9]
+    if len(k) != 5 or len(v) != 5 or len(k[1]) != 4 or len(v[1]) != 4:
+        return None
+    return sig[:-10] + ((k[0], k[1][0], k[1][2:], k[2][1], k[2][3], k[3], k[4]),
+                        (v[0], v[1][0], v[1][2:], v[2][1], v[2][3], v[3], v[4])) + sig[-8:]
+
+
+def _per_length(block_table, k, cache_seqlens) -> bool:
+    """Whether a call's signature leaves its cache's length out: an unpaged cache read as a whole (lengths from a
+    tensor or the cache itself), nothing appended -- transformers' cache, a new tensor one key longer each step."""
+    return block_table is None and k is None and not isinstance(cache_seqlens, int)
+
+
+def _split_count(num_splits: int, cfg: "KD.DecodeConfig", call: "KD.DecodeCall", capacity: int, device) -> int:
+    """The caller's split count, else the config's, else the CU-count rule; at most one per key block."""
     splits = num_splits or cfg.num_splits
     if not splits:
-        splits = KD.choose_num_splits(B, Hkv, capacity, cfg.BLOCK_N, C.num_compute_units(q.device),
-                                      KD.programs_per_cu(cfg, fp8))
-    splits = max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
-    return _Plan(backend, q.device.type == "cuda", paged, page_size, capacity, new, (B, Hq, Sq) if want_lse else None,
-                 q.numel() > 0, call, cfg, splits, {} if keep else None)
+        splits = KD.choose_num_splits(call.batch, call.heads_kv, capacity, cfg.BLOCK_N, C.num_compute_units(device),
+                                      KD.programs_per_cu(cfg, call.kv_fp8))
+    return max(1, min(splits, -(-capacity // cfg.BLOCK_N)))
+
+
+def _at_length(plan: _Plan, q, k_cache, v_cache, num_splits: int) -> _Plan:
+    """A ``per_length`` plan for this call's cache: itself when the cache has the geometry it was made for (a cache
+    a model keeps: its launch keys hold), else with this length's capacity, the config of its bucket and the split
+    count, and no launch keys (the signature holds everything else). ``ValueError`` when K and V differ in length
+    (the signature leaves both lengths out)."""
+    geometry = _geometry(k_cache, v_cache)
+    if geometry == plan.geometry:
+        return plan
+    capacity = geometry[0]
+    if geometry[1] != capacity:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    call = plan.call
+    cfg = decode_config(q.device, call.head_dim, q.dtype, call.group, capacity, call.batch, 0,
+                        k_cache.dtype if call.kv_fp8 else False)
+    return plan._replace(capacity=capacity, cfg=cfg, splits=_split_count(num_splits, cfg, call, capacity, q.device),
+                         geometry=geometry, launch_keys=None)
 
 
 def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
@@ -316,14 +342,23 @@ def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, 
                      (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
     plan = _CALL_PLANS.get(sig) if sig is not None else None
     if plan is not None and (plan.on_gpu or _interpreting()):
-        return plan
+        return plan  # (a per-length plan kept under this full signature was made at this geometry)
+    per_length = _per_length(block_table, k, cache_seqlens)
+    loose = _length_free(sig) if per_length else None
+    if loose is not None:  # a cache one key longer each call: the plan of its length-free signature
+        plan = _CALL_PLANS.get(loose)
+        if plan is not None and (plan.on_gpu or _interpreting()):
+            return _at_length(plan, q, k_cache, v_cache, num_splits)
     keep = sig is not None and _seen_before(sig)
+    keep_loose = loose is not None and _seen_before(loose)
     plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
-                      softcap, num_splits, want_lse, backend, keep, cache_leftpad, k_descale, v_descale)
-    if keep:
-        if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
-            _CALL_PLANS.clear()
-        _CALL_PLANS[sig] = plan
+                      softcap, num_splits, want_lse, backend, keep or keep_loose, cache_leftpad, k_descale, v_descale,
+                      per_length)
+    for kept, key in ((keep, sig), (keep_loose, loose)):
+        if kept:
+            if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
+                _CALL_PLANS.clear()
+            _CALL_PLANS[key] = plan
     return plan
 
 
@@ -422,7 +457,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         if plan.nonempty:
             KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
-                      transient=plan.launch_keys is None,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
     return (out, lse) if want_lse else out
 
@@ -437,7 +471,7 @@ def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=Non
     calls here, :func:`is_decode_shaped`). Any strides; inputs validated by the caller (checked again
     once per signature); no host read, no copy."""
     B, Sk = k.shape[0], k.shape[1]
-    plan = _plan(q, k, v, None, None, Sk, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None, out)
+    plan = _plan(q, k, v, None, None, None, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None, out)
     key = (B, Sk, q.device)
     lens = _FULL_LENGTHS.get(key)
     if lens is None:
@@ -446,7 +480,7 @@ def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=Non
         lens = _FULL_LENGTHS[key] = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
     with L.on_device(q):
         KD.launch(plan.call, q, k, v, lens, lens, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
-                  backend=plan.backend, transient=plan.launch_keys is None)
+                  backend=plan.backend)
 
 
 __all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache", "check_errors", "attend_whole_cache",

@@ -81,16 +81,22 @@ def specialise_int(value: int) -> tuple[str, bool]:
     """
     if value == 1:
         return "constexpr", False
-    ty = "i32" if -2**31 <= value < 2**31 else ("u64" if value >= 2**63 else "i64")
-    return ty, value % 16 == 0
+    return int_type(value), value % 16 == 0
+
+
+def int_type(value: int) -> str:
+    """The signature type Triton gives an integer launch argument, specialised or not: the narrowest of
+    i32/i64/u64 that holds it."""
+    return "i32" if -2**31 <= value < 2**31 else ("u64" if value >= 2**63 else "i64")
 
 
 def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: KernelConfig):
     """Cross-compile ``fn`` for ``target`` as a launch with these arguments would.
 
     Integer arguments get Triton's launch-time specialisation (``== 1`` becomes a
-    constant, multiples of 16 get ``tt.divisibility``); pointers get what the target's
-    backend gives a tensor at launch (:func:`launch_attributes`): 16-byte alignment and,
+    constant, multiples of 16 get ``tt.divisibility``), except the kernel's unspecialised
+    ones (:func:`~rocmflash.kernels.common.jit_unspecialised`), typed by range only; pointers
+    get what the target's backend gives a tensor at launch (:func:`launch_attributes`): 16-byte alignment and,
     on AMD, buffer loads for storage under 2 GiB. The build is then the one a launch of
     the same shape runs -- and the same entry of Triton's cache. Returns Triton's
     ``CompiledKernel``.
@@ -99,6 +105,7 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
 
     target = as_target(target)
     pointer_attrs, int_attrs = launch_attributes(target)
+    unspecialised = getattr(fn, "unspecialised", ())
     signature, consts, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -115,6 +122,8 @@ def compile_kernel(fn: JITFunction, target, args: dict, constexprs: dict, cfg: K
             signature[name] = "fp32"
         elif isinstance(val, bool) or not isinstance(val, int):
             raise TypeError(f"compile_kernel: unsupported value {val!r} for {name!r}")
+        elif name in unspecialised:  # typed by range, no attribute (never constant nor divisible): as launched
+            signature[name] = int_type(val)
         else:
             ty, divisible = specialise_int(val)
             signature[name] = ty

@@ -45,7 +45,7 @@ from rocmflash.config import KernelConfig, Problem
 # compile-only builds live in build.py and launches in launch.py; re-exported here, where the
 # kernel modules reach them as ``C.*``
 from rocmflash.kernels.build import (MAX_32BIT_RANGE, Ptr, as_target, compile_kernel,  # noqa: F401
-                                     launch_attributes, specialise_int)
+                                     int_type, launch_attributes, specialise_int)
 from rocmflash.kernels.launch import (KeptKey, compile_options, interpreting, launch_cached,  # noqa: F401
                                       launch_key, launch_kernel, observe_launches)
 
@@ -59,6 +59,13 @@ class _DualJIT(JITFunction):
     The compiler never calls a JITFunction (it inlines it), so ``__call__`` is only
     reached when an interpreted kernel calls a helper: forward it to the interpreted twin.
     """
+
+    def __init__(self, fn, do_not_specialize=(), **kwargs):
+        super().__init__(fn, do_not_specialize=tuple(do_not_specialize), **kwargs)
+        #: the integer arguments Triton leaves unspecialised (by name): a compile-only build types them by
+        #: range only (:func:`~rocmflash.kernels.build.compile_kernel`), and a launch plan takes their values
+        #: per call (:func:`~rocmflash.kernels.launch.launch_cached`'s ``loose``)
+        self.unspecialised = tuple(do_not_specialize)
 
     @property
     def interpreted(self):
@@ -77,6 +84,13 @@ class _DualJIT(JITFunction):
 def kernel_jit(fn):
     """Decorator used instead of ``triton.jit`` for every kernel and helper of this package."""
     return _DualJIT(fn)
+
+
+def jit_unspecialised(names):
+    """``kernel_jit`` with the integer arguments ``names`` left unspecialised by Triton (``do_not_specialize``):
+    one binary serves every value of them (of one integer width), so sizes that change from call to call
+    neither compile again nor miss a launch plan."""
+    return lambda fn: _DualJIT(fn, do_not_specialize=names)
 
 
 

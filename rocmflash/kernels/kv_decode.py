@@ -39,11 +39,18 @@ from rocmflash.kernels import common as C
 from rocmflash.kernels import error_words as EW
 from rocmflash.kernels import kv_quant as KQ
 from rocmflash.kernels import masks as M
+from rocmflash.kernels.decode_shape import (  # noqa: F401  (re-exported: the code moved there)
+    DECODE_MAX_QUERIES,
+    DECODE_MAX_ROWS,
+    DECODE_MIN_KEYS,
+    is_decode_shaped,
+)
 from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the code moved there)
     BAD_DESCALE,
     BAD_LENGTH,
     BAD_PAGE,
     BAD_START,
+    LENGTH_ARGS,
     _decode_combine,
     _decode_split,
 )
@@ -211,15 +218,53 @@ class DecodeCall:
 
 @functools.lru_cache(maxsize=1024)
 def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False,
-                      fnuz_view: bool = False, fused_splits: int = 0) -> dict:
+                      fnuz_view: bool = False, fused_splits: int = 0, kv_aligned: bool = True) -> dict:
     """``fused_splits``: the split count of a launch whose last program per (sequence, K/V head) merges the
-    splits itself (:data:`FUSED_COMBINE`); 0: the partials go to :func:`_decode_combine`."""
+    splits itself (:data:`FUSED_COMBINE`); 0: the partials go to :func:`_decode_combine`. ``kv_aligned``:
+    the K/V strides among :data:`LENGTH_ARGS` are multiples of 16 (:func:`length_values`)."""
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
                 BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
                 LEFTPAD=call.leftpad, KV_FP8=call.kv_fp8, FNUZ_VIEW=bool(fnuz_view), FUSED=bool(fused_splits),
-                SPLITS_PAD=C.next_pow2(fused_splits) if fused_splits else 1)
+                SPLITS_PAD=C.next_pow2(fused_splits) if fused_splits else 1, KV_ALIGNED=bool(kv_aligned))
+
+
+def length_values(call: DecodeCall, k_cache, v_cache, block_table) -> tuple:
+    """The values of the split kernel's :data:`LENGTH_ARGS` for this cache, in that order."""
+    sk, sv = k_cache.stride(), v_cache.stride()
+    return _cache_extent(call, k_cache, block_table)[0], sk[0], sk[2], sv[0], sv[2]
+
+
+def strides_aligned(lengths: tuple) -> bool:
+    """Whether the strides among :func:`length_values` are all multiples of 16 (``KV_ALIGNED``)."""
+    return all(v % 16 == 0 for v in lengths[1:])
+
+
+def _length_class(lengths: tuple, k_cache, v_cache) -> tuple:
+    """What of the cache's geometry decides the split kernel's binary and its specialised arguments, once
+    :data:`LENGTH_ARGS` are left out (a launch key's scalars, beside ``loose_tensors`` K and V): each
+    length value's integer width, ``KV_ALIGNED``, and the cache's other sizes and strides."""
+    return (tuple(C.int_type(v) for v in lengths), strides_aligned(lengths), k_cache.shape[0],
+            k_cache.shape[2:], k_cache.stride(1), k_cache.stride(3), v_cache.stride(1), v_cache.stride(3))
+
+
+#: where K and V sit in the split launch's tensors (their sizes are keyed by :func:`_length_class`)
+_KV_TENSORS = (1, 2)
+
+
+def _lengths_of(keys: Optional[dict], call: DecodeCall, k_cache, v_cache, block_table) -> tuple:
+    """``(length_values, strides_aligned, _length_class)`` of this cache; kept in the caller's ``keys`` (one
+    signature: the same shapes and strides, so the same values) after the first call."""
+    if keys is not None:
+        kept = keys.get("lengths")
+        if kept is not None:
+            return kept
+    lengths = length_values(call, k_cache, v_cache, block_table)
+    found = lengths, strides_aligned(lengths), _length_class(lengths, k_cache, v_cache)
+    if keys is not None:
+        keys["lengths"] = found
+    return found
 
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
@@ -283,8 +328,7 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None,
-           transient: bool = False) -> None:
+           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -308,11 +352,12 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     :func:`error_word` for ``q``'s device instead of addressing memory outside the cache.
     ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
     holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
-    ``transient``: these shapes are not expected again (``flash_attn_with_kvcache`` on a signature's first
-    call): the launches leave no replay plan (:func:`rocmflash.kernels.launch.launch_cached`'s ``keep``).
+
+    The cache's length reaches the split kernel only through its unspecialised :data:`LENGTH_ARGS`,
+    so a cache one key longer each call (transformers' generate) replays one launch plan per split
+    count instead of going through Triton's JIT launch each call.
     """
     backend = backend or C.torch_backend()
-    keep = not transient
     kcfg = cfg.kernel_config()
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     if call.leftpad != (leftpads is not None):
@@ -320,16 +365,18 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
     err = error_word(q.device)
     k_cache, v_cache, ks, vs, fnuz_view = KQ.launch_views(call.kv_fp8, k_cache, v_cache, k_descale, v_descale, seqlens)
+    lengths, aligned, length_class = _lengths_of(keys, call, k_cache, v_cache, block_table)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
-        scalars = (call, cfg, 1, lse is not None, new_keys)
+        scalars = (call, cfg, 1, lse is not None, new_keys, length_class)
         tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err, ks, vs)
         C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
                                             out, lse_arg, starts, err, new_keys, ks, vs),
-                                 _split_constexprs(call, cfg, True, lse is not None, fnuz_view)), kcfg, backend,
-                        _kept_key(keys, ("direct", lse is not None, backend, new_keys), _decode_split, scalars, tensors, kcfg,
-                                  backend), keep)
+                                 _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned)),
+                        kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys), _decode_split,
+                                                 scalars, tensors, kcfg, backend, _KV_TENSORS),
+                        loose=lengths)
         return
     rows = call.batch * call.heads_kv * num_splits
     fused = FUSED_COMBINE and not EW.capturing(q.device)
@@ -341,7 +388,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     # the split launch; fused, its last program per (sequence, K/V head) also merges into out/lse (no combine)
     sem = arrival_counts(q.device, call.batch * call.heads_kv) if fused else None
     merged = (out, lse_arg, sem) if fused else ()  # what a fused launch writes and counts with
-    scalars = (call, cfg, num_splits, new_keys) + ((lse is not None, "fused") if fused else ())
+    scalars = (call, cfg, num_splits, new_keys, length_class) + ((lse is not None, "fused") if fused else ())
     tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs) + merged
     slot = ("fused", num_splits, lse is not None) if fused else ("split", num_splits)
     C.launch_cached(_decode_split, scalars, tensors,
@@ -350,8 +397,9 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                         *merged[:2], leftpads=starts, err=err, new_keys=new_keys, k_descale=ks,
                                         v_descale=vs, sem=sem),
                              _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
-                                               num_splits if fused else 0)), kcfg, backend,
-                    _kept_key(keys, slot + (backend, new_keys), _decode_split, scalars, tensors, kcfg, backend), keep)
+                                               num_splits if fused else 0, aligned)), kcfg, backend,
+                    _kept_key(keys, slot + (backend, new_keys), _decode_split, scalars, tensors, kcfg, backend,
+                              _KV_TENSORS), loose=lengths)
     if fused:
         return
     scalars = (call, num_splits, lse is not None)
@@ -362,13 +410,15 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              combine_args(call, po, pl, out, lse_arg, num_splits),
                              _combine_constexprs(call, lse is not None, num_splits)),
                     combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
-                                                    _decode_combine, scalars, tensors, combine_cfg, backend), keep)
+                                                    _decode_combine, scalars, tensors, combine_cfg, backend))
 
 
-def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str):
+def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str,
+              loose_tensors: tuple = ()):
     """The launch key of ``fn`` from the caller's ``keys`` (see :func:`launch`) at ``slot``, computed and
     kept on first use; None (``launch_cached`` computes it) without ``keys`` or when a tensor is not
-    16-byte aligned.
+    16-byte aligned. ``loose_tensors``: :func:`~rocmflash.kernels.launch.launch_key`'s (always computed
+    here, since ``launch_cached`` does not know them).
 
     Kept keys are those of all-aligned launches only: under the caller's promise (same dtypes,
     shapes, strides, device, storage class) alignment is all that can differ, so an aligned
@@ -376,13 +426,13 @@ def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tu
     so one dict never hands a key to another of these (the call and config are the caller's promise).
     """
     if keys is None:
-        return None
+        return C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors) if loose_tensors else None
     for t in tensors:
         if t.data_ptr() % 16:
-            return None
+            return C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors) if loose_tensors else None
     key = keys.get(slot)
     if key is None:
-        key = keys[slot] = C.KeptKey(C.launch_key(fn, scalars, tensors, kcfg, backend))
+        key = keys[slot] = C.KeptKey(C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors))
     return key
 
 
@@ -432,31 +482,11 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
                                        q if fused else None, f32 if fused else None,
                                        leftpads=_StridedPtr("*i32", (1,)) if leftpad else None, k_descale=scales,
                                        v_descale=scales, sem=_StridedPtr("*i32", (1,)) if fused else None),
-                            _split_constexprs(call, cfg, False, fused, False, splits if fused else 0), kcfg)
+                            _split_constexprs(call, cfg, False, fused, False, splits if fused else 0,
+                                              strides_aligned(length_values(call, kv, kv, bt))), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
                                _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))
     return main, combine
-
-
-#: a short query over many keys runs the split-KV kernel from every entry point (``flash_attn_with_kvcache``,
-#: ``attention``, the custom ops, the transformers integration)
-#: (:func:`is_decode_shaped`): at most this many query tokens and (token, query head) rows per K/V head ...
-DECODE_MAX_QUERIES = 16
-DECODE_MAX_ROWS = 64
-#: ... and at least this many keys (fewer: the dense kernel has work enough for the whole GPU)
-DECODE_MIN_KEYS = 256
-
-
-def is_decode_shaped(seqlen_q: int, seqlen_k: int, group: int) -> bool:
-    """Whether attention of ``seqlen_q`` queries over ``seqlen_k`` keys (GQA ``group``) is a decode step.
-
-    The dense kernels tile queries by ``BLOCK_M >= 16`` rows per query head: a step of one token
-    leaves most of each tile empty and launches ``B * Hq`` programs -- too few to read a long K/V
-    at the memory's speed. The decode kernel holds every query row of a K/V head in one tile and
-    splits the keys across programs instead.
-    """
-    return (seqlen_q <= DECODE_MAX_QUERIES and seqlen_q * group <= DECODE_MAX_ROWS
-            and seqlen_k >= max(DECODE_MIN_KEYS, 4 * seqlen_q))
 
 
 __all__ = ["DecodeConfig", "DecodeCall", "default_decode_config", "choose_num_splits", "programs_per_cu", "launch", "compile_for",

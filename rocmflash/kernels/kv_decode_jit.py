@@ -15,6 +15,12 @@ from rocmflash.kernels import masks as M
 from rocmflash.kernels.common import kernel_jit
 
 
+#: the split kernel's integers that follow the cache's length: its rows and the strides that multiply them in
+#: transformers' (B, Hkv, L, D) cache read as (B, L, Hkv, D), or in a (B, L, Hkv, D) cache that grows by
+#: concatenation. Left unspecialised (one binary for every length, and one launch plan: a cache one key longer
+#: each call replays it); ``KV_ALIGNED`` gives the strides back the divisibility Triton's specialisation gave.
+LENGTH_ARGS = ("CAPACITY", "stride_kb", "stride_kh", "stride_vb", "stride_vh")
+
 # ----------------------------------------------------------------------------- kernels
 @kernel_jit
 def _key_rows(BT_row, start_n, offs_n, off_b, stride_kb, stride_kn, PAGE_SIZE, NUM_BLOCKS, PAGED: tl.constexpr,
@@ -93,7 +99,7 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     return acc, m_new, l_i, err | bits
 
 
-@kernel_jit
+@C.jit_unspecialised(LENGTH_ARGS)
 def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, SEM, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
@@ -105,7 +111,14 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, S
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
                   STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr, KV_FP8: tl.constexpr, FNUZ_VIEW: tl.constexpr,
-                  FUSED: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                  FUSED: tl.constexpr, SPLITS_PAD: tl.constexpr, KV_ALIGNED: tl.constexpr):
+    if KV_ALIGNED:
+        # the launch checked that these strides are multiples of 16; rounding them down to one (a no-op) tells the
+        # compiler so, as the specialisation did (tl.multiple_of cannot mark a kernel argument): wide row loads
+        stride_kb = stride_kb // 16 * 16
+        stride_kh = stride_kh // 16 * 16
+        stride_vb = stride_vb // 16 * 16
+        stride_vh = stride_vh // 16 * 16
     split = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = off_bhk // H_KV

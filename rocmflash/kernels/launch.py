@@ -202,6 +202,8 @@ class _LaunchPlan(NamedTuple):
     slots: tuple  # ((position in the argument list, index in the call's tensors), ...)
     pick: Any = None
     tail: tuple = ()
+    loose_at: tuple = ()  #: positions of the kernel's unspecialised integers (in ``tail`` when ``pick``)
+    loose: tuple = ()  #: their values in ``template`` (a call with the same values replays it unchanged)
 
 
 def _jit_launch(fn, grid, kwargs: dict):
@@ -215,7 +217,7 @@ def _is_compiled_kernel(obj) -> bool:
     return isinstance(obj, CompiledKernel)
 
 
-def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str) -> tuple:
+def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str, loose_tensors: tuple = ()) -> tuple:
     """What decides the compiled binary, grid and argument values of a launch, conservatively.
 
     Triton specialises a launch on each tensor's dtype and 16-byte alignment (and, on AMD,
@@ -225,15 +227,21 @@ def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str) -> 
     device, the config and the caller's ``scalars`` (every non-tensor input of the launch):
     the integer arguments are functions of these, so a new shape, stride or scalar misses
     and goes through Triton once, never onto another specialisation or stale values.
+
+    ``loose_tensors``: indices of tensors whose shape and strides reach the kernel only through
+    its unspecialised integers (``fn.unspecialised``, passed per call as ``launch_cached``'s
+    ``loose``) or through what the caller put in ``scalars``: the key holds their dtype,
+    alignment and 2 GiB bit only, so one plan serves every size of them.
     """
     parts = [id(fn), cfg, backend, scalars, tensors[0].get_device()]  # kernels live for the process: id is stable
-    if backend == "hip":
-        for t in tensors:
-            parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0,
-                      t.untyped_storage().nbytes() <= MAX_INT32)
-    else:
-        for t in tensors:
+    hip = backend == "hip"
+    for i, t in enumerate(tensors):
+        if loose_tensors and i in loose_tensors:
+            parts += (t.dtype, t.data_ptr() % 16 == 0)
+        else:
             parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+        if hip:
+            parts.append(t.untyped_storage().nbytes() <= MAX_INT32)
     return tuple(parts)
 
 
@@ -251,9 +259,11 @@ class KeptKey(tuple):
         return self._hash
 
 
-def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled) -> Optional[_LaunchPlan]:
+def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled,
+               loose: bool = False) -> Optional[_LaunchPlan]:
     """A plan from a first launch, or None when some tensor argument is not one of ``tensors``
-    (its value could change between calls with the same key: never replay it)."""
+    (its value could change between calls with the same key: never replay it). ``loose``: the
+    kernel's unspecialised integers are filled in per call (their positions are kept)."""
     import torch
 
     template, slots = [], []
@@ -267,15 +277,20 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled)
             value = None
         template.append(value)
     grid3 = (tuple(grid) + (1, 1))[:3]  # CompiledKernel launches take all three grid dimensions
+    loose_at = tuple(fn.arg_names.index(name) for name in fn.unspecialised) if loose else ()
+    loose_values = tuple(template[at] for at in loose_at)
     pick = None
-    if slots and all(position == i for i, (position, _) in enumerate(slots)):
+    if slots and all(position == i for i, (position, _) in enumerate(slots)) and \
+            all(at >= len(slots) for at in loose_at):
         indices = [index for _, index in slots]
         pick = operator.itemgetter(*indices) if len(indices) > 1 else (lambda ts, i=indices[0]: (ts[i],))
-    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots), pick, tuple(template[len(slots):]))
+        loose_at = tuple(at - len(slots) for at in loose_at)
+    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots), pick, tuple(template[len(slots):]), loose_at,
+                       loose_values)
 
 
 def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
-                  key: Optional[tuple] = None, keep: bool = True) -> None:
+                  key: Optional[tuple] = None, loose: tuple = ()) -> None:
     """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
     building them only on the first launch of each specialisation.
 
@@ -293,9 +308,11 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     and knows that nothing the key reads has changed since (see ``kv_decode.launch``);
     computing the key is a large part of a cached launch's cost. None: computed here.
 
-    ``keep=False``: the caller expects no second launch of this key (a KV cache one key longer each call), so
-    a miss leaves no plan behind: building one costs more than the launch saves, and thousands of them keep
-    the garbage collector busy.
+    ``loose``: the values of ``fn``'s unspecialised integers (``fn.unspecialised``, in that order),
+    for a caller whose ``key`` leaves them out (:func:`launch_key`'s ``loose_tensors``): a replay puts
+    this call's values in their places, so one plan serves a KV cache one key longer each call.
+    Triton compiles one binary for every value of such an argument (of one integer width: the
+    caller's key holds the width).
     """
     if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
         grid, args, constexprs = build()
@@ -306,17 +323,25 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     plan = _PLANS.get(key)
     if plan is not None:
         if plan.pick is not None:
-            plan.runner(*plan.pick(tensors), *plan.tail)
+            if not loose or loose == plan.loose:  # (a cache a model keeps: the values the plan was made with)
+                plan.runner(*plan.pick(tensors), *plan.tail)
+                return
+            tail = list(plan.tail)
+            for at, value in zip(plan.loose_at, loose):
+                tail[at] = value
+            plan.runner(*plan.pick(tensors), *tail)
             return
         call = list(plan.template)
         for position, index in plan.slots:
             call[position] = tensors[index]
+        for position, value in zip(plan.loose_at, loose):
+            call[position] = value
         plan.runner(*call)
         return
     grid, args, constexprs = build()
     compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})
-    if keep and _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
-        plan = _make_plan(fn, grid, args, constexprs, tensors, compiled)
+    if _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
+        plan = _make_plan(fn, grid, args, constexprs, tensors, compiled, bool(loose))
         if plan is not None:
             _PLANS[key] = plan
 

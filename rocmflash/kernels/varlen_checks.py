@@ -36,9 +36,7 @@ AS_UNSPECIALISED = 17
 COMPILE_TOTALS = (AS_UNSPECIALISED, AS_UNSPECIALISED)
 
 
-def jit_unspecialised(names):
-    """``kernel_jit`` with the integer arguments ``names`` left unspecialised by Triton."""
-    return lambda fn: C._DualJIT(fn, do_not_specialize=names)
+jit_unspecialised = C.jit_unspecialised  # (defined beside kernel_jit; the decode kernel uses it too)
 
 
 @kernel_jit

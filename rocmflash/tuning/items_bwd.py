@@ -162,6 +162,7 @@ class BackwardItem(StreamedTiming):
                                         self.spec.strategy, ctx.env, ctx.interpret,
                                         _auto_splits(self.shape, self.default.dkdv.BLOCK_N, ctx.interpret,
                                                      ctx.gpu.compute_units))
+            self.entry["complete"] = complete or not self.timing.todo()  # false: --resume times the rest
         else:
             self.entry = static_entry(self.shape, self.static_result, ctx.why, ctx.env)
         ctx.store(self.key, self.entry)

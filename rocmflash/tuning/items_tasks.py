@@ -123,10 +123,15 @@ class TaskItem(StreamedTiming):
         self.timing.record(job, result)
 
     def finish(self, complete: bool) -> None:
-        """The entry from every journaled result of this problem (the static #1 when nothing is measured)."""
+        """The entry from every journaled result of this problem (the static #1 when nothing is measured);
+        ``"complete"`` says whether every chosen config was timed (false after Ctrl-C or a stop: ``--resume``
+        times the rest)."""
         if self.static_result is None:
             return
-        self.entry = self.measured_entry(self.timing.results()) if self.ctx.measuring else self.static_entry()
+        if self.ctx.measuring:
+            self.entry = dict(self.measured_entry(self.timing.results()), complete=complete or not self.timing.todo())
+        else:
+            self.entry = self.static_entry()
         self.ctx.store(self.key, self.entry)
         self.stored()
         self.seconds = time.perf_counter() - (self._start or time.perf_counter())
