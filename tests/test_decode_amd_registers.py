@@ -138,3 +138,25 @@ def test_unspecialised_lengths_keep_the_specialised_build_s_loads_on_sm90(monkey
     specialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
     assert ops(unspecialised.asm["ptx"]) == ops(specialised.asm["ptx"]) and ops(specialised.asm["ptx"])
     assert specialised.metadata.shared == unspecialised.metadata.shared
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
+def test_whole_cache_build_reads_no_lengths_and_keeps_its_occupancy(arch):
+    """The build a call without ``cache_seqlens`` runs (``WHOLE_CACHE``: every sequence the whole cache, no lengths
+    read or filled per call), D=128: fewer loads than the build that reads lengths (the length, by a scalar or a
+    vector load, and its pointer), the same K/V loads, no spill, no more VGPRs and the same waves/SIMD."""
+    import re
+
+    cfg = KD.default_decode_config(arch, 128)
+    summaries, loads, kv_loads = [], [], []
+    for whole in (False, True):
+        k = KD.compile_for(arch, cfg, 128, "bf16", group=8, whole_cache=whole)[0]
+        asm = k.asm["amdgcn"]
+        (res,) = read_code_object(k.asm["hsaco"])
+        summaries.append(kernel_summary(res, num_warps=k.metadata.num_warps, asm=asm))
+        loads.append(len(re.findall(r"^\s*(?:s_load|s_buffer_load|buffer_load|global_load)\w*", asm, re.M)))
+        kv_loads.append(_memory_and_matrix_ops(asm).get("buffer_load_dwordx4"))
+    lengths, whole = summaries
+    assert loads[1] < loads[0] and kv_loads[0] == kv_loads[1], (loads, kv_loads)
+    assert whole["vgpr_spill_count"] == 0 and whole["scratch_bytes"] == 0, whole
+    assert whole["vgpr_count"] <= lengths["vgpr_count"] and whole["waves_per_simd"] == lengths["waves_per_simd"]

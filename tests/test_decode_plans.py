@@ -396,6 +396,7 @@ def test_a_cache_one_key_longer_each_call_replays_one_plan(fake_triton, num_spli
         assert all(r[0] == "jit" for r in fake_triton[n:]) and got == want, k.shape
         split_args = dict(zip(KD._decode_split.arg_names, fake_triton[n][3]))
         assert split_args["CAPACITY"] == k.shape[1] and split_args["stride_kh"] == k.stride(2)
+        assert split_args["WHOLE_CACHE"] is True  # no cache_seqlens: no (B,) lengths tensor filled per call
         aligned.append(split_args["KV_ALIGNED"])
         L._PLANS.clear()
         L._PLANS.update(saved)

@@ -434,7 +434,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                  num_splits, want_lse, cache_leftpad, None, k_descale, v_descale)
     device = q.device
     fp8 = plan.call.kv_fp8
-    lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
+    # the whole cache, nothing appended and no host check: the kernel reads no lengths (WHOLE_CACHE), so no (B,)
+    # tensor is filled per call (a cache one key longer each step would need a new one each time)
+    whole = cache_seqlens is None and not plan.new and cache_leftpad is None and not check_values
+    lens = None if whole else _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
     new = plan.new
     starts = as_int32(cache_leftpad) if cache_leftpad is not None else None
     if check_values:
@@ -455,13 +458,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         else:
             seqlens = lens
         if plan.nonempty:
-            KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else seqlens, seqlens, plan.cfg,
+            KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else None, seqlens, plan.cfg,
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
     return (out, lse) if want_lse else out
-
-
-_FULL_LENGTHS: dict = {}  #: (batch, length, device) -> int32 (batch,) tensor of ``length``
 
 
 def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None) -> None:
@@ -470,16 +470,9 @@ def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=Non
     (``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa`` route decode-shaped
     calls here, :func:`is_decode_shaped`). Any strides; inputs validated by the caller (checked again
     once per signature); no host read, no copy."""
-    B, Sk = k.shape[0], k.shape[1]
     plan = _plan(q, k, v, None, None, None, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None, out)
-    key = (B, Sk, q.device)
-    lens = _FULL_LENGTHS.get(key)
-    if lens is None:
-        if len(_FULL_LENGTHS) >= _MAX_CALL_PLANS:
-            _FULL_LENGTHS.clear()
-        lens = _FULL_LENGTHS[key] = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
-    with L.on_device(q):
-        KD.launch(plan.call, q, k, v, lens, lens, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
+    with L.on_device(q):  # no lengths: every sequence is the whole cache (the kernel reads none)
+        KD.launch(plan.call, q, k, v, None, None, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
                   backend=plan.backend)
 
 

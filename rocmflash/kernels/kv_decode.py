@@ -218,16 +218,19 @@ class DecodeCall:
 
 @functools.lru_cache(maxsize=1024)
 def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False, store_lse: bool = False,
-                      fnuz_view: bool = False, fused_splits: int = 0, kv_aligned: bool = True) -> dict:
+                      fnuz_view: bool = False, fused_splits: int = 0, kv_aligned: bool = True,
+                      whole_cache: bool = False) -> dict:
     """``fused_splits``: the split count of a launch whose last program per (sequence, K/V head) merges the
     splits itself (:data:`FUSED_COMBINE`); 0: the partials go to :func:`_decode_combine`. ``kv_aligned``:
-    the K/V strides among :data:`LENGTH_ARGS` are multiples of 16 (:func:`length_values`)."""
+    the K/V strides among :data:`LENGTH_ARGS` are multiples of 16 (:func:`length_values`). ``whole_cache``: no
+    lengths are read, every sequence is the whole cache (:func:`launch` with ``seqlens=None``)."""
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
                 SOFTCAP=call.softcap > 0, BOUNDED_LEFT=call.win_left < M.UNBOUNDED,
                 BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
                 LEFTPAD=call.leftpad, KV_FP8=call.kv_fp8, FNUZ_VIEW=bool(fnuz_view), FUSED=bool(fused_splits),
-                SPLITS_PAD=C.next_pow2(fused_splits) if fused_splits else 1, KV_ALIGNED=bool(kv_aligned))
+                SPLITS_PAD=C.next_pow2(fused_splits) if fused_splits else 1, KV_ALIGNED=bool(kv_aligned),
+                WHOLE_CACHE=bool(whole_cache))
 
 
 def length_values(call: DecodeCall, k_cache, v_cache, block_table) -> tuple:
@@ -334,7 +337,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
     (one launch, no partial buffers; ``workspace`` is then unused).
 
-    ``seqlens`` is int32 ``(B,)``: the key length of each sequence (cache + appended keys);
+    ``seqlens`` is int32 ``(B,)``: the key length of each sequence (cache + appended keys), or None: every
+    sequence is the whole (unpaged) cache, and nothing is read for it (no ``(B,)`` tensor to fill per call);
     ``block_table`` an int32 ``(B, max_blocks)`` tensor when ``call.paged``, else any int32 tensor.
     ``workspace``: optional preallocated ``(partial_o, partial_lse)`` buffers of at least the
     sizes this call needs (reused by benchmarks; a fresh pair otherwise).
@@ -362,19 +366,26 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     if call.leftpad != (leftpads is not None):
         raise ValueError("leftpads must be given exactly when the DecodeCall has leftpad=True")
-    starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
     err = error_word(q.device)
+    whole = seqlens is None
+    if whole:
+        if call.paged or new_keys:
+            raise ValueError("seqlens=None (the whole cache) needs an unpaged cache and no appended keys")
+        seqlens = err  # any int32 tensor on the device stands in, unread
+    if block_table is None and not call.paged:
+        block_table = seqlens  # unread
+    starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
     k_cache, v_cache, ks, vs, fnuz_view = KQ.launch_views(call.kv_fp8, k_cache, v_cache, k_descale, v_descale, seqlens)
     lengths, aligned, length_class = _lengths_of(keys, call, k_cache, v_cache, block_table)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
-        scalars = (call, cfg, 1, lse is not None, new_keys, length_class)
+        scalars = (call, cfg, 1, lse is not None, new_keys, length_class, whole)
         tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err, ks, vs)
         C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
                                             out, lse_arg, starts, err, new_keys, ks, vs),
-                                 _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned)),
-                        kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys), _decode_split,
+                                 _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned, whole)),
+                        kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys, whole), _decode_split,
                                                  scalars, tensors, kcfg, backend, _KV_TENSORS),
                         loose=lengths)
         return
@@ -388,7 +399,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     # the split launch; fused, its last program per (sequence, K/V head) also merges into out/lse (no combine)
     sem = arrival_counts(q.device, call.batch * call.heads_kv) if fused else None
     merged = (out, lse_arg, sem) if fused else ()  # what a fused launch writes and counts with
-    scalars = (call, cfg, num_splits, new_keys, length_class) + ((lse is not None, "fused") if fused else ())
+    scalars = (call, cfg, num_splits, new_keys, length_class, whole) + ((lse is not None, "fused") if fused else ())
     tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs) + merged
     slot = ("fused", num_splits, lse is not None) if fused else ("split", num_splits)
     C.launch_cached(_decode_split, scalars, tensors,
@@ -397,8 +408,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                         *merged[:2], leftpads=starts, err=err, new_keys=new_keys, k_descale=ks,
                                         v_descale=vs, sem=sem),
                              _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
-                                               num_splits if fused else 0, aligned)), kcfg, backend,
-                    _kept_key(keys, slot + (backend, new_keys), _decode_split, scalars, tensors, kcfg, backend,
+                                               num_splits if fused else 0, aligned, whole)), kcfg, backend,
+                    _kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg, backend,
                               _KV_TENSORS), loose=lengths)
     if fused:
         return
@@ -448,7 +459,7 @@ class _StridedPtr(C.Ptr):
 def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
                 softcap: bool = False, window: bool = False, leftpad: bool = False, cache_bytes: int = 0,
-                q_bytes: int = 0, kv_dtype: str = "", fused: bool = False):
+                q_bytes: int = 0, kv_dtype: str = "", fused: bool = False, whole_cache: bool = False):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
     ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them);
     ``leftpad``: the left-padded build (``cache_leftpad``).
@@ -459,7 +470,8 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     build for a large cache must be told its size. ``kv_dtype``: an fp8 cache's Triton type
     (``fp8e4b8``/``fp8e5b16`` FNUZ on gfx942, ``fp8e4nv``/``fp8e5`` OCP on gfx950 and sm_89+; checked
     against the target) with fp32 descales; "" (default): the cache is ``dtype``. ``fused``: the split kernel
-    that merges its splits itself (:data:`FUSED_COMBINE`); the combine kernel is built all the same."""
+    that merges its splits itself (:data:`FUSED_COMBINE`); the combine kernel is built all the same. ``whole_cache``:
+    the build that reads no lengths (every sequence the whole cache: a call without ``cache_seqlens``)."""
     for name, value in (("cache_bytes", cache_bytes), ("q_bytes", q_bytes)):
         if type(value) is not int or value < 0:
             raise ValueError(f"compile_for: {name} {value!r} is invalid; expected an int >= 0")
@@ -483,7 +495,7 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
                                        leftpads=_StridedPtr("*i32", (1,)) if leftpad else None, k_descale=scales,
                                        v_descale=scales, sem=_StridedPtr("*i32", (1,)) if fused else None),
                             _split_constexprs(call, cfg, False, fused, False, splits if fused else 0,
-                                              strides_aligned(length_values(call, kv, kv, bt))), kcfg)
+                                              strides_aligned(length_values(call, kv, kv, bt)), whole_cache), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),
                                _combine_constexprs(call, True, splits), _kernel_config(16, 4, 1, 0))
     return main, combine

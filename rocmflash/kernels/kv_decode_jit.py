@@ -111,7 +111,8 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, S
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
                   STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr, KV_FP8: tl.constexpr, FNUZ_VIEW: tl.constexpr,
-                  FUSED: tl.constexpr, SPLITS_PAD: tl.constexpr, KV_ALIGNED: tl.constexpr):
+                  FUSED: tl.constexpr, SPLITS_PAD: tl.constexpr, KV_ALIGNED: tl.constexpr,
+                  WHOLE_CACHE: tl.constexpr):
     if KV_ALIGNED:
         # the launch checked that these strides are multiples of 16; rounding them down to one (a no-op) tells the
         # compiler so, as the specialisation did (tl.multiple_of cannot mark a kernel argument): wide row loads
@@ -125,9 +126,13 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, S
     off_hk = off_bhk % H_KV
     # a length outside NEW_KEYS..CAPACITY (the appended keys .. the cache's rows) is clamped -- the cache is
     # never addressed outside -- and reported through the error word (no host read: flash_attn_with_kvcache)
-    len_given = tl.load(SEQLENS + off_b)
-    SEQ_K = tl.minimum(tl.maximum(len_given, NEW_KEYS), CAPACITY)
-    err = tl.where(SEQ_K != len_given, BAD_LENGTH, 0)
+    if WHOLE_CACHE:  # no lengths given: every sequence is the whole cache (nothing to read, nothing to clamp)
+        SEQ_K = CAPACITY
+        err = tl.full([], 0, tl.int32)
+    else:
+        len_given = tl.load(SEQLENS + off_b)
+        SEQ_K = tl.minimum(tl.maximum(len_given, NEW_KEYS), CAPACITY)
+        err = tl.where(SEQ_K != len_given, BAD_LENGTH, 0)
     # rows r = (token t, group head g): t = r // GROUP, query head = hk * GROUP + g
     offs_r = tl.arange(0, BLOCK_M)
     offs_t = offs_r // GROUP
