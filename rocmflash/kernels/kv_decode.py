@@ -245,15 +245,13 @@ def strides_aligned(lengths: tuple) -> bool:
 
 
 def _length_class(lengths: tuple, k_cache, v_cache) -> tuple:
-    """What of the cache's geometry decides the split kernel's binary and its specialised arguments, once
-    :data:`LENGTH_ARGS` are left out (a launch key's scalars, beside ``loose_tensors`` K and V): each
-    length value's integer width, ``KV_ALIGNED``, and the cache's other sizes and strides."""
+    """What else of the cache decides the split kernel's binary and specialised arguments (a launch key's scalars,
+    beside ``loose_tensors`` K and V): each length value's integer width, ``KV_ALIGNED``, the other sizes/strides."""
     return (tuple(C.int_type(v) for v in lengths), strides_aligned(lengths), k_cache.shape[0],
             k_cache.shape[2:], k_cache.stride(1), k_cache.stride(3), v_cache.stride(1), v_cache.stride(3))
 
 
-#: where K and V sit in the split launch's tensors (their sizes are keyed by :func:`_length_class`)
-_KV_TENSORS = (1, 2)
+_KV_TENSORS = (1, 2)  #: where K and V sit in the split launch's tensors (their sizes: :func:`_length_class`)
 
 
 def _lengths_of(keys: Optional[dict], call: DecodeCall, k_cache, v_cache, block_table) -> tuple:
@@ -343,12 +341,9 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     ``workspace``: optional preallocated ``(partial_o, partial_lse)`` buffers of at least the
     sizes this call needs (reused by benchmarks; a fresh pair otherwise).
 
-    ``keys``: a dict the caller keeps for one specialisation of these calls -- the same ``call``
-    and ``cfg``, and tensors of the same dtypes, shapes, strides and device (on ROCm also the
-    same side of 2 GiB of storage) -- where the launch keys (:func:`rocmflash.kernels.common.launch_key`)
-    are kept after their first computation instead of being recomputed per launch.
-    ``flash_attn_with_kvcache`` keeps one per call signature. Alignment, the one property
-    fresh buffers can change between such calls, is checked here on every call.
+    ``keys``: a dict the caller keeps for calls of one ``call``, ``cfg`` and tensor dtypes, shapes, strides, device
+    (and ROCm storage side of 2 GiB), where their launch keys are kept (``flash_attn_with_kvcache``: one per call
+    signature); alignment, which fresh buffers can change, is checked on every call.
     ``backend``: :func:`rocmflash.kernels.common.torch_backend`'s answer when the caller has it.
     ``leftpads``: int32 ``(B,)`` first key of each sequence, required when ``call.leftpad``.
     ``new_keys``: keys appended to each sequence by this call (its length must be at least that).
@@ -357,9 +352,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
     holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
 
-    The cache's length reaches the split kernel only through its unspecialised :data:`LENGTH_ARGS`,
-    so a cache one key longer each call (transformers' generate) replays one launch plan per split
-    count instead of going through Triton's JIT launch each call.
+    The cache's length reaches the split kernel only through its unspecialised :data:`LENGTH_ARGS`: a cache one key
+    longer each call replays one launch plan per split count, never Triton's JIT launch.
     """
     backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
@@ -385,8 +379,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
                                             out, lse_arg, starts, err, new_keys, ks, vs),
                                  _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned, whole)),
-                        kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys, whole), _decode_split,
-                                                 scalars, tensors, kcfg, backend, _KV_TENSORS),
+                        kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys, whole),
+                                                 _decode_split, scalars, tensors, kcfg, backend, _KV_TENSORS),
                         loose=lengths)
         return
     rows = call.batch * call.heads_kv * num_splits
