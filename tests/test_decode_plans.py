@@ -440,3 +440,18 @@ def test_a_kept_per_length_plan_still_refuses_k_and_v_of_two_lengths(fake_triton
     with pytest.raises(ValueError, match="k_cache and v_cache must have the same shape"):
         Dm.flash_attn_with_kvcache(q, k, v[:, :-1])
     assert len(fake_triton) == n  # nothing launched
+
+
+def test_a_second_cache_size_gets_its_own_kept_plan_and_launch_keys(fake_triton):
+    """A model that keeps a cache of one size, then one of another (no append, the length-free signature already
+    kept): the second size is served by the length-free plan on its first call and kept under its own signature,
+    with launch keys, from its second call on -- its launches replay without recomputing keys."""
+    q, k1, v1 = next(_growing(2, 2, 2, 32, (300,)))
+    for _ in range(2):
+        Dm.flash_attn_with_kvcache(q, k1, v1)
+    (_, k2, v2), = _growing(2, 2, 2, 32, (400,), seed=1)
+    first = Dm._plan(q, k2, v2, None, None, None, None, None, False, (-1, -1), 0.0, 0, False)
+    assert first.capacity == 400 and first.launch_keys is None
+    second = Dm._plan(q, k2, v2, None, None, None, None, None, False, (-1, -1), 0.0, 0, False)
+    assert second.capacity == 400 and second.launch_keys is not None
+    assert Dm._plan(q, k2, v2, None, None, None, None, None, False, (-1, -1), 0.0, 0, False) is second

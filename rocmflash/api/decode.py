@@ -348,7 +348,10 @@ def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, 
     if loose is not None:  # a cache one key longer each call: the plan of its length-free signature
         plan = _CALL_PLANS.get(loose)
         if plan is not None and (plan.on_gpu or _interpreting()):
-            return _at_length(plan, q, k_cache, v_cache, num_splits)
+            plan = _at_length(plan, q, k_cache, v_cache, num_splits)
+            if plan.launch_keys is None and _seen_before(sig):  # a cache of this length again: kept as its own
+                plan = _CALL_PLANS[sig] = plan._replace(launch_keys={})
+            return plan
     keep = sig is not None and _seen_before(sig)
     keep_loose = loose is not None and _seen_before(loose)
     plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
