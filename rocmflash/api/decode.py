@@ -437,9 +437,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                  num_splits, want_lse, cache_leftpad, None, k_descale, v_descale)
     device = q.device
     fp8 = plan.call.kv_fp8
-    # the whole cache, nothing appended and no host check: the kernel reads no lengths (WHOLE_CACHE), so no (B,)
-    # tensor is filled per call (a cache one key longer each step would need a new one each time)
-    whole = cache_seqlens is None and not plan.new and cache_leftpad is None and not check_values
+    # the whole cache (nothing appended: appending needs cache_seqlens) and no host check: the kernel reads no
+    # lengths (WHOLE_CACHE), so no (B,) tensor is filled per call (a cache one key longer each step: a new one each)
+    whole = cache_seqlens is None and cache_leftpad is None and not check_values
     lens = None if whole else _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
     new = plan.new
     starts = as_int32(cache_leftpad) if cache_leftpad is not None else None

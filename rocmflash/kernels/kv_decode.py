@@ -381,7 +381,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                  _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned, whole)),
                         kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys, whole),
                                                  _decode_split, scalars, tensors, kcfg, backend, _KV_TENSORS),
-                        loose=lengths)
+                        loose=lengths, loose_tensors=_KV_TENSORS)
         return
     rows = call.batch * call.heads_kv * num_splits
     fused = FUSED_COMBINE and not EW.capturing(q.device)
@@ -404,7 +404,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
                                                num_splits if fused else 0, aligned, whole)), kcfg, backend,
                     _kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg, backend,
-                              _KV_TENSORS), loose=lengths)
+                              _KV_TENSORS), loose=lengths, loose_tensors=_KV_TENSORS)
     if fused:
         return
     scalars = (call, num_splits, lse is not None)
@@ -422,8 +422,7 @@ def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tu
               loose_tensors: tuple = ()):
     """The launch key of ``fn`` from the caller's ``keys`` (see :func:`launch`) at ``slot``, computed and
     kept on first use; None (``launch_cached`` computes it) without ``keys`` or when a tensor is not
-    16-byte aligned. ``loose_tensors``: :func:`~rocmflash.kernels.launch.launch_key`'s (always computed
-    here, since ``launch_cached`` does not know them).
+    16-byte aligned. ``loose_tensors``: :func:`~rocmflash.kernels.launch.launch_key`'s.
 
     Kept keys are those of all-aligned launches only: under the caller's promise (same dtypes,
     shapes, strides, device, storage class) alignment is all that can differ, so an aligned
@@ -431,10 +430,10 @@ def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tu
     so one dict never hands a key to another of these (the call and config are the caller's promise).
     """
     if keys is None:
-        return C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors) if loose_tensors else None
+        return None
     for t in tensors:
         if t.data_ptr() % 16:
-            return C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors) if loose_tensors else None
+            return None
     key = keys.get(slot)
     if key is None:
         key = keys[slot] = C.KeptKey(C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors))

@@ -290,7 +290,7 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled,
 
 
 def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
-                  key: Optional[tuple] = None, loose: tuple = ()) -> None:
+                  key: Optional[tuple] = None, loose: tuple = (), loose_tensors: tuple = ()) -> None:
     """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
     building them only on the first launch of each specialisation.
 
@@ -309,17 +309,17 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     computing the key is a large part of a cached launch's cost. None: computed here.
 
     ``loose``: the values of ``fn``'s unspecialised integers (``fn.unspecialised``, in that order),
-    for a caller whose ``key`` leaves them out (:func:`launch_key`'s ``loose_tensors``): a replay puts
-    this call's values in their places, so one plan serves a KV cache one key longer each call.
-    Triton compiles one binary for every value of such an argument (of one integer width: the
-    caller's key holds the width).
+    for a caller whose key leaves out the sizes they come from (``loose_tensors``, as
+    :func:`launch_key` takes them, for the key computed here): a replay puts this call's values in
+    their places, so one plan serves a KV cache one key longer each call. Triton compiles one binary
+    for every value of such an argument (of one integer width: the caller's scalars hold the width).
     """
     if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
         grid, args, constexprs = build()
         launch_kernel(fn, grid, args, constexprs, cfg, backend)
         return
     if key is None:
-        key = launch_key(fn, scalars, tensors, cfg, backend)
+        key = launch_key(fn, scalars, tensors, cfg, backend, loose_tensors)
     plan = _PLANS.get(key)
     if plan is not None:
         if plan.pick is not None:

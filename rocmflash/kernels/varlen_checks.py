@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from rocmflash.kernels import common as C
 from rocmflash.kernels import error_words as EW
 from rocmflash.kernels.common import kernel_jit
 
@@ -34,9 +33,6 @@ UNSPECIALISED = ("TOTAL_Q", "TOTAL_K", "MAX_Q", "MAX_K", "STRICT_END")
 #: given, and one that is neither 1 nor a multiple of 16 specialises as an unspecialised launch does
 AS_UNSPECIALISED = 17
 COMPILE_TOTALS = (AS_UNSPECIALISED, AS_UNSPECIALISED)
-
-
-jit_unspecialised = C.jit_unspecialised  # (defined beside kernel_jit; the decode kernel uses it too)
 
 
 @kernel_jit
