@@ -23,7 +23,9 @@ import re
 import sys
 
 
-def _ops(asm: str, nvidia: bool) -> dict:
+def instruction_counts(asm: str, nvidia: bool) -> dict:
+    """Each load, store, LDS and matrix instruction's count in AMD assembly, or (``nvidia``) each global load/store,
+    async copy (with its byte count) and MMA's in PTX; the real-compiler tests assert with it too."""
     if nvidia:
         pattern = r"^\s*(?:@%p\d+\s+)?((?:ld|st|cp\.async|mma|wgmma)[\w.]*)(?:\s.*?,\s*(0x[0-9a-f]+))?"
         found = collections.Counter(m.group(1) + (f" {m.group(2)}" if m.group(2) else "")
@@ -61,7 +63,7 @@ def builds(target: str, paged: bool) -> dict:
         finally:
             KD._decode_split, KD.strides_aligned = unspecialised_fn, aligned
         asm = kernel.asm["ptx"] if nvidia else kernel.asm["amdgcn"]
-        out[name] = ({} if nvidia else _registers(kernel), _ops(asm, nvidia))
+        out[name] = ({} if nvidia else _registers(kernel), instruction_counts(asm, nvidia))
     return out
 
 

@@ -76,17 +76,17 @@ def test_amd_fused_merge_build_orders_its_count_and_keeps_its_occupancy(arch):
     assert fused["waves_per_simd"] == plain["waves_per_simd"] >= 2, (plain, fused)
 
 
-def _memory_and_matrix_ops(asm: str) -> dict:
-    """How many of each load, store, LDS and MFMA instruction the assembly holds."""
-    import collections
-    import re
+def _instruction_counts(asm: str, nvidia: bool = False) -> dict:
+    """Loads, stores, LDS and matrix instructions by kind: ``bench/decode_length_args.py``'s count (one rule for
+    the benchmark's table and these assertions)."""
+    import importlib.util
+    import os
 
-    ops = collections.Counter()
-    for line in asm.splitlines():
-        m = re.match(r"\s*((?:buffer|global|flat|ds|scratch)_\w+|v_mfma\w*)\b", line)
-        if m:
-            ops[m.group(1)] += 1
-    return dict(ops)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "decode_length_args.py")
+    spec = importlib.util.spec_from_file_location("rocmflash_bench_decode_length_args", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.instruction_counts(asm, nvidia)
 
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
@@ -115,28 +115,21 @@ def test_unspecialised_lengths_keep_the_specialised_build_s_loads_and_registers(
     for key in ("vgpr_count", "agpr_count", "vgpr_spill_count", "sgpr_spill_count", "scratch_bytes", "lds_bytes",
                 "waves_per_simd"):
         assert after[key] == before[key], (key, before, after)
-    assert _memory_and_matrix_ops(unspecialised.asm["amdgcn"]) == _memory_and_matrix_ops(specialised.asm["amdgcn"])
+    assert _instruction_counts(unspecialised.asm["amdgcn"]) == _instruction_counts(specialised.asm["amdgcn"])
 
 
 def test_unspecialised_lengths_keep_the_specialised_build_s_loads_on_sm90(monkeypatch):
     """The same on NVIDIA sm_90 (the lent H100s), read from the PTX: the same global loads/stores by width and
     the same tensor-core instructions as the specialised build."""
-    import collections
-    import re
-
     from rocmflash.kernels import common as C
-
-    def ops(ptx):  # global loads/stores and async copies by width (a copy's byte count: 0x10 when wide), MMAs
-        found = collections.Counter(m.group(1) + (m.group(2) or "") for m in re.finditer(
-            r"^\s*(?:@%p\d+\s+)?((?:ld|st|cp\.async|mma|wgmma)[\w.]*)(?:\s.*?,\s*(0x[0-9a-f]+))?", ptx, re.M))
-        return {k: v for k, v in found.items() if not k.startswith(("ld.param", "ld.shared", "st.shared"))}
 
     cfg = KD.default_decode_config("sm_90", 128)
     unspecialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
     monkeypatch.setattr(KD, "_decode_split", C._DualJIT(KD._decode_split.fn))
     monkeypatch.setattr(KD, "strides_aligned", lambda lengths: False)
     specialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
-    assert ops(unspecialised.asm["ptx"]) == ops(specialised.asm["ptx"]) and ops(specialised.asm["ptx"])
+    counts = [_instruction_counts(k.asm["ptx"], nvidia=True) for k in (unspecialised, specialised)]
+    assert counts[0] == counts[1] and counts[1]
     assert specialised.metadata.shared == unspecialised.metadata.shared
 
 
@@ -155,7 +148,7 @@ def test_whole_cache_build_reads_no_lengths_and_keeps_its_occupancy(arch):
         (res,) = read_code_object(k.asm["hsaco"])
         summaries.append(kernel_summary(res, num_warps=k.metadata.num_warps, asm=asm))
         loads.append(len(re.findall(r"^\s*(?:s_load|s_buffer_load|buffer_load|global_load)\w*", asm, re.M)))
-        kv_loads.append(_memory_and_matrix_ops(asm).get("buffer_load_dwordx4"))
+        kv_loads.append(_instruction_counts(asm).get("buffer_load_dwordx4"))
     lengths, whole = summaries
     assert loads[1] < loads[0] and kv_loads[0] == kv_loads[1], (loads, kv_loads)
     assert whole["vgpr_spill_count"] == 0 and whole["scratch_bytes"] == 0, whole
