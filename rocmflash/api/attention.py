@@ -102,7 +102,7 @@ def _resolve_config(config, variant: str, head_dim: int, device) -> KernelConfig
     return config
 
 
-def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None):
+def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None, deterministic: bool = False):
     """Validate shapes, resolve an explicit config, run the attention (:func:`rocmflash.api.ops.attention_forward`).
 
     Eager calls on plain tensors skip the dispatcher; traced ones use the ``rocmflash::attn_fwd``
@@ -119,7 +119,8 @@ def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None):
             raise ValueError(f"variant={variant!r} is unknown; expected one of {VARIANTS}")
     else:
         config = _resolve_config(config, variant, D, q.device)
-    o, lse = _ops().attention_forward(q, k, v, bool(causal), scale, variant, config, need_lse=return_lse)
+    o, lse = _ops().attention_forward(q, k, v, bool(causal), scale, variant, config, need_lse=return_lse,
+                                      deterministic=deterministic)
     if out is not None:
         out.copy_(o)
         o = out
@@ -175,12 +176,18 @@ def _planned(q, k, v, causal, softmax_scale, layout: str):
                        True if q.is_cuda else (q.device, _L.interpreting()), layout))  # _signature, inlined
 
 
-def served_incumbent(call, q, k, v):
+def served_incumbent(call, q, k, v, deterministic: bool = False):
     """The planned call's incumbent to run now (:attr:`~rocmflash.api.ops._Call.serve`, or ``serve_train`` when a
-    gradient is wanted), or None: rocmflash's kernels serve it, ``ROCMFLASH_NO_INCUMBENT`` forbids SDPA, or
-    torch.compile traces (the op keeps the graph whole: :func:`~rocmflash.api.ops.attention_forward`)."""
-    serve = call.serve_train if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad) \
-        else call.serve
+    gradient is wanted), or None: rocmflash's kernels serve it, ``ROCMFLASH_NO_INCUMBENT`` forbids SDPA,
+    torch.compile traces (the op keeps the graph whole: :func:`~rocmflash.api.ops.attention_forward`), or a
+    gradient is wanted deterministically (``deterministic``, or torch's deterministic mode: SDPA's flash backward
+    adds dQ with atomics; rocmflash's backward has none)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if deterministic or torch.are_deterministic_algorithms_enabled():
+            return None
+        serve = call.serve_train
+    else:
+        serve = call.serve
     if serve is None or torch.compiler.is_compiling() or _incumbent_disabled():
         return None
     return serve
@@ -275,7 +282,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     windows) and ``softcap > 0`` (``softcap * tanh(scale * q·k / softcap)``, Gemma 2) run the
     packed kernel of :func:`rocmflash.flash_attn_varlen_func` on views of the batch (one sequence
     per batch row, no copies for contiguous inputs); differentiable like the plain call.
-    ``deterministic`` is accepted (rocmflash's backward is always deterministic: no atomics).
+    ``deterministic=True`` keeps a call that needs gradients on rocmflash's kernels, whose backward is
+    deterministic (no atomics), where the database would serve the platform's SDPA (its flash backward is not);
+    so does ``torch.use_deterministic_algorithms(True)`` for every entry point.
     ``return_attn_probs=True`` returns ``(out, softmax_lse, None)`` as flash-attn does without
     dropout (``softmax_lse`` fp32 ``(B, Hq, Sq)``; the attention matrix is never formed).
     Not implemented, each a one-line error: dropout (``dropout_p`` other than 0) and ALiBi
@@ -295,14 +304,14 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         if plan is not None:
             call = plan[0]
             if call.serving and not return_attn_probs:  # the entry's incumbent on (B, H, S, D) views
-                serve = served_incumbent(call, q, k, v)
+                serve = served_incumbent(call, q, k, v, deterministic)
                 if serve is not None:
                     return serve(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                  softmax_scale).transpose(1, 2).contiguous()
         if plan is not None and _kv_signature(k, v) == plan[1]:
             out, lse = _OPS[0].attention_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
                                                  call.scale if softmax_scale is None else softmax_scale, "online",
-                                                 None, return_attn_probs, call)
+                                                 None, return_attn_probs, call, deterministic)
             out = out.transpose(1, 2).contiguous()
             return (out, lse, None) if return_attn_probs else out
     fp8_in = _is_fp8(q)
@@ -344,7 +353,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         # the kernels take any strides: work on (B, H, S, D) views, no copies; for contiguous
         # (B, S, H, D) inputs the op's output is (B, S, H, D) in memory, so this is contiguous
         out, lse = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
-                        "online", None, return_attn_probs)
+                        "online", None, return_attn_probs, deterministic=deterministic)
         if default:
             _keep_plan(q, k, v, causal, "bshd")
         out = out.transpose(1, 2).contiguous()

@@ -406,7 +406,8 @@ def _needs_dispatcher(q, k, v) -> bool:
 
 
 def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "online",
-                      config: Optional[KernelConfig] = None, need_lse: bool = True, call: Optional[_Call] = None):
+                      config: Optional[KernelConfig] = None, need_lse: bool = True, call: Optional[_Call] = None,
+                      deterministic: bool = False):
     """``(out, lse)`` of validated tensors, differentiable; ``lse`` is None when not needed and no grad flows.
 
     A default call (online variant, no config) whose database entry says the platform's SDPA won
@@ -418,12 +419,17 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     implementation directly (an autograd Function when a gradient is needed); traced, subclassed or
     mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``. ``call``: the default call's plan
     (:func:`_call_plan` of these tensors and ``causal``) when the caller kept it, else looked up here.
+    A call that needs gradients under ``deterministic`` (flash-attn's flag) or
+    ``torch.use_deterministic_algorithms(True)`` never runs SDPA (its flash backward adds dQ with atomics):
+    rocmflash's backward is deterministic.
     """
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if config is None and variant == "online" and not torch.compiler.is_compiling():
         if call is None:
             call = _call_plan(q, k, causal)
         serve = call.serve_train if grad else call.serve
+        if grad and (deterministic or torch.are_deterministic_algorithms_enabled()):
+            serve = None
         if serve is not None and not need_lse and not incumbent_disabled():
             return serve(q, k, v, float(scale)), None
     else:

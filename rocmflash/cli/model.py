@@ -21,8 +21,12 @@ def _triton_cache(args) -> str:
     return triton_cache_dir(args.cache_dir)
 
 
-def make_pool(args: argparse.Namespace, gpu_name: str):
-    """``(pool, catalog GPU)`` for ``--gpus`` or ``--cluster``; a named ``--gpu`` must be what they are."""
+def make_pool(args: argparse.Namespace, gpu_name: str, speculate: bool = False):
+    """``(pool, catalog GPU)`` for ``--gpus`` or ``--cluster``; a named ``--gpu`` must be what they are.
+
+    ``speculate``: where the driver's files name the node's GPU kind (:func:`~rocmflash.hw.node_probe.guess_node_gpu`),
+    return at once with that kind while torch imports in a thread; the pool's ``confirm`` (a pipeline's ``gate``)
+    waits for torch and raises :class:`~rocmflash.tuning.pool.DiscardPlan` when it disagrees."""
     from rocmflash.hw.gpus import get_gpu
     from rocmflash.tuning.live_worker import LiveSettings
 
@@ -36,7 +40,7 @@ def make_pool(args: argparse.Namespace, gpu_name: str):
         gpu = cluster_gpu(pool)
         where = f"the cluster's {len(pool.runners)} GPU(s)"
     else:
-        pool, gpu, indices = _node_pool(args, settings)
+        pool, gpu, indices = _node_pool(args, settings, speculate, gpu_name)
         where = f"GPU(s) {', '.join(map(str, indices))}"
     if str(gpu_name).strip().lower() != "auto" and get_gpu(gpu_name).name != gpu.name:
         pool.close()
@@ -44,15 +48,23 @@ def make_pool(args: argparse.Namespace, gpu_name: str):
     return pool, gpu
 
 
-def _node_pool(args, settings) -> tuple:
+def _node_pool(args, settings, speculate: bool = False, gpu_name: str = "auto") -> tuple:
     """``(pool, catalog GPU, device indices)`` of ``--gpus``: the timing workers start before this process imports
     torch where the devices can be told without it (:func:`~rocmflash.tuning.pool.early_node_pool`), and are
-    kept when torch agrees."""
+    kept when torch agrees. ``speculate``: where the driver's files also name the GPU kind, this returns at once
+    with it, and torch confirms it in a thread (the pool's ``confirm``, run before the first job or entry)."""
     from rocmflash.tuning.items import trace_mark
     from rocmflash.tuning.pool import early_node_pool, early_pool_matches, node_gpu, node_pool, parse_gpus
 
     early = early_node_pool(args.gpus, settings, _triton_cache(args), args.workers)
     trace_mark("early_pool_started" if early is not None else "no_early_pool")
+    guess = _guessed_gpu(early, gpu_name) if speculate else None
+    if guess is not None:
+        from rocmflash.tuning.pool_confirm import TorchConfirmation
+
+        early.confirm = TorchConfirmation(args.gpus, early, guess)
+        trace_mark("gpu_guessed")
+        return early, guess, list(early.early[0])
     try:
         import torch
 
@@ -72,6 +84,19 @@ def _node_pool(args, settings) -> tuple:
     if early is not None:
         early.close()
     return node_pool(indices, settings, _triton_cache(args), args.workers), gpu, indices
+
+
+def _guessed_gpu(early, gpu_name: str):
+    """The catalog GPU the driver's files name for an early pool's node, when it is the ``--gpu`` named; or None."""
+    if early is None:
+        return None
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.hw.node_probe import guess_node_gpu
+
+    guess = guess_node_gpu(early.early[1])
+    if guess is None or (str(gpu_name).strip().lower() != "auto" and get_gpu(gpu_name).name != guess.name):
+        return None
+    return guess
 
 
 def close_pool(pool, args) -> None:
@@ -95,15 +120,6 @@ def _dtypes(text) -> list:
 
 def run_model_tune(args: argparse.Namespace, console) -> int:
     """Plan a model's tune, print the plan, and (unless ``--dry-run``) run it."""
-    from rocmflash.db import DBError
-    from rocmflash.hw.gpus import UnknownGPUError
-    from rocmflash.tuning.model_run import print_model_summary, tune_model
-    from rocmflash.tuning.models import load_model
-    from rocmflash.tuning.plan import make_plan, plan_table
-    from rocmflash.tuning.pool import NoWorkersLeft
-    from rocmflash.tuning.run import resolve_gpu
-    from rocmflash.tuning.spec import NoLiveGPUError
-
     for flag, value in (("--head-dim", args.head_dim), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
                         ("--replay", args.replay), ("--variant", args.variant), ("--top-k", args.top_k)):
         if value is not None:
@@ -112,7 +128,28 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
     mode = args.mode
     if mode == "decode" and args.pass_ is not None:
         return _error(f"--pass {args.pass_} is for prefill (decode has no backward)")
+    from rocmflash.tuning.pool import DiscardPlan
+
+    for speculate in (True, False):
+        try:
+            return _plan_and_tune(args, console, passes, mode, speculate)
+        except DiscardPlan as why:  # planned for the GPU kind the driver's files named; torch disagreed
+            console.print(f"note: {why}; planning again for the GPUs torch reports", highlight=False)
+    return _error("the GPUs could not be told")  # pragma: no cover - the second pass never raises DiscardPlan
+
+
+def _plan_and_tune(args, console, passes: tuple, mode: str, speculate: bool) -> int:
+    """One plan and its tune; ``speculate``: a ``--gpus`` plan may start on the GPU kind read without torch
+    (:func:`make_pool`), and :class:`~rocmflash.tuning.pool.DiscardPlan` leaves here when torch disagrees."""
+    from rocmflash.db import DBError
+    from rocmflash.hw.gpus import UnknownGPUError
     from rocmflash.tuning.items import trace_mark
+    from rocmflash.tuning.model_run import print_model_summary, tune_model
+    from rocmflash.tuning.models import load_model
+    from rocmflash.tuning.plan import make_plan, plan_table
+    from rocmflash.tuning.pool import NoWorkersLeft
+    from rocmflash.tuning.run import resolve_gpu
+    from rocmflash.tuning.spec import NoLiveGPUError
 
     pool = None
     trace_mark("model_tune_start")
@@ -122,7 +159,7 @@ def run_model_tune(args: argparse.Namespace, console) -> int:
             if args.dry_run:  # a plan needs no workers: count the GPUs only
                 gpu, n_gpus, where, measuring = _dry_run_workers(args)
             else:
-                pool, gpu = make_pool(args, args.gpu)
+                pool, gpu = make_pool(args, args.gpu, speculate=speculate)
                 trace_mark("pool_ready")
                 n_gpus, measuring = pool.parallelism, True
                 where = f"{n_gpus} worker(s): " + ", ".join(s.label for s in pool.stats)

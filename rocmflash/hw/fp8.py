@@ -7,26 +7,44 @@ without importing the attention API.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
-import torch
-
-#: torch fp8 dtype -> (family, Triton element type, largest finite value, mantissa bits)
-FP8_DTYPES = {
-    torch.float8_e4m3fn: ("ocp", "fp8e4nv", 448.0, 3),
-    torch.float8_e5m2: ("ocp", "fp8e5", 57344.0, 2),
-    torch.float8_e4m3fnuz: ("fnuz", "fp8e4b8", 240.0, 3),
-    torch.float8_e5m2fnuz: ("fnuz", "fp8e5b16", 57344.0, 2),
-}
-FAMILY_DTYPES = {family: tuple(d for d, info in FP8_DTYPES.items() if info[0] == family) for family in ("ocp", "fnuz")}
-_FAMILY_NAMES = {"ocp": "OCP", "fnuz": "FNUZ"}
 FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
-OUT_DTYPES = (torch.bfloat16, torch.float16)
+#: Triton's fp8 element types and their family (what :func:`_tables` says, without torch: a cross-compile asks)
+TRITON_FAMILY = {"fp8e4nv": "ocp", "fp8e5": "ocp", "fp8e4b8": "fnuz", "fp8e5b16": "fnuz"}
+_FAMILY_NAMES = {"ocp": "OCP", "fnuz": "FNUZ"}
+
+
+@functools.lru_cache(maxsize=None)
+def _tables() -> dict:
+    """The tables keyed by torch dtypes, made at their first use: the static phase's compile workers import this
+    module and never import torch (seconds per process)."""
+    import torch
+
+    fp8_dtypes = {  # torch fp8 dtype -> (family, Triton element type, largest finite value, mantissa bits)
+        torch.float8_e4m3fn: ("ocp", "fp8e4nv", 448.0, 3),
+        torch.float8_e5m2: ("ocp", "fp8e5", 57344.0, 2),
+        torch.float8_e4m3fnuz: ("fnuz", "fp8e4b8", 240.0, 3),
+        torch.float8_e5m2fnuz: ("fnuz", "fp8e5b16", 57344.0, 2),
+    }
+    return {"FP8_DTYPES": fp8_dtypes,
+            "FAMILY_DTYPES": {family: tuple(d for d, info in fp8_dtypes.items() if info[0] == family)
+                              for family in ("ocp", "fnuz")},
+            "OUT_DTYPES": (torch.bfloat16, torch.float16)}
+
+
+def __getattr__(name: str):
+    """``FP8_DTYPES`` (torch fp8 dtype -> family, Triton type, largest finite value, mantissa bits),
+    ``FAMILY_DTYPES`` (family -> its dtypes) and ``OUT_DTYPES``."""
+    if name in ("FP8_DTYPES", "FAMILY_DTYPES", "OUT_DTYPES"):
+        return _tables()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_fp8(dtype) -> bool:
     """Whether ``dtype`` is one of torch's four fp8 dtypes."""
-    return dtype in FP8_DTYPES
+    return dtype in _tables()["FP8_DTYPES"]
 
 
 def fp8_family(arch: Optional[str]) -> Optional[str]:
@@ -51,32 +69,33 @@ def check_format(dtype, arch: Optional[str], name: str = "q") -> None:
     """Raise a one-line ``TypeError`` unless the fp8 ``dtype`` is the family ``arch`` computes in.
 
     ``arch`` None (unknown: the interpreter without a GPU) accepts every fp8 dtype."""
+    tables = _tables()
     if not is_fp8(dtype):
-        raise TypeError(f"{name}.dtype must be an fp8 dtype ({_names(FP8_DTYPES)}), got {dtype}")
+        raise TypeError(f"{name}.dtype must be an fp8 dtype ({_names(tables['FP8_DTYPES'])}), got {dtype}")
     if arch is None:
         return
     want = fp8_family(arch)
     if want is None:
         raise TypeError(f"{name}.dtype is {dtype}, but {arch} has no fp8 matrix instructions: fp8 attention needs "
-                        f"gfx942 (FNUZ: {_names(FAMILY_DTYPES['fnuz'])}) or gfx950/sm_89+ "
-                        f"(OCP: {_names(FAMILY_DTYPES['ocp'])}); pass float16 or bfloat16 on {arch}")
-    have = FP8_DTYPES[dtype][0]
+                        f"gfx942 (FNUZ: {_names(tables['FAMILY_DTYPES']['fnuz'])}) or gfx950/sm_89+ "
+                        f"(OCP: {_names(tables['FAMILY_DTYPES']['ocp'])}); pass float16 or bfloat16 on {arch}")
+    have = tables["FP8_DTYPES"][dtype][0]
     if have != want:
         raise TypeError(f"{name}.dtype is {dtype} ({_FAMILY_NAMES[have]} fp8), but {arch} computes in "
-                        f"{_FAMILY_NAMES[want]} fp8: expected {_names(FAMILY_DTYPES[want])}")
+                        f"{_FAMILY_NAMES[want]} fp8: expected {_names(tables['FAMILY_DTYPES'][want])}")
 
 
 def fp8_max(dtype) -> float:
     """The largest finite value of an fp8 dtype (448 e4m3fn, 240 e4m3fnuz, 57344 e5m2/e5m2fnuz)."""
-    return FP8_DTYPES[dtype][2]
+    return _tables()["FP8_DTYPES"][dtype][2]
 
 
 def triton_type(dtype) -> str:
     """Triton's name of an fp8 element type (``fp8e4nv``, ``fp8e5``, ``fp8e4b8``, ``fp8e5b16``)."""
-    return FP8_DTYPES[dtype][1]
+    return _tables()["FP8_DTYPES"][dtype][1]
 
 
 def unit_roundoff(dtype) -> float:
     """``2**-(mantissa bits + 1)``: the relative error of rounding to nearest in the dtype's normal range
     (2**-4 for the e4m3 formats, 2**-3 for e5m2)."""
-    return 2.0 ** -(FP8_DTYPES[dtype][3] + 1)
+    return 2.0 ** -(_tables()["FP8_DTYPES"][dtype][3] + 1)

@@ -39,9 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
-import torch
 import triton
 
 from rocmflash.config import KernelConfig, Problem
@@ -50,6 +49,9 @@ from rocmflash.kernels.backward_jit import (  # noqa: F401  (re-exported: the co
     _bwd_dkdv,
     _bwd_dq,
 )
+
+if TYPE_CHECKING:  # annotations only: torch is imported where a launch needs it
+    import torch
 
 LOG2E = C.LOG2E
 
@@ -151,6 +153,8 @@ def empty_like_layout(t: torch.Tensor, dtype=None) -> torch.Tensor:
     """A new ``(B, H, S, D)`` tensor shaped like ``t``: ``(B, S, H, D)`` in memory when ``t`` is
     a transposed view of a contiguous ``(B, S, H, D)`` tensor (HF / flash-attn layout), else
     contiguous. Deterministic from shape and strides, so fake tensors get the same layout."""
+    import torch
+
     dtype = dtype or t.dtype
     if t.dim() == 4 and not t.is_contiguous() and t.transpose(1, 2).is_contiguous():
         return torch.empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), dtype=dtype,
@@ -247,6 +251,8 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, sm_scale: float, 
                 head_splits: int, backend: str) -> None:
     """dK and dV into ``dk``/``dv`` (``delta`` from :func:`launch_dq`); ``head_splits > 1`` goes
     through fp32 partials and one sum."""
+    import torch
+
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     if (Hq // Hkv) % head_splits:
@@ -272,6 +278,8 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     ``lse`` the forward's fp32 ``(B, Hq, Sq)`` natural-log LSE. Returns ``(dq, dk, dv)`` in
     the input dtype.
     """
+    import torch
+
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     check_head_dim(D)

@@ -20,11 +20,12 @@ The raised ``ValueError`` reads ``"<api> on <device>: <how> got <what each set b
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import torch
+from typing import NamedTuple, TYPE_CHECKING
 
 from rocmflash.kernels.launch import on_device
+
+if TYPE_CHECKING:  # annotations only: torch is imported where a launch needs it
+    import torch
 
 
 class Report(NamedTuple):
@@ -52,11 +53,15 @@ class Watch:
 def capturing(device) -> bool:
     """Whether ``device`` is a GPU whose current stream is being captured into a CUDA graph (no event query
     and no copy to record then)."""
+    import torch
+
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def device_key(device) -> torch.device:
     """``device`` as the words are keyed: a ``torch.device``, ``"cuda"`` with the current device's index."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
@@ -77,6 +82,8 @@ class ErrorWord:
 
     def word(self, device) -> torch.Tensor:
         """The word the family's kernels on ``device`` OR their bits into (zero until one met a bad value)."""
+        import torch
+
         word = self.words.get(device)
         if word is None:
             word = self.words[device] = torch.zeros(1, dtype=torch.int32, device=device)
@@ -103,6 +110,8 @@ class ErrorWord:
         Never waits for a GPU. ``capturing(device)``: whether a graph is being captured (then nothing is
         queried or copied; replays still set bits, seen after capture). On the CPU the word is read at
         once, reported as ``cpu_how``, when that is given; None leaves the CPU to the caller."""
+        import torch
+
         if device.type != "cuda":
             if cpu_how is not None:
                 self.read_and_report(device, cpu_how, report)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import triton.language as tl
 
 from rocmflash.kernels import common as C
@@ -103,6 +102,8 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
 
     ``keys``: the caller's dict of kept launch keys, under the promise of ``kv_decode.launch``'s ``keys`` (the
     same dtypes, shapes, strides, device and storage class as when it was filled)."""
+    import torch
+
     from rocmflash.kernels.kv_decode import _kept_key
 
     cfg = append_config()

@@ -15,14 +15,13 @@ does two tiny matrix products per key block. Two choices follow from that.
   chunks per row: ``L = log2(sum_s 2^L_s)``, ``O = sum_s 2^(L_s - L) O_s`` -- one program per
   output row, all splits in one load.
 
-The cache is contiguous ``(B, S_max, Hkv, D)`` or paged ``(num_blocks, page_size, Hkv,
-D)`` with a block table: a key's physical row is ``block_table[b, j // page_size]`` at
-offset ``j % page_size``, looked up per key (any page size). Masks are the bands of
-:mod:`rocmflash.kernels.masks` with the query token index as the row (bottom-right:
-token ``t`` sits at position ``L - Sq + t``). A left-padded cache (flash-attn's
-``cache_leftpad``: sequence ``b`` starts at key ``leftpad[b]``, as transformers' left-padded
-batches do) is one more lower bound: the key range starts at the block holding
-``leftpad[b]`` and that block's keys before it are masked (and not loaded).
+The cache is contiguous ``(B, S_max, Hkv, D)`` or paged ``(num_blocks, page_size, Hkv, D)`` with a block
+table: a key's physical row is ``block_table[b, j // page_size]`` at offset ``j % page_size``, looked up per
+key (any page size). Masks are the bands of :mod:`rocmflash.kernels.masks` with the query token index as the
+row (bottom-right: token ``t`` sits at position ``L - Sq + t``). A left-padded cache (flash-attn's
+``cache_leftpad``: sequence ``b`` starts at key ``leftpad[b]``, as transformers' left-padded batches do) is one
+more lower bound: the key range starts at the block holding ``leftpad[b]`` and that block's keys before it are
+masked (and not loaded).
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Optional
-
-import torch
+from typing import Optional, TYPE_CHECKING
 
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
@@ -55,6 +52,8 @@ from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the c
     _decode_split,
 )
 
+if TYPE_CHECKING:  # annotations only: torch is imported where a launch needs it
+    import torch
 KERNELS = ("_decode_split", "_decode_combine")
 
 
@@ -80,6 +79,7 @@ def arrival_counts(device, programs: int) -> torch.Tensor:
     """The int32 arrival counts of a fused launch of ``programs`` (sequence, K/V head) groups on ``device``'s
     current stream: zeros, which every launch leaves as it found them (its last program per group resets its
     count). One buffer per stream, so launches in flight on two streams never share a count."""
+    import torch
     key = (device, _current_stream(device) if device.type == "cuda" else 0)
     counts = _ARRIVALS.get(key)
     if counts is None or counts.numel() < programs:
@@ -90,6 +90,7 @@ def arrival_counts(device, programs: int) -> torch.Tensor:
 def _current_stream(device) -> int:
     """The handle of ``device``'s current stream: torch's raw-stream query (what Triton's own launcher asks,
     a fraction of a µs), or the public ``torch.cuda.current_stream`` where a torch lacks it."""
+    import torch
     index = device.index if device.index is not None else torch.cuda.current_device()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
@@ -355,6 +356,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     The cache's length reaches the split kernel only through its unspecialised :data:`LENGTH_ARGS`: a cache one key
     longer each call replays one launch plan per split count, never Triton's JIT launch.
     """
+    import torch
     backend = backend or C.torch_backend()
     kcfg = cfg.kernel_config()
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)

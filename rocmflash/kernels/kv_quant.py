@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import torch
 import triton.language as tl
 
 from rocmflash.hw import fp8 as F8
@@ -45,15 +44,30 @@ class Fp8Layout(NamedTuple):
 
 # Written out, not read from torch.finfo: torch 2.13's finfo(float8_e5m2fnuz).eps says 3 mantissa bits (it has 2).
 # The largest finite values come from rocmflash.hw.fp8 (fp8_max).
-LAYOUTS = {
-    torch.float8_e4m3fn: Fp8Layout(3, 7, False),
-    torch.float8_e5m2: Fp8Layout(2, 15, False),
-    torch.float8_e4m3fnuz: Fp8Layout(3, 8, True),
-    torch.float8_e5m2fnuz: Fp8Layout(2, 16, True),
-}
-#: the OCP format with the same bit layout as each FNUZ one (its exponent bias is one lower: a FNUZ
-#: value is half the OCP value of the same byte, except the codes of NaN/inf, which the cache never holds)
-OCP_TWIN = {torch.float8_e4m3fnuz: torch.float8_e4m3fn, torch.float8_e5m2fnuz: torch.float8_e5m2}
+# ``LAYOUTS`` (torch dtype -> Fp8Layout) and ``OCP_TWIN`` are made at their first use: the static phase's compile
+# workers import this module to cross-compile and never import torch (seconds per process).
+@functools.lru_cache(maxsize=None)
+def _tables() -> tuple:
+    import torch
+
+    layouts = {
+        torch.float8_e4m3fn: Fp8Layout(3, 7, False),
+        torch.float8_e5m2: Fp8Layout(2, 15, False),
+        torch.float8_e4m3fnuz: Fp8Layout(3, 8, True),
+        torch.float8_e5m2fnuz: Fp8Layout(2, 16, True),
+    }
+    # the OCP format with the same bit layout as each FNUZ one (its exponent bias is one lower: a FNUZ
+    # value is half the OCP value of the same byte, except the codes of NaN/inf, which the cache never holds)
+    ocp_twin = {torch.float8_e4m3fnuz: torch.float8_e4m3fn, torch.float8_e5m2fnuz: torch.float8_e5m2}
+    return layouts, ocp_twin
+
+
+def __getattr__(name: str):
+    if name == "LAYOUTS":
+        return _tables()[0]
+    if name == "OCP_TWIN":
+        return _tables()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @kernel_jit
@@ -175,7 +189,7 @@ def _quant_append(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT, KS, VS, ERR,
 
 @functools.lru_cache(maxsize=256)
 def _constexprs(dtype, head_dim: int, paged: bool, num_scales: int, bad_bit: int) -> dict:
-    lay = LAYOUTS[dtype]
+    lay = _tables()[0][dtype]
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, C.next_pow2(head_dim)), PAGED=paged,
                 SCALE_BLOCK=min(1024, max(16, C.next_pow2(num_scales))), MANT=lay.mant, BIAS=lay.bias,
                 FNUZ=lay.fnuz, FMAX=F8.fp8_max(dtype), BAD_DESCALE=bad_bit)
@@ -202,6 +216,8 @@ def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, 
     read); ``err``: the device's decode error word, into which ``bad_bit`` is ORed when a scale is bad
     (nothing is written to the caches then). Returns the int32 ``(B,)`` lengths after the append
     (``lens + Sk_new``), written by the same launch."""
+    import torch
+
     B, new, hkv, d = k.shape
     kc, vc = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     bt = block_table if block_table is not None else lens  # unread without pages
@@ -226,22 +242,26 @@ def launch_views(kv_fp8: bool, k_cache, v_cache, k_descale, v_descale, seqlens) 
         raise ValueError("k_descale and v_descale must be given exactly when the DecodeCall has kv_fp8=True")
     if not kv_fp8:
         return k_cache, v_cache, seqlens, seqlens, False
-    fnuz_view = k_cache.dtype in OCP_TWIN and C.interpreting()
+    twin = _tables()[1]
+    fnuz_view = k_cache.dtype in twin and C.interpreting()
     if fnuz_view:
-        k_cache, v_cache = k_cache.view(OCP_TWIN[k_cache.dtype]), v_cache.view(OCP_TWIN[v_cache.dtype])
+        k_cache, v_cache = k_cache.view(twin[k_cache.dtype]), v_cache.view(twin[v_cache.dtype])
     return k_cache, v_cache, k_descale, v_descale, fnuz_view
 
 
 def check_kv_type(kv_dtype: str, target) -> str:
     """``kv_dtype`` (a Triton fp8 type name) when ``target`` computes in its format, else a one-line ``TypeError``
     naming the arch and the types expected (a build of the other family fails deep in LLVM, or aborts it)."""
+    t = C.as_target(target)
+    arch = t.arch if t.backend == "hip" else f"sm_{t.arch}"
+    if F8.TRITON_FAMILY.get(kv_dtype, "") == F8.fp8_family(arch):  # the cross-compile's case: no torch import
+        return kv_dtype
     by_name = {F8.triton_type(d): d for d in F8.FP8_DTYPES}
     if kv_dtype not in by_name:
         raise TypeError(f"kv_dtype must be one of {', '.join(by_name)} (an fp8 cache), got {kv_dtype!r}")
-    t = C.as_target(target)
-    arch = t.arch if t.backend == "hip" else f"sm_{t.arch}"
     F8.check_format(by_name[kv_dtype], arch, "k_cache")
     return kv_dtype
 
 
-__all__ = ["LAYOUTS", "OCP_TWIN", "append_args", "append_quantised", "check_kv_type", "fp8_setup", "launch_views"]
+__all__ = ["LAYOUTS", "OCP_TWIN",  # noqa: F822 (made at their first use, by __getattr__)
+           "append_args", "append_quantised", "check_kv_type", "fp8_setup", "launch_views"]

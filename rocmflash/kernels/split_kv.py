@@ -17,7 +17,6 @@ in that order. ``KernelConfig.num_splits=0`` picks the split count at launch.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -162,6 +161,8 @@ def _combine_args(g: C.Geometry, op, lp, o, lse, splits: int) -> dict:
 
 def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None):
     """Run split-KV + combine on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``."""
+    import torch
+
     cfg = C.check_problem_config(cfg, "split_kv")
     if out is None:
         out = torch.empty_like(q)

@@ -26,9 +26,7 @@ what was wrong into a per-device error word (:mod:`rocmflash.kernels.varlen_chec
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
-
-import torch
+from typing import Optional, TYPE_CHECKING
 
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
@@ -39,6 +37,9 @@ from rocmflash.kernels.varlen_jit import (  # noqa: F401  (re-exported: the code
     _varlen_bwd_dq,
     _varlen_fwd,
 )
+
+if TYPE_CHECKING:  # annotations only: torch is imported where a launch needs it
+    import torch
 
 KERNELS = ("_varlen_fwd", "_varlen_bwd_dq", "_varlen_bwd_dkdv")
 
@@ -175,6 +176,8 @@ def launch_dkdv(call: VarlenCall, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, c
 def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg):
     """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.BwdConfig`
     (its ``head_splits`` is not used: the dK/dV kernel sums the whole GQA group in registers)."""
+    import torch
+
     # rows after the last sequence (strict_end=False) are never written by the kernels: zero, not garbage
     alloc = torch.empty_like if call.strict_end else torch.zeros_like
     dq, dk, dv = alloc(q), alloc(k), alloc(v)

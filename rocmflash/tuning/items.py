@@ -77,7 +77,7 @@ TRACE_ENV = "ROCMFLASH_PIPELINE_TRACE"
 
 
 def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: Optional[list] = None,
-              compile_slots: int = 1):
+              compile_slots: int = 1, gate=None):
     """Run ``items`` through one :class:`~rocmflash.tuning.pipeline.Pipeline` on ``runners`` (a list, or a
     :class:`~rocmflash.tuning.pool.WorkerPool`: its runners, labels and stats, which then count what the
     pipeline's workers did); with ``ctx``'s progress on, one display for the whole run. Its stats.
@@ -85,7 +85,8 @@ def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: O
     The static phases start in the items' order; on several timing workers the workers take the jobs of the
     largest items first (:func:`~rocmflash.tuning.pipeline.largest_first`: the longest timing starts first,
     the short jobs of small items end the run); on one, in the items' order (the total is the same).
-    ``compile_slots``: static phases at once (their compile workers should split the cores)."""
+    ``compile_slots``: static phases at once (their compile workers should split the cores). ``gate``: the
+    pipeline's (:class:`~rocmflash.tuning.pipeline.Pipeline`), a plan made on a guess confirmed there."""
     import contextlib
 
     from rocmflash.tuning.pipeline import Pipeline, largest_first
@@ -94,7 +95,7 @@ def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: O
     trace = _Trace.open()
     pipe = Pipeline(items, runners, compile_slots=compile_slots, labels=labels, on_event=trace,
                     priority=largest_first(items) if n_workers > 1 else None,
-                    on_statics_done=ctx.release_prewarm if ctx is not None else None)
+                    on_statics_done=ctx.release_prewarm if ctx is not None else None, gate=gate)
     pool_stats = getattr(runners, "stats", None)
     if pool_stats is not None and len(pool_stats) == len(pipe.workers):
         pipe.workers = pool_stats  # the pool's own display and counts follow the pipeline's workers

@@ -62,7 +62,8 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
         say(f"[bold]{plan.model.name}[/bold]: {len(items)} problem(s) in one pipeline "
             f"({', '.join(sorted({i.family for i in items}))}; {len(runners) or 'no'} timing worker(s))")
         trace_mark("items_made")
-        stats = run_items(items, timing_workers(runner), items[0].ctx if items else None, compile_slots=slots)
+        stats = run_items(items, timing_workers(runner), items[0].ctx if items else None, compile_slots=slots,
+                          gate=getattr(pool, "confirm", None))
         trace_mark("pipeline_done")
     finally:
         if own_runner and runner is not None:

@@ -24,7 +24,7 @@ import dataclasses
 import os
 from typing import Callable, Optional, Protocol
 
-from rocmflash.tuning.pool import NoWorkersLeft, WorkerLost, WorkerStats
+from rocmflash.tuning.pool import DiscardPlan, NoWorkersLeft, WorkerLost, WorkerStats
 
 
 @dataclasses.dataclass(eq=False)
@@ -139,7 +139,7 @@ class Pipeline:
     def __init__(self, items: list, runners, compile_slots: int = 1, executor=None,
                  labels: Optional[list] = None, on_event: Optional[Callable[[dict], None]] = None,
                  start_workers: bool = True, priority: Optional[list] = None, stream: bool = True,
-                 on_statics_done: Optional[Callable[[], None]] = None):
+                 on_statics_done: Optional[Callable[[], None]] = None, gate: Optional[Callable[[], None]] = None):
         self.items = _check_items(items)
         self.priority = _check_priority(priority, self.items)
         self.runners, labels = _unwrap_runners(runners, labels)
@@ -157,6 +157,10 @@ class Pipeline:
         self.workers = [WorkerStats(str(label)) for label in labels]
         #: called once, when the last static phase is done (the pre-warm workers can go while the timing goes on)
         self.on_statics_done = on_statics_done
+        #: called once, before the first job is handed out or the first item writes its entry: a plan made on a
+        #: guess (the GPU kind read without torch) is confirmed there, and :class:`DiscardPlan` ends the run with
+        #: nothing written
+        self.gate = gate
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> PipelineStats:
@@ -182,6 +186,8 @@ class Pipeline:
                 if not self._busy and not self._statics:
                     raise RuntimeError("pipeline stalled: nothing in flight and items not done (scheduler bug)")
                 self._handle(ex.next_event())
+        except DiscardPlan:
+            raise  # nothing was timed or written: no entry to finish
         except BaseException:
             self._abandon()
             raise
@@ -246,10 +252,16 @@ class Pipeline:
             job = self._next_job()
             if job is None:
                 break
+            self._pass_gate()
             self._busy[w] = job
             stats.current = job.label
             self._emit("job_start", item=job.item.key, worker=stats.label, label=job.label)
             self.executor.submit_job(w, job)
+
+    def _pass_gate(self) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            gate()
 
     def _next_job(self):
         """The next job by priority: the items' priority (default plan order), then batch order (retries first)."""
@@ -317,6 +329,7 @@ class Pipeline:
                 if s.outstanding or s.queue:
                     raise RuntimeError(f"{s.stats.key}: next_batch() returned None with {s.outstanding} streamed "
                                        "job(s) of its first batch not recorded (item bug)")
+                self._pass_gate()
                 s.phase = "done"
                 s.item.finish(True)
                 s.stats.finished_at_s = self.executor.now()

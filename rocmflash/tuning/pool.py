@@ -32,6 +32,11 @@ class NoWorkersLeft(RuntimeError):
     """Every runner of the pool is gone: the tune stops; what is journaled stays, a re-run resumes."""
 
 
+class DiscardPlan(Exception):
+    """Raised by a pipeline's ``gate``: the plan was made for a GPU kind the devices are not (read without torch,
+    torch disagreed). Nothing was timed or written; the caller plans again."""
+
+
 @dataclasses.dataclass
 class WorkerStats:
     """What one runner of a pool has done (the progress display reads these)."""
@@ -309,5 +314,5 @@ def early_pool_matches(pool, indices: list, rocm: bool) -> bool:
     return pool is not None and getattr(pool, "early", None) == (list(indices), bool(rocm))
 
 
-__all__ = ["WorkerPool", "WorkerStats", "WorkerLost", "NoWorkersLeft", "parse_gpus", "node_gpu", "node_pool",
-           "gpus_without_torch", "early_node_pool", "early_pool_matches"]
+__all__ = ["WorkerPool", "WorkerStats", "WorkerLost", "NoWorkersLeft", "DiscardPlan", "parse_gpus", "node_gpu",
+           "node_pool", "gpus_without_torch", "early_node_pool", "early_pool_matches"]

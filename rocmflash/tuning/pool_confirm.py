@@ -1,0 +1,60 @@
+"""Torch's word on a ``--gpus`` plan made before torch was imported (issue #29: a cold tune's first seconds).
+
+``rocmflash tune --model ... --gpus`` starts its timing workers before it imports torch
+(:func:`~rocmflash.tuning.pool.early_node_pool`). Where the driver's files also name the GPU kind
+(:func:`~rocmflash.hw.node_probe.guess_node_gpu`), the plan is made for that kind at once and the static phases
+cross-compile while torch imports here, in a thread. The pipeline calls the confirmation before it hands out its
+first job or writes its first entry (its ``gate``): torch must see the same devices and GPU kind, or the plan is
+discarded (:class:`~rocmflash.tuning.pool.DiscardPlan`: nothing was timed or written) and made again.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class TorchConfirmation:
+    """Imports torch in a thread from construction; calling it waits for torch and checks the guess."""
+
+    def __init__(self, gpus: str, pool, guess, identify=None):
+        self.guess, self.pool = guess, pool
+        self._identify = identify
+        self._result = None
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(gpus,), name="rocmflash-torch-import", daemon=True)
+        self._thread.start()
+
+    def _run(self, gpus: str) -> None:
+        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.pool import node_gpu, parse_gpus
+
+        try:
+            import torch
+
+            trace_mark("torch_imported")
+            from rocmflash.hw.platform import is_rocm
+
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            indices = parse_gpus(gpus, count)
+            gpu = node_gpu(indices, self._identify) if self._identify is not None else node_gpu(indices)
+            self._result = (indices, gpu, is_rocm())
+        except BaseException as err:  # told at the confirmation, on the caller's thread
+            self._error = err
+
+    def __call__(self) -> None:
+        """Return when torch agrees with the guess; else raise :class:`~rocmflash.tuning.pool.DiscardPlan`."""
+        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.pool import DiscardPlan, early_pool_matches
+
+        self._thread.join()
+        trace_mark("gpus_confirmed")
+        if self._error is not None:
+            raise DiscardPlan(f"torch did not confirm the {self.guess.name} the driver's files name "
+                              f"({type(self._error).__name__}: {self._error})") from self._error
+        indices, gpu, rocm = self._result
+        if gpu.name != self.guess.name or not early_pool_matches(self.pool, indices, rocm):
+            raise DiscardPlan(f"torch reports {gpu.name} on GPU(s) {', '.join(map(str, indices))}, not the "
+                              f"{self.guess.name} the driver's files name")
+
+
+__all__ = ["TorchConfirmation"]
