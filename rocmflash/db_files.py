@@ -104,19 +104,43 @@ def environment(device_name: Optional[str] = None) -> dict:
         env["triton"] = triton.__version__
     except ImportError:  # pragma: no cover - triton is a dependency
         pass
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        if getattr(torch.version, "hip", None):
-            env["runtime"] = f"hip {torch.version.hip}"
-        elif torch.version.cuda:
-            env["runtime"] = f"cuda {torch.version.cuda}"
+    version = torch_version_module()
+    if version is not None:
+        env["torch"] = version.__version__
+        if getattr(version, "hip", None):
+            env["runtime"] = f"hip {version.hip}"
+        elif getattr(version, "cuda", None):
+            env["runtime"] = f"cuda {version.cuda}"
         else:
             env["runtime"] = "cpu"
-    except ImportError:  # pragma: no cover
-        pass
     return env
+
+
+def torch_version_module():
+    """``torch.version`` (``__version__``, ``cuda``, ``hip``), or None without torch. Read from its file where
+    torch is not imported yet: a ``--gpus`` tune plans while torch imports in a thread, and ``import torch``
+    here would wait for it (``torch/version.py`` is plain assignments, written when torch is built)."""
+    import sys
+
+    if "torch" in sys.modules:
+        return sys.modules["torch"].version
+    try:
+        import importlib.util
+        import types
+
+        spec = importlib.util.find_spec("torch")
+        path = os.path.join(os.path.dirname(spec.origin), "version.py")
+        with open(path, encoding="utf-8") as f:
+            module = types.ModuleType("torch.version")
+            exec(compile(f.read(), path, "exec"), module.__dict__)
+        str(module.__version__)
+        return module
+    except Exception:  # noqa: BLE001 - no readable file: ask torch itself
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is checked by rocmflash.hw.compat
+            return None
+        return torch.version
 
 
 def env_id(env: dict) -> str:

@@ -105,3 +105,24 @@ def test_the_probe_never_imports_torch():
             "NP.guess_node_gpu(True); assert 'torch' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_device_name_is_the_one_every_nvidia_gpu_reports(tmp_path):
+    proc = _nvidia_proc(tmp_path / "one", ["NVIDIA H100 80GB HBM3"] * 4)
+    assert NP.nvidia_device_name(lambda: NP.nvidia_reports(proc, run=_no_smi)) == "NVIDIA H100 80GB HBM3"
+    proc = _nvidia_proc(tmp_path / "two", ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"])
+    assert NP.nvidia_device_name(lambda: NP.nvidia_reports(proc, run=_no_smi)) is None
+    assert NP.nvidia_device_name(lambda: None) is None
+
+
+def test_the_environment_fingerprint_reads_torch_versions_without_importing_torch():
+    """A --gpus tune writes its environment while torch imports in a thread: the same fingerprint, no import."""
+    import json
+
+    code = ("import json, sys; from rocmflash.db_files import environment; env = environment('dev'); "
+            "assert 'torch' not in sys.modules, 'imported torch'; print(json.dumps(env))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from rocmflash.db_files import environment
+
+    assert json.loads(out.stdout) == environment("dev")  # this process has torch imported: torch.version

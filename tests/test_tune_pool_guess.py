@@ -31,29 +31,43 @@ def torch_sees(monkeypatch):
 
     import rocmflash.hw.platform as platform
 
-    seen = {"count": 2, "name": "h100"}
+    seen = {"count": 2, "name": "h100", "device_name": "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: seen["count"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: seen["device_name"])
     monkeypatch.setattr(platform, "is_rocm", lambda: False)
     monkeypatch.setattr(P, "node_gpu", lambda indices, identify=None: get_gpu(seen["name"]))
     return seen
 
 
-def _speculated(monkeypatch, guess, gpu_name="auto"):
+def _speculated(monkeypatch, guess, gpu_name="auto", rocm=False, name="NVIDIA H100 80GB HBM3"):
     from rocmflash.cli import model as M
     from rocmflash.hw import node_probe
     from rocmflash.tuning.live_worker import LiveSettings
 
-    early = FakePool(([0, 1], False))
+    early = FakePool(([0, 1], rocm))
     monkeypatch.setattr(P, "early_node_pool", lambda *a, **k: early)
+    if rocm:
+        import rocmflash.hw.platform as platform
+
+        monkeypatch.setattr(platform, "is_rocm", lambda: True)
     monkeypatch.setattr(node_probe, "guess_node_gpu", lambda rocm: get_gpu(guess) if guess else None)
+    monkeypatch.setattr(node_probe, "nvidia_device_name", lambda: name)
     return early, M._node_pool(_args(), LiveSettings(), speculate=True, gpu_name=gpu_name)
 
 
 def test_a_guessed_pool_returns_at_once_and_torch_confirms_it(monkeypatch, torch_sees):
     early, (pool, gpu, indices) = _speculated(monkeypatch, "h100")
     assert pool is early and gpu is get_gpu("h100") and indices == [0, 1] and not early.closed
+    assert early.device == "NVIDIA H100 80GB HBM3"  # the tune's environment names the device without torch
     early.confirm()  # torch agrees: returns
+
+
+def test_torch_naming_the_device_otherwise_discards_the_plan(monkeypatch, torch_sees):
+    torch_sees.update(device_name="NVIDIA H100 PCIe")
+    early, _ = _speculated(monkeypatch, "h100")
+    with pytest.raises(DiscardPlan, match="PCIe"):
+        early.confirm()
 
 
 @pytest.mark.parametrize("count,name,match", [(2, "h200", "reports h200"), (3, "h100", "GPU\\(s\\) 0, 1, 2")])
@@ -74,9 +88,12 @@ def test_an_error_while_torch_confirms_is_a_discarded_plan_not_a_traceback(monke
         confirm()
 
 
-@pytest.mark.parametrize("guess,gpu_name", [(None, "auto"), ("h100", "h200")])
-def test_no_guess_or_another_named_gpu_takes_the_torch_path(monkeypatch, torch_sees, guess, gpu_name):
-    early, (pool, gpu, indices) = _speculated(monkeypatch, guess, gpu_name)
+@pytest.mark.parametrize("guess,gpu_name,name,rocm", [(None, "auto", "NVIDIA H100 80GB HBM3", False),
+                                                      ("h100", "h200", "NVIDIA H100 80GB HBM3", False),
+                                                      ("h100", "auto", None, False),  # GPUs of two names
+                                                      ("mi300x", "auto", None, True)])  # AMD: KFD names no device
+def test_no_guess_or_another_named_gpu_takes_the_torch_path(monkeypatch, torch_sees, guess, gpu_name, name, rocm):
+    early, (pool, gpu, indices) = _speculated(monkeypatch, guess, gpu_name, rocm, name)
     assert pool is early and not hasattr(early, "confirm") and gpu is get_gpu("h100")
 
 

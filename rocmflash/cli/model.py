@@ -58,11 +58,12 @@ def _node_pool(args, settings, speculate: bool = False, gpu_name: str = "auto") 
 
     early = early_node_pool(args.gpus, settings, _triton_cache(args), args.workers)
     trace_mark("early_pool_started" if early is not None else "no_early_pool")
-    guess = _guessed_gpu(early, gpu_name) if speculate else None
+    guess, name = _guessed_gpu(early, gpu_name) if speculate else (None, None)
     if guess is not None:
         from rocmflash.tuning.pool_confirm import TorchConfirmation
 
-        early.confirm = TorchConfirmation(args.gpus, early, guess)
+        early.device = name  # the timing device's name in the tune's environment; torch confirms it
+        early.confirm = TorchConfirmation(args.gpus, early, guess, device_name=name)
         trace_mark("gpu_guessed")
         return early, guess, list(early.early[0])
     try:
@@ -86,17 +87,19 @@ def _node_pool(args, settings, speculate: bool = False, gpu_name: str = "auto") 
     return node_pool(indices, settings, _triton_cache(args), args.workers), gpu, indices
 
 
-def _guessed_gpu(early, gpu_name: str):
-    """The catalog GPU the driver's files name for an early pool's node, when it is the ``--gpu`` named; or None."""
-    if early is None:
-        return None
+def _guessed_gpu(early, gpu_name: str) -> tuple:
+    """``(catalog GPU, device name)`` the driver's files give for an early pool's node, when it is the ``--gpu``
+    named; ``(None, None)`` otherwise, and on AMD (KFD names no device: the tune's environment needs torch's)."""
+    if early is None or early.early[1]:
+        return None, None
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.hw.node_probe import guess_node_gpu
+    from rocmflash.hw import node_probe
 
-    guess = guess_node_gpu(early.early[1])
-    if guess is None or (str(gpu_name).strip().lower() != "auto" and get_gpu(gpu_name).name != guess.name):
-        return None
-    return guess
+    guess, name = node_probe.guess_node_gpu(False), node_probe.nvidia_device_name()
+    if guess is None or name is None or (str(gpu_name).strip().lower() != "auto"
+                                         and get_gpu(gpu_name).name != guess.name):
+        return None, None
+    return guess, name
 
 
 def close_pool(pool, args) -> None:

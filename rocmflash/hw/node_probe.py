@@ -101,6 +101,13 @@ def amd_reports(kfd_nodes: str = KFD_NODES) -> Optional[list]:
     return found or None
 
 
+def nvidia_device_name(nvidia: Optional[Callable] = None) -> Optional[str]:
+    """The name every NVIDIA GPU of this node reports (the driver's model name, which CUDA reports too), or None
+    when they differ or cannot be read. (KFD publishes no marketing name: there is none to give for AMD.)"""
+    names = {name for name, _ in (nvidia or nvidia_reports)() or ()}
+    return names.pop() if len(names) == 1 else None
+
+
 def guess_node_gpu(rocm: bool, nvidia: Optional[Callable] = None, amd: Optional[Callable] = None):
     """The catalog GPU every GPU of this node is, from the driver's files (no torch), or None: a read failed,
     a GPU is not in the catalog, or the node mixes kinds (torch then decides, as without this guess)."""
@@ -117,4 +124,4 @@ def guess_node_gpu(rocm: bool, nvidia: Optional[Callable] = None, amd: Optional[
     return matches[0].gpu
 
 
-__all__ = ["nvidia_reports", "amd_reports", "gfx_arch", "guess_node_gpu"]
+__all__ = ["nvidia_reports", "amd_reports", "gfx_arch", "guess_node_gpu", "nvidia_device_name"]

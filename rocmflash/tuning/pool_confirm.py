@@ -16,8 +16,8 @@ import threading
 class TorchConfirmation:
     """Imports torch in a thread from construction; calling it waits for torch and checks the guess."""
 
-    def __init__(self, gpus: str, pool, guess, identify=None):
-        self.guess, self.pool = guess, pool
+    def __init__(self, gpus: str, pool, guess, identify=None, device_name=None):
+        self.guess, self.pool, self.device_name = guess, pool, device_name
         self._identify = identify
         self._result = None
         self._error = None
@@ -37,7 +37,8 @@ class TorchConfirmation:
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             indices = parse_gpus(gpus, count)
             gpu = node_gpu(indices, self._identify) if self._identify is not None else node_gpu(indices)
-            self._result = (indices, gpu, is_rocm())
+            names = {torch.cuda.get_device_name(i) for i in indices} if self.device_name is not None else set()
+            self._result = (indices, gpu, is_rocm(), names)
         except BaseException as err:  # told at the confirmation, on the caller's thread
             self._error = err
 
@@ -51,10 +52,13 @@ class TorchConfirmation:
         if self._error is not None:
             raise DiscardPlan(f"torch did not confirm the {self.guess.name} the driver's files name "
                               f"({type(self._error).__name__}: {self._error})") from self._error
-        indices, gpu, rocm = self._result
+        indices, gpu, rocm, names = self._result
         if gpu.name != self.guess.name or not early_pool_matches(self.pool, indices, rocm):
             raise DiscardPlan(f"torch reports {gpu.name} on GPU(s) {', '.join(map(str, indices))}, not the "
                               f"{self.guess.name} the driver's files name")
+        if self.device_name is not None and names != {self.device_name}:
+            raise DiscardPlan(f"torch names the GPU(s) {', '.join(sorted(names))}, not {self.device_name!r} as the "
+                              "driver's files do")
 
 
 __all__ = ["TorchConfirmation"]
