@@ -122,8 +122,9 @@ def torch_version_module():
     here would wait for it (``torch/version.py`` is plain assignments, written when torch is built)."""
     import sys
 
-    if "torch" in sys.modules:
-        return sys.modules["torch"].version
+    imported = getattr(sys.modules.get("torch"), "version", None)  # torch may be half-imported by another thread
+    if imported is not None and hasattr(imported, "__version__"):
+        return imported
     try:
         import importlib.util
         import types

@@ -126,3 +126,22 @@ def test_the_environment_fingerprint_reads_torch_versions_without_importing_torc
     from rocmflash.db_files import environment
 
     assert json.loads(out.stdout) == environment("dev")  # this process has torch imported: torch.version
+
+
+def test_the_fingerprint_reads_the_file_while_another_thread_is_importing_torch(monkeypatch):
+    """``torch`` sits in sys.modules, half made, while a thread imports it: its file answers, not the module."""
+    import types
+
+    from rocmflash.db_files import environment, torch_version_module
+
+    import importlib.util
+
+    half = types.ModuleType("torch")  # what another thread's import has made so far: no torch.version yet
+    half.__spec__ = importlib.util.find_spec("torch")  # an import sets the spec before it runs the module
+    monkeypatch.setitem(sys.modules, "torch", half)
+    version = torch_version_module()
+    monkeypatch.undo()
+    import torch
+
+    assert version.__version__ == torch.__version__ and version.cuda == torch.version.cuda
+    assert environment("dev")["torch"] == torch.__version__
