@@ -8,7 +8,7 @@ import pytest
 from rocmflash.tuning.pipeline import Pipeline
 from rocmflash.tuning.pipeline_exec import SimulatedExecutor, ThreadExecutor
 from rocmflash.tuning.pool import DiscardPlan
-from tests.test_pipeline import FakeItem, FakeRunner
+from test_pipeline import FakeItem, FakeRunner
 
 
 class Gate:

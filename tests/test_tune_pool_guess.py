@@ -10,18 +10,7 @@ from rocmflash.hw.gpus import get_gpu
 from rocmflash.tuning import pool as P
 from rocmflash.tuning.pool import DiscardPlan
 from rocmflash.tuning.pool_confirm import TorchConfirmation
-
-
-class FakePool:
-    def __init__(self, early):
-        self.early, self.closed = early, False
-
-    def close(self):
-        self.closed = True
-
-
-def _args(gpus="all"):
-    return types.SimpleNamespace(gpus=gpus, cache_dir=None, workers=None, timeout=60.0)
+from test_tune_pool_early import FakePool, _args
 
 
 @pytest.fixture
