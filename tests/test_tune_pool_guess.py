@@ -40,8 +40,9 @@ def _speculated(monkeypatch, guess, gpu_name="auto", rocm=False, name="NVIDIA H1
         import rocmflash.hw.platform as platform
 
         monkeypatch.setattr(platform, "is_rocm", lambda: True)
-    monkeypatch.setattr(node_probe, "guess_node_gpu", lambda rocm: get_gpu(guess) if guess else None)
-    monkeypatch.setattr(node_probe, "nvidia_device_name", lambda: name)
+    monkeypatch.setattr(node_probe, "nvidia_reports", lambda: [])  # the fakes below answer, not this machine
+    monkeypatch.setattr(node_probe, "guess_node_gpu", lambda rocm, nvidia=None: get_gpu(guess) if guess else None)
+    monkeypatch.setattr(node_probe, "nvidia_device_name", lambda nvidia=None: name)
     return early, M._node_pool(_args(), LiveSettings(), speculate=True, gpu_name=gpu_name)
 
 

@@ -35,7 +35,6 @@ from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E40
 from rocmflash.hw.fp8 import is_fp8  # noqa: E402
 from rocmflash.kernels import launch as _L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
-from rocmflash.api.selection import incumbent_disabled as _incumbent_disabled  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -177,20 +176,14 @@ def _planned(q, k, v, causal, softmax_scale, layout: str):
 
 
 def served_incumbent(call, q, k, v, deterministic: bool = False):
-    """The planned call's incumbent to run now (:attr:`~rocmflash.api.ops._Call.serve`, or ``serve_train`` when a
-    gradient is wanted), or None: rocmflash's kernels serve it, ``ROCMFLASH_NO_INCUMBENT`` forbids SDPA,
-    torch.compile traces (the op keeps the graph whole: :func:`~rocmflash.api.ops.attention_forward`), or a
-    gradient is wanted deterministically (``deterministic``, or torch's deterministic mode: SDPA's flash backward
-    adds dQ with atomics; rocmflash's backward has none)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if deterministic or torch.are_deterministic_algorithms_enabled():
-            return None
-        serve = call.serve_train
-    else:
-        serve = call.serve
-    if serve is None or torch.compiler.is_compiling() or _incumbent_disabled():
+    """The planned call's incumbent to run now (:meth:`~rocmflash.api.ops._Call.served`: the entry's SDPA call for
+    the forward, or for the training step when a gradient is wanted), or None: rocmflash's kernels serve it,
+    ``ROCMFLASH_NO_INCUMBENT`` forbids SDPA, a gradient is wanted deterministically, or torch.compile traces (the
+    op keeps the graph whole: :func:`~rocmflash.api.ops.attention_forward`)."""
+    if torch.compiler.is_compiling():
         return None
-    return serve
+    return call.served(torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+                       deterministic)
 
 
 def _keep_plan(q, k, v, causal, layout: str) -> None:

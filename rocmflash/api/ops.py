@@ -115,6 +115,21 @@ class _Call:
     def incumbent_train(self, backend: Optional[str]) -> None:
         self._serve_side("_train", backend)
 
+    def served(self, grad: bool, deterministic: bool = False):
+        """The ready SDPA call to run instead of rocmflash's kernels (:attr:`serve`, or :attr:`serve_train` when
+        ``grad``), or None: the entry keeps rocmflash's kernel, ``ROCMFLASH_NO_INCUMBENT`` forbids SDPA, or a
+        gradient is wanted deterministically (``deterministic``, flash-attn's flag, or torch's deterministic mode:
+        SDPA's flash backward adds dQ with atomics; rocmflash's backward has none)."""
+        if grad:
+            if deterministic or torch.are_deterministic_algorithms_enabled():
+                return None
+            serve = self.serve_train
+        else:
+            serve = self.serve
+        if serve is None or incumbent_disabled():
+            return None
+        return serve
+
     def _serve_side(self, side: str, backend: Optional[str]) -> None:
         """Set ``_incumbent{side}`` and its ready call ``serve{side}`` (``side``: "" forward, "_train")."""
         if backend != getattr(self, "_incumbent" + side):
@@ -420,17 +435,14 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     mode-wrapped calls go through ``torch.ops.rocmflash.attn_fwd``. ``call``: the default call's plan
     (:func:`_call_plan` of these tensors and ``causal``) when the caller kept it, else looked up here.
     A call that needs gradients under ``deterministic`` (flash-attn's flag) or
-    ``torch.use_deterministic_algorithms(True)`` never runs SDPA (its flash backward adds dQ with atomics):
-    rocmflash's backward is deterministic.
+    ``torch.use_deterministic_algorithms(True)`` never runs SDPA (:meth:`_Call.served`).
     """
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if config is None and variant == "online" and not torch.compiler.is_compiling():
         if call is None:
             call = _call_plan(q, k, causal)
-        serve = call.serve_train if grad else call.serve
-        if grad and (deterministic or torch.are_deterministic_algorithms_enabled()):
-            serve = None
-        if serve is not None and not need_lse and not incumbent_disabled():
+        serve = None if need_lse else call.served(grad, deterministic)
+        if serve is not None:
             return serve(q, k, v, float(scale)), None
     else:
         call = None

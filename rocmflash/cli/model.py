@@ -95,7 +95,9 @@ def _guessed_gpu(early, gpu_name: str) -> tuple:
     from rocmflash.hw.gpus import get_gpu
     from rocmflash.hw import node_probe
 
-    guess, name = node_probe.guess_node_gpu(False), node_probe.nvidia_device_name()
+    reports = node_probe.nvidia_reports()  # read once: nvidia-smi, where it answers, takes a fraction of a second
+    guess = node_probe.guess_node_gpu(False, nvidia=lambda: reports)
+    name = node_probe.nvidia_device_name(lambda: reports)
     if guess is None or name is None or (str(gpu_name).strip().lower() != "auto"
                                          and get_gpu(gpu_name).name != guess.name):
         return None, None

@@ -11,8 +11,15 @@ import functools
 from typing import Optional
 
 FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
-#: Triton's fp8 element types and their family (what :func:`_tables` says, without torch: a cross-compile asks)
-TRITON_FAMILY = {"fp8e4nv": "ocp", "fp8e5": "ocp", "fp8e4b8": "fnuz", "fp8e5b16": "fnuz"}
+#: torch fp8 dtype name -> (family, Triton element type, largest finite value, mantissa bits); no torch needed
+_FORMATS = {
+    "float8_e4m3fn": ("ocp", "fp8e4nv", 448.0, 3),
+    "float8_e5m2": ("ocp", "fp8e5", 57344.0, 2),
+    "float8_e4m3fnuz": ("fnuz", "fp8e4b8", 240.0, 3),
+    "float8_e5m2fnuz": ("fnuz", "fp8e5b16", 57344.0, 2),
+}
+#: Triton's fp8 element types and their family (a cross-compile asks, without torch)
+TRITON_FAMILY = {triton: family for family, triton, _, _ in _FORMATS.values()}
 _FAMILY_NAMES = {"ocp": "OCP", "fnuz": "FNUZ"}
 
 
@@ -22,12 +29,7 @@ def _tables() -> dict:
     module and never import torch (seconds per process)."""
     import torch
 
-    fp8_dtypes = {  # torch fp8 dtype -> (family, Triton element type, largest finite value, mantissa bits)
-        torch.float8_e4m3fn: ("ocp", "fp8e4nv", 448.0, 3),
-        torch.float8_e5m2: ("ocp", "fp8e5", 57344.0, 2),
-        torch.float8_e4m3fnuz: ("fnuz", "fp8e4b8", 240.0, 3),
-        torch.float8_e5m2fnuz: ("fnuz", "fp8e5b16", 57344.0, 2),
-    }
+    fp8_dtypes = {getattr(torch, name): info for name, info in _FORMATS.items()}
     return {"FP8_DTYPES": fp8_dtypes,
             "FAMILY_DTYPES": {family: tuple(d for d, info in fp8_dtypes.items() if info[0] == family)
                               for family in ("ocp", "fnuz")},

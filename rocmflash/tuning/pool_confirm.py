@@ -16,9 +16,8 @@ import threading
 class TorchConfirmation:
     """Imports torch in a thread from construction; calling it waits for torch and checks the guess."""
 
-    def __init__(self, gpus: str, pool, guess, identify=None, device_name=None):
+    def __init__(self, gpus: str, pool, guess, device_name=None):
         self.guess, self.pool, self.device_name = guess, pool, device_name
-        self._identify = identify
         self._result = None
         self._error = None
         self._thread = threading.Thread(target=self._run, args=(gpus,), name="rocmflash-torch-import", daemon=True)
@@ -36,7 +35,7 @@ class TorchConfirmation:
 
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             indices = parse_gpus(gpus, count)
-            gpu = node_gpu(indices, self._identify) if self._identify is not None else node_gpu(indices)
+            gpu = node_gpu(indices)
             names = {torch.cuda.get_device_name(i) for i in indices} if self.device_name is not None else set()
             self._result = (indices, gpu, is_rocm(), names)
         except BaseException as err:  # told at the confirmation, on the caller's thread
