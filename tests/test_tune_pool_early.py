@@ -55,6 +55,8 @@ print("ok")
 
 
 class FakePool:
+    runners = ()  # the timing workers (none: torch identifies the devices)
+
     def __init__(self, early):
         self.early, self.closed = early, False
 

@@ -63,6 +63,8 @@ def _node_pool(args, settings, speculate: bool = False, gpu_name: str = "auto") 
         from rocmflash.tuning.pool_confirm import TorchConfirmation
 
         early.device = name  # the timing device's name in the tune's environment; torch confirms it
+        for runner in early.runners:  # so that no pre-warm opens a device here to ask its name
+            runner.device = name
         early.confirm = TorchConfirmation(args.gpus, early, guess, device_name=name)
         trace_mark("gpu_guessed")
         return early, guess, list(early.early[0])

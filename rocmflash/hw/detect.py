@@ -148,17 +148,25 @@ def _identify_nvidia(report: DeviceMatch) -> DeviceMatch:
                                                f"({', '.join(g.name for g in nvidia)} are)")
 
 
-def identify_torch_device(index: int) -> DeviceMatch:
-    """Identify torch device ``index`` (CUDA, or HIP on ROCm builds of torch)."""
+def torch_device_report(index: int) -> dict:
+    """What torch reports of device ``index`` (CUDA, or HIP on ROCm builds of torch), as the keyword arguments of
+    :func:`identify_device`: plain values, so a timing worker can send its device's report to the tune process,
+    which then identifies the node's GPUs without opening a device itself."""
     import torch
 
     props = torch.cuda.get_device_properties(index)
     warp = getattr(props, "warp_size", None)
     if getattr(torch.version, "hip", None):
-        return identify_device(props.name, str(getattr(props, "gcnArchName", "")), props.multi_processor_count,
-                               warp, "amd", getattr(props, "total_memory", None))
-    return identify_device(props.name, f"sm_{props.major}{props.minor}", props.multi_processor_count, warp,
-                           "nvidia")
+        return {"name": props.name, "arch": str(getattr(props, "gcnArchName", "")),
+                "compute_units": props.multi_processor_count, "warp_size": warp, "vendor": "amd",
+                "memory_bytes": getattr(props, "total_memory", None)}
+    return {"name": props.name, "arch": f"sm_{props.major}{props.minor}", "compute_units": props.multi_processor_count,
+            "warp_size": warp, "vendor": "nvidia", "memory_bytes": None}
+
+
+def identify_torch_device(index: int) -> DeviceMatch:
+    """Identify torch device ``index`` (CUDA, or HIP on ROCm builds of torch)."""
+    return identify_device(**torch_device_report(index))
 
 
 def identify_live_device(index: Optional[int] = None) -> Optional[DeviceMatch]:
@@ -182,5 +190,5 @@ def detect_live_gpu(index: Optional[int] = None) -> Optional[GPU]:
     return match.gpu if match is not None else None
 
 
-__all__ = ["DeviceMatch", "identify_device", "identify_torch_device", "identify_live_device", "detect_live_gpu",
-           "models_named", "default_warp_size", "TUNED_AMD_ARCHS"]
+__all__ = ["DeviceMatch", "identify_device", "torch_device_report", "identify_torch_device", "identify_live_device",
+           "detect_live_gpu", "models_named", "default_warp_size", "TUNED_AMD_ARCHS"]

@@ -117,6 +117,22 @@ WARM_MODULES = ("rocmflash.tuning.live_worker", "rocmflash.tuning.live_gate", "r
                 "rocmflash.kernels.kv_decode")
 
 
+def report_device() -> Optional[dict]:
+    """A timing worker's report of its device (:func:`rocmflash.hw.detect.torch_device_report` of the one device
+    it is pinned to, plus ``rocm``: a HIP build of torch), or None without one. Its first task: the tune process
+    learns what its GPUs are from the workers, which open their devices anyway, instead of initialising CUDA/HIP
+    itself (:class:`rocmflash.tuning.pool_confirm.TorchConfirmation`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from rocmflash.hw.detect import torch_device_report
+
+    report = torch_device_report(torch.cuda.current_device())
+    report["rocm"] = bool(getattr(torch.version, "hip", None))
+    return report
+
+
 def warm_up() -> bool:
     """A timing worker's first task, scheduled when the tune starts (:meth:`rocmflash.tuning.live.LiveRunner.
     start_worker`): the worker process starts (its initializer imports torch and opens the device), imports

@@ -131,6 +131,7 @@ class LiveRunner:
         self.restarts = 0
         self._device = _UNKNOWN if rocm is not None else _device_name(device_index)
         self._worker_started = False
+        self._report = None  #: the future of the timing worker's device report (:meth:`reported_device`)
         self._record = _UNKNOWN  #: the builds already pre-warmed in this cache (:mod:`.prewarm_record`), on first use
         self._closing: list = []  #: threads closing pre-warm pools released early (:meth:`release_prewarm`)
 
@@ -140,6 +141,23 @@ class LiveRunner:
         if self._device is _UNKNOWN:
             self._device = _device_name(self.device_index)
         return self._device
+
+    @device.setter
+    def device(self, name: Optional[str]) -> None:
+        """A name known without torch (the driver's, for a plan made before torch was imported): this process then
+        never opens the device to ask it. The plan's confirmation checks it against the worker's report."""
+        self._device = name
+
+    def reported_device(self, timeout_s: Optional[float] = None) -> Optional[dict]:
+        """The timing worker's report of its device (:func:`~rocmflash.tuning.isolated.report_device`, its first
+        task once :meth:`start_worker` ran), waiting up to ``timeout_s``; None when it has none or failed."""
+        future = self._report
+        if future is None:
+            return None
+        try:
+            return future.result(timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - no report: the caller asks torch itself
+            return None
 
     # -------------------------------------------------------------- pool management
     def _get_pool(self):
@@ -172,7 +190,7 @@ class LiveRunner:
         """Start the timing worker now (non-blocking): its process imports torch, opens the device and imports the
         families' modules (:func:`~rocmflash.tuning.isolated.warm_up`) while the static phases run, instead of
         inside the first measurement. The tune pipeline calls it on every runner when it starts."""
-        from rocmflash.tuning.isolated import warm_up
+        from rocmflash.tuning.isolated import report_device, warm_up
 
         with self._pool_lock:
             if self._worker_started:  # started early (the CLI, before the plan): once is enough
@@ -180,7 +198,11 @@ class LiveRunner:
             self._worker_started = True
         from rocmflash.tuning.items import trace_mark
 
-        future = self._get_pool().schedule(warm_up)
+        pool = self._get_pool()
+        # a runner made before torch was imported (an early pool) learns its device from its worker: the tune
+        # process then never opens one (:class:`~rocmflash.tuning.pool_confirm.TorchConfirmation`)
+        self._report = pool.schedule(report_device) if self.rocm is not None else None
+        future = pool.schedule(warm_up)
         if hasattr(future, "add_done_callback"):  # a trace mark when the worker is up (a stand-in pool may give none)
             future.add_done_callback(lambda _future: trace_mark(f"timing_worker{self.device_index}_ready"))
 
