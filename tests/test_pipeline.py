@@ -457,9 +457,10 @@ def test_largest_first_orders_by_estimated_work_and_keeps_ties_and_unknowns():
 
 
 def test_largest_first_shortens_the_tail_on_two_workers():
-    # every static 1 s (3 slots, 1 core each); the first two jobs come from s1 (ready first), then at t=3 both
-    # workers are free with s2's two 2 s jobs and L's 8 s job ready. Plan order: s2a, s2b 3-5, then L 5-13.
-    # Largest first: L 3-11 on one worker, s2a, s2b 3-7 on the other.
+    # every static 1 s (3 slots, 1 core each). Plan order: the first two jobs come from s1 (its static started,
+    # so ended, first), then at t=3 both workers are free with s2's two 2 s jobs and L's 8 s job ready: s2a, s2b
+    # 3-5, then L 5-13. Largest first (the statics start in that order too): L 1-9 on one worker, s1a, s1b, s2a,
+    # s2b 1-9 on the other.
     def plan():
         return [_grouped("s1", [[("s1a", 2), ("s1b", 2)]], [1], work=4),
                 _grouped("s2", [[("s2a", 2), ("s2b", 2)]], [1], work=4), _grouped("L", [[("L1", 8)]], [1], work=8)]
@@ -470,11 +471,31 @@ def test_largest_first_shortens_the_tail_on_two_workers():
     items = plan()
     largest, _ = _sim(items, [FakeRunner("r0"), FakeRunner("r1")], cpu_cores=3, compile_slots=3,
                       priority=largest_first(items))
-    assert in_order.wall_s == 13 and largest.wall_s == 11
-    assert sorted(w.busy_s for w in largest.workers) == [6, 10]
-    assert [s.key for s in largest.items] == ["s1", "s2", "L"]  # the statics keep the plan's order
+    assert in_order.wall_s == 13 and largest.wall_s == 9
+    assert sorted(w.busy_s for w in largest.workers) == [8, 8]
+    assert [s.key for s in largest.items] == ["s1", "s2", "L"]  # the stats keep the plan's order
     with pytest.raises(ValueError, match="priority must list every item"):
         Pipeline(items, [FakeRunner("r0")], priority=items[:2])
+
+
+def test_a_groups_largest_item_compiles_first_on_several_workers():
+    # S and L share a static phase (group g; the first to run it compiles, 4 s, the other finds it cached). With
+    # the largest-first priority L compiles, so the first jobs the compile releases are L's long ones: L1 4-12 and
+    # s1, s2 after S's cached static, 4-6 on the other worker. In plan order S compiled: the same wall here, but
+    # its short jobs came first while L waited for the shared compile.
+    from rocmflash.tuning.pipeline import largest_first
+
+    small = _grouped("S", [[("s1", 1), ("s2", 1)]], compile_s=[], group="g", work=2)
+    large = _grouped("L", [[("L1", 8)]], compile_s=[4], group="g", work=8)
+    stats, events = _sim([small, large], [FakeRunner("r0"), FakeRunner("r1")], cpu_cores=2, compile_slots=2,
+                         priority=largest_first([small, large]))
+    starts = [(e["item"], e["t"]) for e in events if e["event"] == "static_start"]
+    assert starts == [("L", 0), ("S", 4)]
+    first = next(e for e in events if e["event"] == "job_start")
+    assert (first["label"], first["t"]) == ("L1", 4) and stats.wall_s == 12
+    _, alone = _sim([_grouped("S", [[("s1", 1)]], group="g"), _grouped("L", [[("L1", 8)]], [4], group="g")],
+                    [FakeRunner("r0")])  # no priority (one worker): the plan's order
+    assert [e["item"] for e in alone if e["event"] == "static_start"] == ["S", "L"]
 
 
 def test_no_worker_idles_while_a_built_items_jobs_remain_with_slow_statics():

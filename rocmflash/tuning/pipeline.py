@@ -2,7 +2,7 @@
 timing workers (one per runner) that stay up across items and families.
 
 An :class:`Item` is one (family, problem) of a plan. Its ``static()`` phase (config space,
-cross-compile, prune, pre-warm) runs on a compile-pool thread, in plan order, ahead of the
+cross-compile, prune, pre-warm) runs on a compile-pool thread, in ``priority`` order, ahead of the
 timing; ``compile_slots`` of them at once (:func:`default_compile_slots`), never two of one
 ``static_group`` (items sharing a static phase: the second would only wait for the first's
 compile, holding a slot). Then it hands out batches of :class:`Job` (a race round, or the single
@@ -11,10 +11,10 @@ round of a pruned/exhaustive tune); every free timing worker takes the next job 
 dtypes. An item with ``static_stream`` / ``early_jobs`` streams: the configs of its first batch (a race's round
 1) are timed as they become ready (compiled, read, pruned, pre-warmed) while the rest of the item still
 compiles; the round still closes only when all of them are in and recorded. Every timing worker is started
-when the run starts, beside the first static phase (``start_worker()`` of a runner that has one), not at its
-first job. :func:`largest_first` gives the
-priority of several workers: the items by estimated timing work (``work_s()``), largest first, so the
-longest work starts first and the short jobs of small items end the run.
+when the run starts, beside the first static phase (``start_worker()`` of a runner that has one).
+:func:`largest_first` gives the priority of several workers: the items by estimated timing work (``work_s()``),
+largest first: the longest work starts first, the short jobs of small items end the run, and a group's largest
+item compiles its builds (the rest find them cached), so the jobs a busy compile pool releases are the longest.
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ class Pipeline:
     ``t``: executor seconds; ``item``, ``worker``, ``label``, ``status`` where they apply).
     ``compile_slots``: static phases at once; ``stream``: let streaming items time their first batch while
     their static phase runs (False: every item's static phase ends before its first job); ``start_workers``:
-    start every timing worker when the run starts (False: each at its first job); ``priority``: the items in the order workers take their jobs
-    (default: ``items``' order, which is also the order the static phases start in).
+    start every timing worker when the run starts (False: each at its first job); ``priority``: the items in the
+    order workers take their jobs and the static phases start (default: ``items``' order).
 
     The pipeline neither opens nor closes the runners: the caller does (closing them also ends the work
     in flight after a Ctrl-C).
@@ -235,8 +235,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ what runs next
     def _dispatch(self) -> None:
-        """Start static phases (list order) on free compile slots, and jobs on free timing workers."""
-        for s in self._states:
+        """Start static phases (priority order) on free compile slots, and jobs on free timing workers."""
+        for s in self._by_priority:
             if self._statics >= self.compile_slots:
                 break
             if s.phase == "waiting" and not self._groups[s.group]:
