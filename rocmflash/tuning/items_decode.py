@@ -107,6 +107,7 @@ class DecodeItem(TaskItem):
         from rocmflash.api import incumbent
         from rocmflash.tuning.incumbents import TIMEOUT_S
         from rocmflash.tuning.pipeline import Job
+        from rocmflash.tuning.pipeline_policy import SDPA_AFFINITY
 
         p = self.problem
         if not (self.incumbent and self.ctx.measuring and self.ctx.runs_tasks) or p.page_size or p.kv_dtype:
@@ -122,7 +123,7 @@ class DecodeItem(TaskItem):
                 return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
             return runner.call(measure_incumbent, task, TIMEOUT_S)
 
-        return Job(self, run, INCUMBENT, (self.key, INCUMBENT, None), payload=INCUMBENT)
+        return Job(self, run, INCUMBENT, (self.key, INCUMBENT, None), payload=INCUMBENT, affinity=SDPA_AFFINITY)
 
     def record(self, job, result: dict) -> None:
         """Journal one config's result; the incumbent's goes to the entry only (a failure is logged, no field)."""

@@ -256,6 +256,7 @@ class ForwardItem:
         from rocmflash.tuning.incumbent_worker import measure
         from rocmflash.tuning.incumbents import incumbent_task
         from rocmflash.tuning.pipeline import Job
+        from rocmflash.tuning.pipeline_policy import SDPA_AFFINITY
 
         if not (self.spec.incumbent and self.ctx.runs_tasks):
             return None
@@ -271,7 +272,8 @@ class ForwardItem:
                 return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
             return runner.call(measure, task, TIMEOUT_S)
 
-        return Job(self, run, "incumbent", (self.key, INCUMBENT, None), payload=(INCUMBENT, entry["time_ms"]))
+        return Job(self, run, "incumbent", (self.key, INCUMBENT, None), payload=(INCUMBENT, entry["time_ms"]),
+                   affinity=SDPA_AFFINITY)
 
     def record(self, job, result: dict) -> None:
         """Journal one result (the incumbent's goes to the entry only)."""

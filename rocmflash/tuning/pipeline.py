@@ -21,9 +21,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from typing import Callable, Optional, Protocol
 
+from rocmflash.tuning.pipeline_policy import (  # noqa: F401  (re-exported: the settings moved there)
+    CORES_PER_COMPILE_SLOT,
+    GIB_PER_COMPILE_SLOT,
+    MAX_COMPILE_SLOTS,
+    compile_workers,
+    default_compile_slots,
+    largest_first,
+    leave_for_another,
+)
 from rocmflash.tuning.pool import DiscardPlan, NoWorkersLeft, WorkerLost, WorkerStats
 
 
@@ -37,6 +45,8 @@ class Job:
     label: str                         # short config label for progress rows
     sim_key: tuple                     # (item.key, config json, round or None): recorded-duration lookup
     payload: object = None             # whatever the item wants back in record() (e.g. the Candidate)
+    affinity: Optional[str] = None     # a kind of job dearer the first time a process runs one (SDPA_AFFINITY):
+                                       # left to a worker that ran one before (pipeline_policy.leave_for_another)
 
 
 class Item(Protocol):
@@ -172,6 +182,7 @@ class Pipeline:
         self._by_item = {id(s.item): s for s in self._states}
         self._by_priority = [self._by_item[id(item)] for item in self.priority]
         self._busy: dict = {}  # worker index -> job in flight
+        self._ran_by: dict = {}  # job affinity -> workers that ran a job of it
         self._statics = 0  # static phases in flight
         self._groups: collections.Counter = collections.Counter()  # static groups in flight
         self._lost: dict = {}  # job -> ["worker: error", ...]
@@ -249,11 +260,13 @@ class Pipeline:
         for w, stats in enumerate(self.workers):
             if stats.lost or w in self._busy:
                 continue
-            job = self._next_job()
+            job = self._next_job(w)
             if job is None:
                 break
             self._pass_gate()
             self._busy[w] = job
+            if job.affinity is not None:
+                self._ran_by.setdefault(job.affinity, set()).add(w)
             stats.current = job.label
             self._emit("job_start", item=job.item.key, worker=stats.label, label=job.label)
             self.executor.submit_job(w, job)
@@ -263,12 +276,17 @@ class Pipeline:
         if gate is not None:
             gate()
 
-    def _next_job(self):
-        """The next job by priority: the items' priority (default plan order), then batch order (retries first)."""
+    def _next_job(self, worker: int):
+        """The next job by priority: the items' priority (default plan order), then batch order (retries first),
+        passing over a job another worker should take (:func:`leave_for_another`) while others are ready."""
+        alive = [w for w, stats in enumerate(self.workers) if not stats.lost]
+        passed = None
         for s in self._by_priority:
             if s.phase in ("static", "timing") and s.queue:  # static: a streaming item's ready jobs
-                return s.queue.popleft()
-        return None
+                if not leave_for_another(s.queue[0].affinity, worker, self._ran_by, alive):
+                    return s.queue.popleft()
+                passed = passed or s
+        return passed.queue.popleft() if passed is not None else None
 
     # ------------------------------------------------------------------ events
     def _handle(self, event) -> None:
@@ -398,53 +416,6 @@ class Pipeline:
 # ------------------------------------------------------------------------------------------- settings
 #: how long a stopped pipeline waits for the static phases of streaming items that have results recorded
 ABANDON_STATIC_WAIT_S = 5.0
-
-#: cores per concurrent static phase: each runs a cross-compile pool of ``cores / slots`` processes and feeds the
-#: runner's one pre-warm pool; the slots overlap what a single static phase leaves idle (a pool starting, the
-#: serial pruning and ranking, the pre-warm's device launches)
-CORES_PER_COMPILE_SLOT = 16
-#: GiB of memory per concurrent static phase (its compile workers hold Triton and LLVM)
-GIB_PER_COMPILE_SLOT = 24
-MAX_COMPILE_SLOTS = 4
-
-
-def _memory_gib() -> Optional[float]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    except (AttributeError, OSError, ValueError):  # pragma: no cover - not a POSIX system
-        return None
-
-
-def default_compile_slots(cpu_cores: Optional[int] = None, mem_gib: Optional[float] = None) -> int:
-    """How many static phases a tune runs at once: one per :data:`CORES_PER_COMPILE_SLOT` cores and per
-    :data:`GIB_PER_COMPILE_SLOT` GiB of memory, at least 1, at most :data:`MAX_COMPILE_SLOTS` (32 cores and
-    256 GiB, the 2-GPU machine: 2; a 16-core machine: 1). Defaults: this machine's."""
-    cores = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
-    mem = mem_gib if mem_gib is not None else _memory_gib()
-    if type(cores) is not int or cores < 1:
-        raise ValueError(f"cpu_cores={cpu_cores!r} is invalid; expected a positive int")
-    slots = min(MAX_COMPILE_SLOTS, cores // CORES_PER_COMPILE_SLOT)
-    if mem is not None:
-        slots = min(slots, int(mem // GIB_PER_COMPILE_SLOT))
-    return max(1, slots)
-
-
-def compile_workers(slots: int, cpu_cores: Optional[int] = None) -> int:
-    """Cross-compile processes per static phase when ``slots`` run at once: the cores split between them, so
-    concurrent static phases do not oversubscribe the CPU."""
-    cores = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
-    return max(1, cores // max(1, slots))
-
-
-def largest_first(items: list) -> list:
-    """``items`` ordered by estimated timing work (each item's ``work_s()``), largest first, ties in the given
-    order: on several timing workers the longest work starts first and the many short jobs of the small items
-    fill the end, so the workers finish together. If any item has no estimate the list comes back unchanged."""
-    if not all(callable(getattr(item, "work_s", None)) for item in items):
-        return list(items)
-    work = [float(item.work_s()) for item in items]
-    return [items[i] for i in sorted(range(len(items)), key=lambda i: (-work[i], i))]
-
 
 def _streams(item) -> bool:
     """Whether ``item`` can time its first batch while its static phase runs."""
