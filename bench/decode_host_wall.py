@@ -1,4 +1,14 @@
-"""Does rocmflash.attention's decode route wait on the GPU? back-to-back timing + the CPU-side CUDA calls."""
+"""Does a decode call wait on the GPU? Host time against wall time of back-to-back calls, and the CPU-side CUDA calls.
+
+For B/KV in (8, 8192), (1, 8192), (8, 32768) (Hq 32, Hkv 8, D 128, bf16, one query token), three rounds of
+100 back-to-back calls of ``rocmflash.attention``, ``flash_attn_with_kvcache`` (default call) and SDPA: "host"
+is the loop's time without a synchronise, "wall" with one at its end (µs per call). A path whose host time
+equals its wall time is host-bound; one that waits on the GPU shows host = wall as well, so the profile of
+20 calls lists the CUDA runtime calls each path makes on the CPU (synchronising ones included).
+Writes ``$OUT/syncprobe.json``. On a GPU::
+
+    OUT=. python bench/decode_host_wall.py
+"""
 import json, os, time
 import torch
 import rocmflash
