@@ -17,10 +17,8 @@ database (``rocmflash tune --mode decode``) or a CU-count heuristic.
 An fp8 cache (the arch's format) takes fp32 ``k_descale``/``v_descale`` ``(B, Hkv)`` (flash-attn 3's
 names): new keys are quantised into it, the kernel reads half the bytes (:mod:`rocmflash.api.decode_fp8`).
 
-Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs
-and before anything is written to the cache. Checking the *values* of ``cache_seqlens``
-and ``block_table`` reads them on the host (one small copy); while a CUDA/HIP graph is
-being captured only shapes and dtypes are checked.
+Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs or anything is written to
+the cache; bad *values* (lengths, starts, pages, scales) are caught on the GPU (:func:`flash_attn_with_kvcache`).
 """
 
 from __future__ import annotations
@@ -166,18 +164,16 @@ def clear_cache() -> None:
 
     _DECODE_CONFIGS.clear()
     _CALL_PLANS.clear()
+    _WHOLE_PLANS.clear()
     _SEEN.clear()
     _CALLS.clear()
     lookup_decode.cache_clear()
 
 
 # ----------------------------------------------------------------------------- per-signature plans
-# Eager decode at small batch is host-bound: the GPU work is a few µs, so the Python around two
-# launches is what a call costs. Everything that depends on metadata only -- the checks of types,
-# dtypes, shapes, devices and options, the DecodeCall, the config (a database lookup), the split
-# count and the two launch keys -- is kept in a _Plan once a signature repeats (:func:`_seen_before`).
-# Later calls of the same signature redo only what reads tensor values or allocates: the length /
-# block-table value checks (check_values), the append, the buffers and the launches.
+# Eager decode at small batch is host-bound, so what depends on metadata only (the checks, the DecodeCall, the
+# config, the split count, the launch keys) is kept in a _Plan once a signature repeats (:func:`_seen_before`);
+# later calls redo only what reads values or allocates: value checks, the append, the buffers, the launches.
 
 class _Plan(NamedTuple):
     """What a call signature (:func:`_signature`) decides; made by a call that passed the checks."""
@@ -205,6 +201,7 @@ _CALL_PLANS: dict = {}  #: signature -> _Plan; cleared with :func:`clear_cache`
 _MAX_CALL_PLANS = 1024  #: a full table is emptied (a cache one key longer each call makes a new signature per call)
 _CALLS: dict = {}  #: DecodeCall -> the same (:func:`_interned`)
 _SEEN: set = set()  #: hashes of signatures seen once (:func:`_seen_before`)
+_WHOLE_PLANS: dict = {}  #: :func:`_whole_cache_key` -> a kept _Plan of a dense decode call (:func:`attend_whole_cache`)
 _SCALARS = (type(None), bool, int, float)  #: kinds of non-tensor inputs a signature holds as ``(type, value)``
 
 
@@ -365,6 +362,16 @@ def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, 
     return plan
 
 
+def _whole_cache_key(owner, q, k, v, softmax_scale, want_lse: bool) -> tuple:
+    """What :func:`_signature` holds of a dense decode call beyond its ``owner``'s key (ROCm: the 2 GiB bits of
+    q, k and v, which can be views of larger buffers; ``out`` is allocated whole from the owner's layout)."""
+    key = (owner, k.stride(), v.shape, v.stride(), k.dtype, v.dtype, k.get_device(), v.get_device(),
+           type(softmax_scale), softmax_scale, want_lse)
+    if C.torch_backend() == "hip":
+        key += tuple(t.untyped_storage().nbytes() <= L.MAX_INT32 for t in (q, k, v))
+    return key
+
+
 def _seen_before(sig: tuple) -> bool:
     """Whether ``sig`` was seen on an earlier call (by hash); remembers it otherwise.
 
@@ -467,13 +474,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     return (out, lse) if want_lse else out
 
 
-def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None) -> None:
+def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None, owner=None) -> None:
     """Attention of ``q (B, Sq, Hq, D)`` over every key of ``k``/``v`` ``(B, Sk, Hkv, D)`` into ``out``
     (``q``'s shape) and, when given, ``lse`` ``(B, Hq, Sq)`` fp32: the decode kernel serving a dense call
     (``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa`` route decode-shaped
     calls here, :func:`is_decode_shaped`). Any strides; inputs validated by the caller (checked again
-    once per signature); no host read, no copy."""
-    plan = _plan(q, k, v, None, None, None, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None, out)
+    once per signature); no host read, no copy. ``owner``: the caller's plan of the call (``ops._Call``), whose
+    key fixes q, k's shape, causal and ``out``'s layout: a kept plan is then found by :func:`_whole_cache_key`."""
+    key = None if owner is None else _whole_cache_key(owner, q, k, v, softmax_scale, lse is not None)
+    plan = _WHOLE_PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan(q, k, v, None, None, None, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None,
+                     out)
+        if key is not None and plan.launch_keys is not None and (plan.on_gpu or _interpreting()):
+            if len(_WHOLE_PLANS) >= _MAX_CALL_PLANS:
+                _WHOLE_PLANS.clear()
+            _WHOLE_PLANS[key] = plan  # only a kept plan: its signature passed the checks and was seen before
     with L.on_device(q):  # no lengths: every sequence is the whole cache (the kernel reads none)
         KD.launch(plan.call, q, k, v, None, None, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
                   backend=plan.backend)

@@ -284,7 +284,7 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
         if call.decode:
             # a few query tokens over a long key set: the split-KV decode kernel, on (B, S, H, D) views
             attend_whole_cache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal,
-                               out.transpose(1, 2), lse)
+                               out.transpose(1, 2), lse, call)
             return out, lse
         cfg = call.cfg or _call_cfg(call, q, k, causal)
     elif cfg is None:  # another variant, no config: that variant's selection
