@@ -14,7 +14,8 @@ transformers' caches hand them), and
 sdpa_attention_forward`` run back to back ``--calls`` times between CUDA events (host time included), in
 interleaved rounds; the median per call is reported, with which way rocmflash routed (``hf.stats()``). A third
 path, ``kernels``, is rocmflash with ``ROCMFLASH_NO_INCUMBENT=1`` (its own kernels wherever it can compute the
-call): what the entry's choice of SDPA is weighed against.
+call): what the entry's choice of SDPA is weighed against. A fourth, ``folded`` (a probe, not a rocmflash path),
+is one SDPA call with the GQA group folded into the query length (:func:`_folded`).
 
 Usage (on a GPU)::
 
@@ -43,6 +44,17 @@ def _inputs(torch, B, Hq, Hkv, D, slots, used, static, seed):
         for b, s in enumerate(starts):
             mask[b, :, :, s:used] = True
     return q, k, v, mask
+
+
+def _folded(torch, q, k, v, mask, scale):
+    """Probe: one SDPA call with the GQA group folded into the query length (``(B, Hkv, Hq/Hkv, D)`` against the
+    cache's ``(B, Hkv, L, D)``; a one-token step has no causal mask to misalign): no ``repeat_kv`` copies under a
+    mask, no ``enable_gqa``. Output ``(B, 1, Hq, D)``, as transformers' path returns it."""
+    B, Hq, _, D = q.shape
+    Hkv = k.shape[1]
+    o = torch.nn.functional.scaled_dot_product_attention(q.reshape(B, Hkv, Hq // Hkv, D), k, v, attn_mask=mask,
+                                                         scale=scale)
+    return o.reshape(B, 1, Hq, D)
 
 
 def _time(torch, fn, calls: int) -> float:
@@ -79,9 +91,9 @@ def main(argv=None) -> int:
              f"µs per call, host included, median of {args.rounds} interleaved rounds of {args.calls} calls", "",
              f"command: `python bench/hf_decode_call.py --batches {args.batches} --used {args.used} "
              f"--rounds {args.rounds} --calls {args.calls}`", "",
-             "| B | cache | keys used | sdpa µs | rocmflash µs | rocmflash's kernels µs | sdpa / rocmflash | "
-             "rocmflash routed (all paths) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| B | cache | keys used | sdpa µs | rocmflash µs | rocmflash's kernels µs | folded GQA µs (probe) | "
+             "sdpa / rocmflash | rocmflash routed (all paths) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for B in (int(x) for x in args.batches.split(",")):
         for used in (int(x) for x in args.used.split(",")):
             for static in (False, True):
@@ -91,6 +103,7 @@ def main(argv=None) -> int:
                     "sdpa": lambda: sdpa_attention_forward(module, q, k, v, mask, scaling=scale),
                     "rocmflash": lambda: hf.rocmflash_attention_forward(module, q, k, v, mask, scaling=scale)}
                 paths["kernels"] = paths["rocmflash"]
+                paths["folded"] = lambda: _folded(torch, q, k, v, mask, scale)
                 ref = paths["sdpa"]()[0].float()
                 out = paths["rocmflash"]()[0].float()
                 err = ((out - ref).norm() / ref.norm()).item()
@@ -107,9 +120,12 @@ def main(argv=None) -> int:
                         finally:
                             os.environ.pop(NO_INCUMBENT, None)
                 routed = {key: val - before.get(key, 0) for key, val in hf.stats().items() if val - before.get(key, 0)}
-                s, r, kern = (statistics.median(times[n]) for n in ("sdpa", "rocmflash", "kernels"))
+                s, r, kern, fold = (statistics.median(times[n]) for n in ("sdpa", "rocmflash", "kernels", "folded"))
+                fout = paths["folded"]().float()
+                ferr = ((fout - ref).norm() / ref.norm()).item()
                 lines.append(f"| {B} | {'static' if static else 'dynamic'} | {used} | {s:.1f} | {r:.1f} | {kern:.1f} | "
-                             f"{s / r:.2f}x | {', '.join(f'{a} {b}' for a, b in routed.items())} (err {err:.1e}) |")
+                             f"{fold:.1f} (err {ferr:.1e}) | {s / r:.2f}x | "
+                             f"{', '.join(f'{a} {b}' for a, b in routed.items())} (err {err:.1e}) |")
                 print(lines[-1], flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "hf-decode-call.md"), "w") as f:
