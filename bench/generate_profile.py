@@ -137,8 +137,8 @@ def markdown(sections, meta, args) -> str:
                          f"{'/'.join(map(str, x['gc']))}, {x['gc_ms']:.1f} |")
         names = set(s["prof"]) | set(r["prof"])
         diff = sorted(names, key=lambda n: abs(r["prof"].get(n, 0) - s["prof"].get(n, 0)), reverse=True)
-        lines += ["", f"Own time per generated token (cProfile of one call; profiled, so slower than above), "
-                      f"largest differences:", "",
+        lines += ["", "Own time per generated token (cProfile of one call; profiled, so slower than above), "
+                      "largest differences:", "",
                   "| function | sdpa µs/token | rocmflash µs/token | difference |", "|---|---|---|---|"]
         for n in diff[:args.top]:
             a, b = s["prof"].get(n, 0) * per_token * 1e3, r["prof"].get(n, 0) * per_token * 1e3

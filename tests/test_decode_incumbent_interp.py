@@ -176,8 +176,8 @@ def test_lookup_is_cached_per_signature_and_bucket(interpret, tmp_path, monkeypa
 def test_hf_unmasked_decode_step_follows_the_entry(interpret, tmp_path, monkeypatch, sdpa_spy):
     from rocmflash.integrations import hf
 
-    calls, real = [], hf._decode_incumbent
-    monkeypatch.setattr(hf, "_decode_incumbent", lambda *a: calls.append(1) or real(*a))
+    calls, real = [], hf._served_step
+    monkeypatch.setattr(hf, "_served_step", lambda *a: calls.append(1) or real(*a))
     module = types.SimpleNamespace(is_causal=True)
     for field in (SDPA_WINS, TRITON_WINS):
         selection.clear_cache()
@@ -189,6 +189,52 @@ def test_hf_unmasked_decode_step_follows_the_entry(interpret, tmp_path, monkeypa
         assert rel_err(out.transpose(1, 2), _ref(q, k, v)) < 1e-2
         assert (seen == []) == (field is SDPA_WINS)
     assert len(calls) == 2
+
+
+def test_hf_served_step_is_kept_for_the_other_layers(interpret, tmp_path, monkeypatch, sdpa_spy):
+    """A step the entry gives SDPA is decided by its first layer; the other layers (same shapes, dtypes, device,
+    scaling) run the kept SDPA call with no checks -- unless ROCMFLASH_NO_INCUMBENT is set, the call carries a
+    sliding window, a mask or another scaling, or rocmflash.clear_cache ran (a new database may say otherwise)."""
+    from rocmflash.api.selection import NO_INCUMBENT_ENV
+    from rocmflash.integrations import hf
+
+    module = types.SimpleNamespace(is_causal=True)
+    scale = 1 / math.sqrt(D)
+    selection.clear_cache()
+    _decode_db(tmp_path, monkeypatch, SDPA_WINS)
+    q, k, v = _qkv(seed=6)
+    want = _ref(q, k, v)
+    decided, real = [], hf._served_step
+    monkeypatch.setattr(hf, "_served_step", lambda *a: decided.append(1) or real(*a))
+    checked, real_check = [], hf._unroutable_reason
+    monkeypatch.setattr(hf, "_unroutable_reason", lambda *a, **kw: checked.append(1) or real_check(*a, **kw))
+
+    def layer(**kwargs):
+        before = hf.stats()
+        with observe_launches() as seen:
+            out, _ = hf.rocmflash_attention_forward(module, q, k, v, kwargs.pop("mask", None),
+                                                    scaling=kwargs.pop("scaling", scale), **kwargs)
+        assert rel_err(out.transpose(1, 2), want) < 1e-2
+        return hf.stats()["incumbent"] - before["incumbent"], seen
+
+    assert layer(position_ids=None, use_cache=True) == (1, [])  # the step's first layer decides
+    assert (len(decided), len(checked)) == (1, 1)
+    for _ in range(3):  # the other layers: kept, nothing checked again
+        assert layer(position_ids=None, use_cache=True) == (1, [])
+    assert (len(decided), len(checked)) == (1, 1)
+    served, seen = layer(scaling=None)  # another scaling argument (the same value): decided anew, then kept
+    assert served == 1 and seen == [] and len(decided) == 2
+    monkeypatch.setenv(NO_INCUMBENT_ENV, "1")  # read per call, kept steps included
+    served, seen = layer()
+    assert served == 0 and "_decode_split" in {r["kernel"] for r in seen}
+    monkeypatch.delenv(NO_INCUMBENT_ENV)
+    served, seen = layer(sliding_window=4 * SK)  # a window (wider than the cache): the decode kernel, never SDPA
+    assert served == 0 and "_decode_split" in {r["kernel"] for r in seen}
+    served, seen = layer(mask=torch.ones(B, 1, 1, SK, dtype=torch.bool))  # a mask: not the kept call
+    assert served == 0
+    selection.clear_cache()  # forgets the kept steps with the database's answers
+    assert hf._KEPT_STEPS == {}
+    assert layer()[0] == 1 and len(decided) == 4  # (the third: the NO_INCUMBENT call, decided and not kept)
 
 
 def test_hf_masked_single_sequence_step_follows_the_entry(interpret, tmp_path, monkeypatch):
@@ -212,6 +258,11 @@ def test_hf_masked_single_sequence_step_follows_the_entry(interpret, tmp_path, m
         assert out.shape == (batch, 1, HQ, D) and rel_err(out.transpose(1, 2), want) < 1e-2
         to_sdpa = batch == 1 and field is SDPA_WINS
         assert (hf.stats()["sdpa"] - before == 1) == to_sdpa and (seen == []) == to_sdpa, (batch, field)
+        before = hf.stats()["sdpa"]  # the step's next layer: the route kept by the first (same answer)
+        with observe_launches() as seen:
+            again, _ = hf.rocmflash_attention_forward(module, q, k, v, mask, scaling=1 / math.sqrt(D))
+        assert torch.equal(again, out) and (hf.stats()["sdpa"] - before == 1) == to_sdpa, (batch, field)
+        assert (seen == []) == to_sdpa
 
 
 def test_explain_shows_the_decode_entry_both_times_and_the_kvcache_route(tmp_path, monkeypatch):

@@ -80,7 +80,7 @@ from rocmflash.integrations.hf_masks import (  # noqa: F401  (re-exported: the c
 )
 
 NAME = "rocmflash"
-_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0}
+_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0, "incumbent": 0}
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -98,12 +98,9 @@ def _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8: bool = False)
     are an fp8 cache's (their dtype is not q's)."""
     if dropout not in (0, 0.0):
         return "attention dropout"
-    if kwargs:
-        for name in ("position_bias", "cache", "sinks", "s_aux"):
-            if kwargs.get(name) is not None:
-                return f"the {name!r} argument"
-        if kwargs.get("output_attentions", False):
-            return "output_attentions=True"
+    why = _kwargs_unroutable(kwargs)
+    if why is not None:
+        return why
     dtype = query.dtype
     if dtype not in _DTYPES or (not kv_fp8 and (key.dtype is not dtype or value.dtype is not dtype)):
         return f"dtype {dtype} (rocmflash runs fp16/bf16)"
@@ -125,6 +122,24 @@ def _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8: bool = False)
     if softcap is not None and not (softcap > 0 and math.isfinite(softcap)):
         return f"softcap={softcap}"
     return None
+
+
+def _kwargs_unroutable(kwargs) -> Optional[str]:
+    """Why a keyword argument transformers passes keeps rocmflash from computing the call (None: none does)."""
+    if kwargs:
+        for name in ("position_bias", "cache", "sinks", "s_aux"):
+            if kwargs.get(name) is not None:
+                return f"the {name!r} argument"
+        if kwargs.get("output_attentions", False):
+            return "output_attentions=True"
+    return None
+
+
+def _kwargs_plain(kwargs) -> bool:
+    """Whether transformers' keyword arguments leave the call plain attention: nothing :func:`_kwargs_unroutable`
+    names, no soft-cap, no sliding window (what a kept one-token step, :data:`_KEPT_STEPS`, was decided for)."""
+    return not kwargs or (_kwargs_unroutable(kwargs) is None and kwargs.get("softcap") is None
+                          and not kwargs.get("sliding_window"))
 
 
 _WARNED: set = set()
@@ -214,6 +229,14 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     kernel, re-pad; soft-capping -> the varlen kernel. Anything rocmflash would not compute
     identically goes to transformers' SDPA with a one-time warning that names the reason.
     """
+    step = None
+    if not dropout:  # a one-token step whose route an earlier layer of this step decided (same shapes): no checks
+        step = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.get_device(), scaling,
+                attention_mask is None)
+        kept = _KEPT_STEPS.get(step)
+        if kept is not None and _kwargs_plain(kwargs) and not _INCUMBENT_FNS[1]() \
+                and not torch.compiler.is_compiling():
+            return kept(module, query, key, value, attention_mask, is_causal, kwargs)
     descales = _fp8_descales(key, value)
     if descales is not None:  # an Fp8Cache's step: the decode kernel reads the fp8 cache, else its values in q's dtype
         if _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8=True) is None:
@@ -221,6 +244,7 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
             if out is not None:
                 return out, None
         key, value = _dequantised(key, value, descales, query.dtype)
+        step = None  # (a route kept under the fp8 views' key would skip the dequantisation)
     args = (module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     reason = _unroutable_reason(query, key, value, dropout, kwargs)
     if reason is not None:
@@ -233,9 +257,16 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
         # one sequence's step, masked only where a static cache has free slots (or the caller's own mask): where
         # the decode entry timed SDPA faster (a host-bound step), transformers' SDPA path runs it as it would
         # without rocmflash -- over the whole cache with the mask, as measured (the entry's length is the cache's)
-        _STATS["sdpa"] += 1
-        return _sdpa_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                               is_causal=is_causal, **kwargs)
+        run = _transformers_sdpa(scaling)
+        if step is not None and _kwargs_plain(kwargs):
+            _keep_step(step, run)
+        return run(module, query, key, value, attention_mask, is_causal, kwargs)
+    if attention_mask is None and not softcap and window_left < 0 and _kwargs_plain(kwargs):
+        run = _served_step(query, key, value, scale)
+        if run is not None:
+            if step is not None:
+                _keep_step(step, run)
+            return run(module, query, key, value, None, is_causal, kwargs)
     out = _decode_step(query, key, value, attention_mask, scale, softcap, window_left)
     if out is not None:
         return out, None
@@ -298,10 +329,6 @@ def _decode_step(query, key, value, attention_mask, scale, softcap, window_left,
                                lambda: decode_key_range(attention_mask, query.shape[0], kv_len, window_left))
     if attention_mask is not None and key_range is None:
         return None
-    if attention_mask is None and not softcap and window_left < 0 and descales is None:
-        out = _decode_incumbent(query, key, value, scale)
-        if out is not None:
-            return out
     from rocmflash.api.decode import flash_attn_with_kvcache
 
     starts, ends = key_range if key_range is not None else (None, None)
@@ -316,33 +343,72 @@ def _decode_step(query, key, value, attention_mask, scale, softcap, window_left,
     return out.contiguous()
 
 
-def _decode_incumbent(query, key, value, scale):
-    """An unmasked one-token step by the platform's SDPA, ``(B, 1, Hq, D)``, where the ``decode-`` entry of its
-    KV-length and batch buckets says SDPA was faster (cached per bucket: one dict lookup); else None (the decode
-    kernel). No copies: SDPA reads the cache views with ``enable_gqa``."""
+def _served_step(query, key, value, scale):
+    """An unmasked one-token step's SDPA call, ``(query, key, value) -> (B, 1, Hq, D)``, where the ``decode-`` entry
+    of its KV-length and batch buckets says SDPA was faster (eager, host time included); else None (the decode
+    kernel, or not a decode step). No copies: SDPA reads the cache views (``enable_gqa`` for GQA). Callers keep it
+    per shapes, dtypes, device and ``scaling`` (:data:`_KEPT_STEPS`): a step's other layers then run it after one
+    dict lookup."""
+    if query.shape[2] != 1 or key.shape[2] <= 1 or torch.compiler.is_compiling():
+        return None
     backend = _decode_backend(query, key)
     if backend is None:
         return None
-    return _INCUMBENT_FNS[2](backend, query, key, value, False, scale, query.shape[1] != key.shape[1]) \
-        .transpose(1, 2).contiguous()
+    sdpa = _INCUMBENT_FNS[2](backend, False, query.shape[1] != key.shape[1])
+
+    def served_step(module, q, k, v, attention_mask, is_causal, kwargs):
+        _STATS["incumbent"] += 1
+        return sdpa(q, k, v, scale).transpose(1, 2).contiguous(), None
+    return served_step
+
+
+def _transformers_sdpa(scaling):
+    """A step run by transformers' own SDPA path, with the caller's arguments (counted as ``sdpa``)."""
+    sdpa_forward = _sdpa_forward()
+
+    def transformers_step(module, q, k, v, attention_mask, is_causal, kwargs):
+        _STATS["sdpa"] += 1
+        return sdpa_forward(module, q, k, v, attention_mask, dropout=0.0, scaling=scaling, is_causal=is_causal,
+                            **kwargs)
+    return transformers_step
+
+
+def _keep_step(step: tuple, run) -> None:
+    """Keep a one-token step's route for the step's other layers (:data:`_KEPT_STEPS`)."""
+    if len(_KEPT_STEPS) >= _MAX_KEPT_STEPS:
+        _KEPT_STEPS.clear()
+    _KEPT_STEPS[step] = run
+
+
+#: (q, k, v shapes and dtypes, device index, ``scaling``, unmasked) -> the route of a one-token step whose
+#: ``decode-`` entry gives it to SDPA (:func:`_served_step`, or transformers' path for a masked single sequence):
+#: every layer of a step has the same shapes, so its first layer decides and the others run the kept route after
+#: one dict lookup (a dynamic cache is one key longer each step: one new key per step). Only calls with plain
+#: keyword arguments (:func:`_kwargs_plain`) use it; ``ROCMFLASH_NO_INCUMBENT`` is read per call. Emptied when
+#: full and by ``rocmflash.clear_cache`` (a new database may route these steps otherwise).
+_KEPT_STEPS: dict = {}
+_MAX_KEPT_STEPS = 256
 
 
 def _decode_backend(query, key):
     """The SDPA backend the ``decode-`` entry of this one-token step's KV-length and batch buckets says to run (cached
     per bucket: one dict lookup), or None: the decode kernel (or ``ROCMFLASH_NO_INCUMBENT`` is set)."""
     if not _INCUMBENT_FNS:  # imported once (an import statement per call costs about a microsecond each)
-        from rocmflash.api.incumbent import sdpa_attention
+        from rocmflash.api.incumbent import sdpa_server
         from rocmflash.api.ops import decode_incumbent
         from rocmflash.api.selection import incumbent_disabled
 
-        _INCUMBENT_FNS.extend((decode_incumbent, incumbent_disabled, sdpa_attention))
+        from rocmflash.api.selection import register_clear
+
+        _INCUMBENT_FNS.extend((decode_incumbent, incumbent_disabled, sdpa_server))
+        register_clear(_KEPT_STEPS.clear)  # a new database may serve these steps otherwise
     decode_incumbent, incumbent_disabled, _ = _INCUMBENT_FNS
     B, Hq, _, D = query.shape
     backend = decode_incumbent(query.device, D, query.dtype, Hq // key.shape[1], key.shape[2], B)
     return None if backend is None or incumbent_disabled() else backend
 
 
-_INCUMBENT_FNS: list = []  #: (decode_incumbent, incumbent_disabled, sdpa_attention), bound on first use
+_INCUMBENT_FNS: list = []  #: (decode_incumbent, incumbent_disabled, sdpa_server), bound on first use
 
 
 def register(name: str = NAME) -> str:
@@ -393,7 +459,8 @@ def _skip_flash_preload() -> None:
 
 def stats() -> dict:
     """Calls that ran rocmflash (``decode``: of those, the ones through the KV-cache decode kernel; ``fp8``: of
-    those, the ones reading an fp8 cache) and calls passed to transformers' SDPA path (since import)."""
+    those, the ones reading an fp8 cache), calls passed to transformers' SDPA path (``sdpa``) and one-token steps
+    run by the platform's SDPA where the decode entry timed it faster (``incumbent``), since import."""
     return dict(_STATS)
 
 
