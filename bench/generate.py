@@ -10,8 +10,8 @@ Both the default dynamic cache and ``cache_implementation="static"`` are run (th
 
 Timing (wall clock around the call, GPU synchronised): ``generate(max_new_tokens=1)`` is the
 prefill, ``generate(max_new_tokens=N, min_new_tokens=N)`` the whole call; decode ms/token =
-(whole - prefill) / (N - 1). Median over interleaved rounds (sdpa, rocmflash, sdpa, ...), after
-an untimed warm-up of each. Also: how many rows of tokens are identical between the two
+(whole - prefill) / (N - 1). Median over interleaved rounds (which of sdpa and rocmflash runs first
+alternates from round to round), after an untimed warm-up of each. Also: how many rows of tokens are identical between the two
 (random bf16 weights: a near-tie can flip a greedy choice) and rocmflash's routing counters
 (decode-kernel calls, calls passed to SDPA).
 
@@ -74,7 +74,8 @@ def run(args):
             times = {impl: {"prefill": [], "whole": []} for impl in ("sdpa", "rocmflash")}
             tokens, routed = {}, {}
             for rnd in range(args.rounds + 1):  # round 0: warm-up (compiles), not timed
-                for impl in ("sdpa", "rocmflash"):
+                # which goes first alternates by round: a run's second generate() can be systematically slower
+                for impl in (("sdpa", "rocmflash") if rnd % 2 else ("rocmflash", "sdpa")):
                     model.set_attn_implementation(impl)
                     before = rf_hf.stats()
                     t1, _ = _generate(torch, model, ids, mask, 1, cache)
