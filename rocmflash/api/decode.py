@@ -234,8 +234,7 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
     for t in tensors:
         kind = type(t)
         if kind is torch.Tensor:
-            parts.append((t.dtype, t.shape, t.stride(), t.device,
-                          hip and t.untyped_storage().nbytes() <= L.MAX_INT32))
+            parts.append((t.dtype, t.shape, t.stride(), t.device, hip and L.fits_buffer_addressing(t)))
         elif kind in _SCALARS:
             parts.append((kind, t))
         else:
@@ -318,6 +317,12 @@ def _at_length(plan: _Plan, q, k_cache, v_cache, num_splits: int) -> _Plan:
                          geometry=geometry, launch_keys=None)
 
 
+def _replayable(plan: _Plan) -> bool:
+    """Whether a kept plan may serve this call: made for a GPU, or the interpreter is on (a CPU plan is kept only
+    for the interpreter's tests; without it the call takes the checked path and its error)."""
+    return plan.on_gpu or _interpreting()
+
+
 def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
     """One DecodeCall object per distinct value: launch keys holding it then compare by identity
     (a dataclass's ``__eq__`` runs in Python) when a kept plan's key meets an earlier plan's equal one."""
@@ -338,13 +343,13 @@ def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, 
                                v_descale),
                      (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
     plan = _CALL_PLANS.get(sig) if sig is not None else None
-    if plan is not None and (plan.on_gpu or _interpreting()):
+    if plan is not None and _replayable(plan):
         return plan  # (a per-length plan kept under this full signature was made at this geometry)
     per_length = _per_length(block_table, k, cache_seqlens)
     loose = _length_free(sig) if per_length else None
     if loose is not None:  # a cache one key longer each call: the plan of its length-free signature
         plan = _CALL_PLANS.get(loose)
-        if plan is not None and (plan.on_gpu or _interpreting()):
+        if plan is not None and _replayable(plan):
             plan = _at_length(plan, q, k_cache, v_cache, num_splits)
             if plan.launch_keys is None and _seen_before(sig):  # a cache of this length again: kept as its own
                 plan = _CALL_PLANS[sig] = plan._replace(launch_keys={})
@@ -368,7 +373,7 @@ def _whole_cache_key(owner, q, k, v, softmax_scale, want_lse: bool) -> tuple:
     key = (owner, k.stride(), v.shape, v.stride(), k.dtype, v.dtype, k.get_device(), v.get_device(),
            type(softmax_scale), softmax_scale, want_lse)
     if C.torch_backend() == "hip":
-        key += tuple(t.untyped_storage().nbytes() <= L.MAX_INT32 for t in (q, k, v))
+        key += tuple(L.fits_buffer_addressing(t) for t in (q, k, v))
     return key
 
 
@@ -486,7 +491,7 @@ def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=Non
     if plan is None:
         plan = _plan(q, k, v, None, None, None, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None,
                      out)
-        if key is not None and plan.launch_keys is not None and (plan.on_gpu or _interpreting()):
+        if key is not None and plan.launch_keys is not None and _replayable(plan):
             if len(_WHOLE_PLANS) >= _MAX_CALL_PLANS:
                 _WHOLE_PLANS.clear()
             _WHOLE_PLANS[key] = plan  # only a kept plan: its signature passed the checks and was seen before

@@ -191,6 +191,12 @@ _MAX_PLANS = 4096
 MAX_INT32 = 2**31 - 1  #: largest storage (bytes) Triton gives 32-bit buffer addressing on AMD (the 2 GiB bit of a key)
 
 
+def fits_buffer_addressing(t) -> bool:
+    """Whether ``t``'s whole storage fits Triton's 32-bit buffer addressing on AMD (:data:`MAX_INT32` bytes): the
+    "2 GiB bit" a launch is specialised on there, so every key of a ROCm launch or plan holds it per tensor."""
+    return t.untyped_storage().nbytes() <= MAX_INT32
+
+
 class _LaunchPlan(NamedTuple):
     """A compiled launch ready to replay: Triton's runner for one grid, the argument list in
     kernel order with the tensors left out, and where each tensor of the call goes. ``pick``: when
@@ -241,7 +247,7 @@ def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str, loo
         else:
             parts += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
         if hip:
-            parts.append(t.untyped_storage().nbytes() <= MAX_INT32)
+            parts.append(fits_buffer_addressing(t))
     return tuple(parts)
 
 
