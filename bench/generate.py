@@ -117,6 +117,16 @@ def markdown(rows, meta, args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def add_model_args(ap) -> None:
+    """The Llama-like model's shape (random weights, :func:`e2e.build_model`), shared with ``generate_profile.py``."""
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--inter", type=int, default=5632)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=".")
@@ -125,12 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--inter", type=int, default=5632)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap)
     ap.add_argument("--label", default="", help="names this run in the output file (generate-LABEL.md)")
     args = ap.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -31,7 +31,7 @@ import traceback
 import warnings
 
 from e2e import build_model
-from generate import _generate, _prompts
+from generate import _generate, _prompts, add_model_args
 
 IMPLS = ("sdpa", "rocmflash")
 
@@ -160,12 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--inter", type=int, default=5632)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap)
     args = ap.parse_args(argv)
     args.caches = args.caches.split(",")
     if args.new < 2:
