@@ -87,7 +87,7 @@ def _profile(fn) -> dict:
     return {f"{os.path.basename(f)}:{line}({name})": tt for (f, line, name), (_, _, tt, _, _) in stats.items()}
 
 
-def run(args, torch, model, rf_hf) -> list:
+def run(args, torch, model) -> list:
     gen = torch.Generator().manual_seed(0)
     ids, mask = _prompts(torch, args.batch, args.prompt, args.vocab, gen)
     sections = []
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                         args.prompt + args.new + 16)
     model.generation_config.eos_token_id = None
     try:
-        sections = run(args, torch, model, rf_hf)
+        sections = run(args, torch, model)
     except Exception:
         traceback.print_exc()
         return 1

@@ -258,10 +258,12 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
         # the decode entry timed SDPA faster (a host-bound step), transformers' SDPA path runs it as it would
         # without rocmflash -- over the whole cache with the mask, as measured (the entry's length is the cache's)
         run = _transformers_sdpa(scaling)
-        if step is not None and _kwargs_plain(kwargs):
+        if step is not None:
             _keep_step(step, run)
         return run(module, query, key, value, attention_mask, is_causal, kwargs)
-    if attention_mask is None and not softcap and window_left < 0 and _kwargs_plain(kwargs):
+    # (no kwargs check here: _unroutable_reason passed, and the soft-cap and window are tested; a kept route is
+    # only run for calls _kwargs_plain passes)
+    if attention_mask is None and not softcap and window_left < 0:
         run = _served_step(query, key, value, scale)
         if run is not None:
             if step is not None:
@@ -396,9 +398,7 @@ def _decode_backend(query, key):
     if not _INCUMBENT_FNS:  # imported once (an import statement per call costs about a microsecond each)
         from rocmflash.api.incumbent import sdpa_server
         from rocmflash.api.ops import decode_incumbent
-        from rocmflash.api.selection import incumbent_disabled
-
-        from rocmflash.api.selection import register_clear
+        from rocmflash.api.selection import incumbent_disabled, register_clear
 
         _INCUMBENT_FNS.extend((decode_incumbent, incumbent_disabled, sdpa_server))
         register_clear(_KEPT_STEPS.clear)  # a new database may serve these steps otherwise
