@@ -163,19 +163,19 @@ def _what_decode_runs(gpu_name, head_dim, dtype, causal, seqlen_q, seqlen_k, gqa
     """A decode-shaped call through ``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa``:
     SDPA where the ``decode-`` entry of its KV-length and batch buckets timed it faster (eager, host time
     included), else the decode kernel; with gradients always the decode kernel (decode entries time inference)."""
-    from rocmflash.api.incumbent import decode_timing, shape_excludes, winner
+    from rocmflash.api.incumbent import decode_host_floor, decode_timing, decode_winner, shape_excludes
     from rocmflash.api.selection import NO_INCUMBENT_ENV, incumbent_disabled
 
     key, field, why = decode_timing(gpu_name, head_dim, dtype, gqa_ratio, seqlen_k, batch, db_path)
     why = shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) or why
     if incumbent_disabled():
         why = f"{NO_INCUMBENT_ENV} is set"
-    backend = None if why else winner(field, False)
+    floor = None if why else decode_host_floor(gpu_name, head_dim, dtype, db_path)
+    backend, decided = (None, why) if why else decode_winner(field, floor)
     times = field or {}
     fwd = {"runs": f"SDPA ({backend})" if backend else DECODE_KERNEL, "sdpa_ms": times.get("time_ms"),
-           "sdpa_backend": times.get("backend"), "rocmflash_ms": times.get("triton_ms"),
-           "why": why or ("SDPA was faster (eager per call, host time included)" if backend else
-                          "the decode kernel was as fast or faster (eager per call, host time included)")}
+           "sdpa_backend": times.get("backend"), "rocmflash_ms": times.get("triton_ms"), "why": decided,
+           "host_floor": {side: floor[side] for side in ("time_ms", "triton_ms")} if floor else None}
     train = {"runs": DECODE_KERNEL + " and the Triton backward", "sdpa_ms": None, "sdpa_backend": None,
              "rocmflash_ms": None, "why": "decode-shaped: decode entries time inference only"}
     return {"incumbent": field, "decode_entry": key, "batch": batch, "timing": times.get("timing"),

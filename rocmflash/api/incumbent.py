@@ -271,6 +271,72 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
     return key, field, None
 
 
+#: a decode verdict must hold on a host this many times slower than the tuning host. rocmflash's decode route (Python,
+#: a plan, two Triton launches) costs 2.5-3x SDPA's C++ call on the host, and lent H100 hosts of one model measured
+#: that route from 62 to 150 µs a call (``reports/issue28-acceptance-2026-11-27c-h100.md``), twice the shipped H100
+#: database's floor (74 µs, B1 at 2k keys): a kernel lead of 0.5 % on the tuning host became 0.73x on a slower one
+#: (B8, 8k keys, GQA 4).
+DECODE_HOST_SLOWDOWN = 2.0
+
+
+def decode_host_floor(gpu_name: Optional[str], head_dim: int, dtype, db_path: Optional[str] = None) -> Optional[dict]:
+    """The host floors of a decode call on the tuning host: the :data:`DECODE_TIMING` incumbent field (``time_ms``
+    SDPA, ``triton_ms`` rocmflash's route, eager, host included) of the smallest problem (batch bucket times KV
+    bucket; ties: the least ``triton_ms``) among the servable 16-bit, unpaged ``decode-`` entries of this head dim
+    and dtype, any GQA ratio -- the one whose time is nearly all host (B1 at 2k keys: the kernel runs ~8 µs of its
+    ~75) -- read from ``db_path`` or the GPU's databases; None without one."""
+    from rocmflash.config import normalize_dtype
+    from rocmflash.db import ConfigDB, iter_database_entries, servable
+    from rocmflash.tuning.decode_lookup import parse_decode_key
+
+    if gpu_name is None:
+        return None
+    rows = ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items()) if db_path \
+        else iter_database_entries(gpu_name)
+    want, floor = (int(head_dim), normalize_dtype(dtype)), None
+    for _, _, key, entry in rows:
+        p = parse_decode_key(key)
+        if p is None or (p["head_dim"], p["dtype"]) != want or p["page_size"] or p.get("kv_dtype") \
+                or not isinstance(entry, dict) or not servable(entry):
+            continue
+        field = entry.get("incumbent")
+        if isinstance(field, dict) and field.get("timing") == DECODE_TIMING and _positive(field.get("triton_ms")) \
+                and _positive(field.get("time_ms")):
+            rank = (p["batch_bucket"] * p["kv_bucket"], field["triton_ms"])
+            if floor is None or rank < floor[0]:
+                floor = (rank, field)
+    return floor[1] if floor else None
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def decode_winner(field: Optional[dict], floor: Optional[dict]) -> tuple:
+    """``(backend or None, why)`` for a dense decode-shaped call from its ``decode-`` entry's eager ``field``: the
+    entry's own verdict (:func:`winner`), except that the decode kernel keeps a call only where it would still be
+    ahead on a host :data:`DECODE_HOST_SLOWDOWN` times slower: each side's expected time there is the longer of
+    its eager time and its host floor (``floor``, :func:`decode_host_floor`) times the slowdown, as in
+    :func:`rocmflash.api.host_bound.expected_ms`. Without a floor the verdict stands. ``why`` says which rule
+    decided."""
+    backend = winner(field, False)
+    if backend is not None:
+        return backend, "SDPA was faster (eager per call, host time included)"
+    kept = None, "the decode kernel was as fast or faster (eager per call, host time included)"
+    if not field or not field.get("backend") or not _positive(field.get("time_ms")) \
+            or not _positive(field.get("triton_ms")) or not floor:
+        return kept
+    sdpa_ms, triton_ms = field["time_ms"], field["triton_ms"]
+    slow_sdpa = max(sdpa_ms, DECODE_HOST_SLOWDOWN * min(floor["time_ms"], sdpa_ms))
+    slow_triton = max(triton_ms, DECODE_HOST_SLOWDOWN * min(floor["triton_ms"], triton_ms))
+    if slow_triton < slow_sdpa:
+        return kept
+    return preferred_backend(field, field["backend"], False), (
+        f"host margin: the decode kernel was as fast or faster here ({triton_ms * 1e3:.1f} vs {sdpa_ms * 1e3:.1f} µs), "
+        f"but on a host {DECODE_HOST_SLOWDOWN:g}x slower its route would take {slow_triton * 1e3:.1f} µs against "
+        f"SDPA's {slow_sdpa * 1e3:.1f} (host floors {floor['triton_ms'] * 1e3:.1f} / {floor['time_ms'] * 1e3:.1f} µs)")
+
+
 def decode_field(result: dict) -> dict:
     """A decode entry's ``incumbent`` from :func:`rocmflash.tuning.incumbent_worker.measure_decode`'s result: the
     forward's field shape (:func:`incumbent_field`, no training side: decode is inference) with ``timing``
@@ -298,5 +364,6 @@ def eager_field(result: dict) -> dict:
 
 
 __all__ = ["DEFAULT", "NAMED_BACKEND_MARGIN", "preferred_backend", "DECODE_TIMING", "EAGER_TIMING", "eager_field", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
+           "DECODE_HOST_SLOWDOWN", "decode_host_floor", "decode_winner",
            "sdpa_causal", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "incumbent_field",
            "winner"]

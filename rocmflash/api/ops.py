@@ -43,8 +43,8 @@ from rocmflash.api.decode import attend_whole_cache
 from rocmflash.kernels.kv_decode import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api import selection as _selection
-from rocmflash.api.incumbent import (decode_timing, sdpa_causal, sdpa_server, shape_excludes,
-                                     winner)
+from rocmflash.api.incumbent import (decode_host_floor, decode_timing, decode_winner, sdpa_causal, sdpa_server,
+                                     shape_excludes)
 from rocmflash.api.host_bound import call_incumbents
 from rocmflash.api.selection import incumbent_disabled, register_clear, select_bwd_config, select_config
 
@@ -219,9 +219,10 @@ register_clear(_DECODE_INCUMBENT.clear)
 def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, batch: int) -> Optional[str]:
     """The SDPA backend a dense decode-shaped call runs instead of the decode kernel, or None: the ``decode-`` entry
     of its KV-length and batch buckets (:func:`rocmflash.api.incumbent.decode_timing`) timed it faster, eager
-    per call with host time (``bench/refresh_incumbents.py --decode``). Before the ``ROCMFLASH_NO_INCUMBENT``
-    switch (read per call by the caller). Cached per bucket: a cache one key longer each step costs one dict
-    lookup, no database read, no host-device sync."""
+    per call with host time (``bench/refresh_incumbents.py --decode``), or SDPA's time is too short for the kernel's
+    route to stay ahead on a slower host (:func:`rocmflash.api.incumbent.decode_winner`). Before the
+    ``ROCMFLASH_NO_INCUMBENT`` switch (read per call by the caller). Cached per bucket: a cache one key longer each
+    step costs one dict lookup, no database read, no host-device sync."""
     key = (getattr(device, "type", str(device)), getattr(device, "index", None), L.interpreting(), int(head_dim),
            dtype, int(group), int(seqlen_k - 1).bit_length(), int(batch - 1).bit_length())
     try:
@@ -231,9 +232,10 @@ def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, ba
     gpu_name, _ = _selection.device_identity(device)
     try:
         _, field, why_not = decode_timing(gpu_name, head_dim, dtype, group, seqlen_k, batch)
+        floor = None if why_not else decode_host_floor(gpu_name, head_dim, dtype)
     except Exception:  # a broken database must not break attention: the decode kernel
-        field, why_not = None, "unreadable database"
-    backend = _DECODE_INCUMBENT[key] = None if why_not else winner(field, False)
+        field, why_not, floor = None, "unreadable database", None
+    backend = _DECODE_INCUMBENT[key] = None if why_not else decode_winner(field, floor)[0]
     return backend
 
 
