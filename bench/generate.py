@@ -13,7 +13,9 @@ prefill, ``generate(max_new_tokens=N, min_new_tokens=N)`` the whole call; decode
 (whole - prefill) / (N - 1). Median over interleaved rounds (which of sdpa and rocmflash runs first
 alternates from round to round), after an untimed warm-up of each. Also: how many rows of tokens are identical between the two
 (random bf16 weights: a near-tie can flip a greedy choice) and rocmflash's routing counters
-(decode-kernel calls, calls passed to SDPA).
+(decode-kernel calls, calls passed to SDPA). Beside the ratio of medians, the per-round ratios: SDPA's time over
+rocmflash's within each round (the two ran back to back, so drift between rounds cancels), per decode token
+and for the whole call, as median (min..max).
 
 Usage (on a GPU)::
 
@@ -87,14 +89,35 @@ def run(args):
                     tokens[impl] = out[:, ids.shape[1]:].cpu()
                     routed[impl] = {k: after[k] - before[k] for k in after}
             same = int((tokens["sdpa"] == tokens["rocmflash"]).all(1).sum())
+            paired = _paired_ratios(times, args.new)
             for impl in ("sdpa", "rocmflash"):
                 prefill = statistics.median(times[impl]["prefill"]) * 1e3
                 whole = statistics.median(times[impl]["whole"]) * 1e3
                 rows.append(dict(batch=batch, cache=cache, impl=impl, prefill_ms=prefill, whole_ms=whole,
                                  decode_ms=(whole - prefill) / (args.new - 1), identical=same,
-                                 decode_calls=routed[impl]["decode"], sdpa_calls=routed[impl]["sdpa"]))
+                                 decode_calls=routed[impl]["decode"], sdpa_calls=routed[impl]["sdpa"],
+                                 **(paired if impl == "rocmflash" else {})))
                 print(rows[-1], flush=True)
     return rows
+
+
+def _paired_ratios(times: dict, new: int) -> dict:
+    """SDPA's time over rocmflash's within each round (the two ran back to back, so host drift between rounds
+    cancels): ``decode`` (per decode token: whole minus prefill) and ``whole`` (the whole generate() call), each
+    as the sorted list of the rounds' ratios."""
+    def decode(impl, r):
+        return (times[impl]["whole"][r] - times[impl]["prefill"][r]) / (new - 1)
+
+    rounds = range(len(times["sdpa"]["whole"]))
+    return {"paired_decode": sorted(decode("sdpa", r) / decode("rocmflash", r) for r in rounds),
+            "paired_whole": sorted(times["sdpa"]["whole"][r] / times["rocmflash"]["whole"][r] for r in rounds)}
+
+
+def _spread(ratios) -> str:
+    """``median (min..max)`` of per-round ratios, or "-"."""
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.3f}x ({ratios[0]:.2f}..{ratios[-1]:.2f})"
 
 
 def markdown(rows, meta, args) -> str:
@@ -107,12 +130,14 @@ def markdown(rows, meta, args) -> str:
              f"prompt {args.prompt} (B > 1: random lengths in [{args.prompt // 2}, {args.prompt}], left-padded), "
              f"{args.new} new tokens, greedy, eager; median of {args.rounds} interleaved rounds", "",
              "| B | cache | impl | prefill ms | decode ms/token | decode tokens/s | SDPA decode time / this | "
+             "per round: SDPA decode / this, median (range) | per round: SDPA whole call / this | "
              "rows identical to SDPA | rocmflash decode calls | calls passed to SDPA |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {(r["batch"], r["cache"]): r["decode_ms"] for r in rows if r["impl"] == "sdpa"}
     for r in rows:
         lines.append(f"| {r['batch']} | {r['cache']} | {r['impl']} | {r['prefill_ms']:.1f} | {r['decode_ms']:.2f} | "
                      f"{r['batch'] * 1e3 / r['decode_ms']:.0f} | {base[(r['batch'], r['cache'])] / r['decode_ms']:.2f}x | "
+                     f"{_spread(r.get('paired_decode'))} | {_spread(r.get('paired_whole'))} | "
                      f"{r['identical']}/{r['batch']} | {r['decode_calls']} | {r['sdpa_calls']} |")
     return "\n".join(lines) + "\n"
 
