@@ -1,6 +1,6 @@
 """fp8 attention through the public API on the live GPU: the forward, and decode over an fp8 KV cache.
 
-    python bench/fp8.py --out DIR [--quick]
+    python bench/fp8.py --out DIR [--quick] [--seqlens 2048,8192] [--skip-decode]
 
 1. Forward (``rocmflash.flash_attn_func``): bf16 q/k/v against the same tensors quantised to the GPU's
    e4m3 format (per-(batch, kv-head) descales from the amax), B 4, Hq 32, Hkv 8, D 128, S 2k/8k, causal
@@ -174,7 +174,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--seqlens", default="2048,8192", help="forward sequence lengths, comma-separated")
+    ap.add_argument("--skip-decode", action="store_true", help="the forward only")
     args = ap.parse_args()
+    seqlens = tuple(int(s) for s in args.seqlens.split(","))
+    if min(seqlens) < 1:
+        ap.error("--seqlens must be positive")
     import torch
     import triton
 
@@ -189,8 +194,9 @@ def main() -> int:
             "hbm_peak_gbs": hbm_gbs, "peak_fp8_tflops": getattr(gpu, "peak_fp8_tflops", None),
             "command": " ".join(sys.argv)}
     os.makedirs(args.out, exist_ok=True)
-    fwd = forward_rows(fmt, (2048, 8192), args.quick)
-    dec = decode_rows(fmt, (8, 32), (8192, 16384, 32768, 65536) if not args.quick else (8192, 65536), hbm_gbs)
+    fwd = forward_rows(fmt, seqlens, args.quick)
+    dec = [] if args.skip_decode else \
+        decode_rows(fmt, (8, 32), (8192, 16384, 32768, 65536) if not args.quick else (8192, 65536), hbm_gbs)
     with open(os.path.join(args.out, "fp8.json"), "w") as f:
         json.dump({"meta": meta, "forward": fwd, "decode": dec}, f, indent=1)
     lines = [f"# fp8 attention, public API, {meta['device']} ({meta['format']})", "",
