@@ -72,6 +72,7 @@ import triton.language as tl
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
+from rocmflash.kernels.fp8_vlayout import V_ROW_ALIGN, kmajor_copy, padded_keys
 
 MIN_PIECE = 32  #: narrowest head-dim piece and key block (8-bit dots need K >= 32 on NVIDIA)
 
@@ -189,7 +190,6 @@ def check_config(cfg: KernelConfig) -> KernelConfig:
     return cfg
 
 
-V_ROW_ALIGN = 16  #: a K-major V's key count is padded to this, so its rows start 16-byte aligned
 
 
 def kmajor_v(arch) -> bool:
@@ -215,19 +215,13 @@ def as_kmajor_v(v):
     kernel may read.
 
     A ``v`` that already has keys contiguous is returned as is (``seq_v = Sk``). Otherwise one copy
-    (reads and writes ``B*H*Sk*D`` bytes each) into ``(B, H, D, Sk16)`` memory, ``Sk16`` = Sk rounded up
-    to :data:`V_ROW_ALIGN` with the pad zeroed: every row 16-byte aligned, ``seq_v = Sk16``."""
-    import torch
-
-    B, H, Sk, D = v.shape
+    (reads and writes ``B*H*Sk*D`` bytes each, :func:`rocmflash.kernels.fp8_vlayout.kmajor_copy`) into
+    ``(B, H, D, Sk16)`` memory, ``Sk16`` = Sk rounded up to :data:`V_ROW_ALIGN` with the pad zeroed (read by
+    masked loads: weight 0, but never NaN): every row 16-byte aligned, ``seq_v = Sk16``."""
+    Sk = v.shape[2]
     if v.stride(2) == 1 and Sk > 1:
         return v, Sk
-    seq_v = -(-Sk // V_ROW_ALIGN) * V_ROW_ALIGN
-    buf = torch.empty((B, H, D, seq_v), dtype=v.dtype, device=v.device)
-    buf[..., :Sk].copy_(v.transpose(2, 3))
-    if seq_v > Sk:
-        buf[..., Sk:].zero_()  # read by masked loads; weight 0, but must not be NaN
-    return buf[..., :Sk].transpose(2, 3), seq_v
+    return kmajor_copy(v)
 
 
 def default_config(arch, head_dim: int) -> KernelConfig:
@@ -332,7 +326,7 @@ def compile_for(target, cfg: KernelConfig, problem: Problem, fp8_dtype=None):
 
     v_strides, seq_v = contig(p.heads_kv, p.seqlen_k), p.seqlen_k
     if kmajor_v(arch):  # memory (B, Hkv, D, Sk16), as as_kmajor_v lays it out
-        seq_v = -(-p.seqlen_k // V_ROW_ALIGN) * V_ROW_ALIGN
+        seq_v = padded_keys(p.seqlen_k)
         v_strides = (p.heads_kv * p.head_dim * seq_v, p.head_dim * seq_v, 1, seq_v)
     ty = "*" + triton_type(fp8_dtype)
     ptrs = (C.Ptr(ty, in_bytes(p.heads_q, p.seqlen_q)), C.Ptr(ty, in_bytes(p.heads_kv, p.seqlen_k)),

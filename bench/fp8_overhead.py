@@ -1,0 +1,123 @@
+"""Where an fp8 forward call's time goes beyond its kernel: the public call against its parts, on the live GPU.
+
+``flash_attn_func`` on fp8 q/k/v (B 4, Hq 32, Hkv 8, D 128, e4m3) at each ``--seqlens`` length, causal and not, timed
+six ways in the same interleaved rounds (CUDA events around ``--iters`` back-to-back calls, host included):
+
+- ``api``: the public call (checks, selection, V made K-major by :func:`rocmflash.kernels.fp8_forward.as_kmajor_v`
+  where the arch wants it, the launch, the error-word poll);
+- ``kernel``: :func:`rocmflash.kernels.fp8_forward.launch` with the same config on a V that is K-major already
+  (no copy), the output preallocated;
+- ``kmajor copy``: :func:`~rocmflash.kernels.fp8_forward.as_kmajor_v` alone (the Triton transpose,
+  :func:`rocmflash.kernels.fp8_vlayout.kmajor_copy`);
+- ``torch copy`` and ``api, torch copy``: the same copy made as rocmflash made it before that kernel (``copy_`` of the
+  transposed view into the padded buffer), alone and swapped into the public call;
+- ``byte copy``: ``torch.Tensor.copy_`` of V's bytes into a contiguous buffer (the same bytes moved, no
+  transpose): what a copy at the memory's speed costs.
+
+Usage (on a GPU)::
+
+    python bench/fp8_overhead.py --out $OUT [--seqlens 1024,2048,8192] [--rounds 5] [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from interleaved import MarkdownTable, interleaved_medians
+
+
+def _paths(torch, S: int, causal: bool):
+    import rocmflash
+    from rocmflash.api.selection_fp8 import select_fp8_config
+    from rocmflash.kernels import fp8_forward as F8
+
+    B, Hq, Hkv, D = 4, 32, 8, 128
+    f8 = torch.float8_e4m3fn
+    q, k, v = (torch.randn(B, S, h, D, device="cuda").to(f8) for h in (Hq, Hkv, Hkv))
+    qd, kd, vd = (torch.rand(B, Hkv, device="cuda") + 0.5 for _ in range(3))
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # the API's (B, H, S, D) views
+    cfg = select_fp8_config(q.device, D, f8, causal, Hq // Hkv, S) or F8.default_config("sm_90", D)
+    v_kmajor, _ = F8.as_kmajor_v(vh)
+    out = torch.empty(B, S, Hq, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    flat = torch.empty(v.numel(), device="cuda", dtype=torch.uint8)
+    v_bytes = v.view(torch.uint8).reshape(-1)
+    scale = D ** -0.5
+
+    def api():
+        return rocmflash.flash_attn_func(q, k, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+
+    def api_torch_copy():
+        kept, F8.as_kmajor_v = F8.as_kmajor_v, _torch_kmajor
+        try:
+            return api()
+        finally:
+            F8.as_kmajor_v = kept
+
+    return {
+        "api": api,
+        "api, torch copy": api_torch_copy,
+        "kernel": lambda: F8.launch(qh, kh, v_kmajor, qd, kd, vd, cfg, causal, scale, out, arch="sm_90"),
+        "kmajor copy": lambda: F8.as_kmajor_v(vh),
+        "torch copy": lambda: _torch_kmajor(vh),
+        "byte copy": lambda: flat.copy_(v_bytes),
+    }, cfg
+
+
+def _torch_kmajor(v):
+    """The K-major copy as rocmflash made it before ``fp8_vlayout``: ``copy_`` of the transposed view, pad zeroed."""
+    import torch
+
+    from rocmflash.kernels.fp8_vlayout import padded_keys
+
+    B, H, Sk, D = v.shape
+    if v.stride(2) == 1 and Sk > 1:
+        return v, Sk
+    seq_v = padded_keys(Sk)
+    buf = torch.empty((B, H, D, seq_v), dtype=v.dtype, device=v.device)
+    buf[..., :Sk].copy_(v.transpose(2, 3))
+    if seq_v > Sk:
+        buf[..., Sk:].zero_()
+    return buf[..., :Sk].transpose(2, 3), seq_v
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--seqlens", default="1024,2048,8192")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("bench/fp8_overhead.py needs a GPU", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    head = [f"# fp8 forward: the public call against its parts ({datetime.date.today()})", "",
+            f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
+            f"- command: `python {' '.join(sys.argv)}`",
+            "- B 4, Hq 32, Hkv 8, D 128, e4m3 q/k/v; µs per call (CUDA events around back-to-back calls, host "
+            "included), median of interleaved rounds", "",
+            "| S | causal | config | api µs | api, torch copy µs | kernel µs | kmajor copy µs | torch copy µs | "
+            "byte copy µs | api - kernel µs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    table = MarkdownTable(os.path.join(args.out, "fp8_overhead.md"), head)
+    for S in (int(s) for s in args.seqlens.split(",")):
+        for causal in (False, True):
+            paths, cfg = _paths(torch, S, causal)
+            med = interleaved_medians(torch, paths, args.rounds, args.iters)
+            label = f"{cfg.BLOCK_M}x{cfg.BLOCK_N} w{cfg.num_warps} s{cfg.num_stages}"
+            table.add(f"| {S} | {causal} | {label} | {med['api']:.1f} | {med['api, torch copy']:.1f} | "
+                      f"{med['kernel']:.1f} | {med['kmajor copy']:.1f} | {med['torch copy']:.1f} | "
+                      f"{med['byte copy']:.1f} | {med['api'] - med['kernel']:.1f} |")
+            table.flush()
+            del paths
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
