@@ -62,6 +62,22 @@ def test_every_fp8_format_takes_the_same_bytes(interpret):
         assert out.dtype == dtype and torch.equal(out.view(torch.uint8), raw)
 
 
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_kept_launch_key_is_the_computed_one_and_only_for_aligned_v(backend):
+    from rocmflash.kernels.launch import launch_key
+
+    raw = torch.randint(0, 256, (4096 + 1,), dtype=torch.uint8)
+    for offset, aligned in ((0, True), (1, False)):
+        src = raw[offset:offset + 4096].view(1, 2, 32, 64).view(torch.uint8)
+        dst = torch.empty(1, 2, 64, 32, dtype=torch.uint8)
+        key = VL._kept_key(src, dst, backend)
+        if aligned:
+            assert key == launch_key(VL._kmajor_bytes, VL._SCALARS, (src, dst), VL._CONFIG, backend)
+            assert VL._kept_key(src, torch.empty_like(dst), backend) is key  # kept: found, not rebuilt
+        else:
+            assert key is None  # launch_cached computes the misaligned launch's own key
+
+
 def _build(target, S=2048, H=8, D=128):
     from rocmflash.kernels.build import Ptr, compile_kernel
 

@@ -17,6 +17,7 @@ import triton.language as tl
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
+from rocmflash.kernels.launch import fits_buffer_addressing
 
 BLOCK_S = 64  #: keys per program (a 64 x 128-byte tile: 8 KiB)
 V_ROW_ALIGN = 16  #: a K-major V's key count is padded to this, so its rows start 16-byte aligned
@@ -61,6 +62,7 @@ def kmajor_copy(v):
     elif buf.numel():
         src, dst = v.view(torch.uint8), buf.view(torch.uint8)
         block_d = C.next_pow2(D)
+        backend = C.torch_backend()
 
         def build():
             grid = (-(-seq_v // BLOCK_S), B * H)
@@ -69,8 +71,29 @@ def kmajor_copy(v):
                         stride_oh=dst.stride(1), stride_od=dst.stride(2))
             return grid, args, dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=BLOCK_S)
 
-        C.launch_cached(_kmajor_bytes, ("kmajor",), (src, dst), build, _CONFIG, C.torch_backend())
+        C.launch_cached(_kmajor_bytes, _SCALARS, (src, dst), build, _CONFIG, backend, _kept_key(src, dst, backend))
     return buf[..., :Sk].transpose(2, 3), seq_v
+
+
+_SCALARS = ("kmajor",)
+_KEYS: dict = {}  #: V's shape, strides, device (and on ROCm its 2 GiB bit) -> the launch key of an aligned V
+_MAX_KEYS = 1024
+
+
+def _kept_key(src, dst, backend: str):
+    """The launch key of this copy, kept per V signature (it hashes once: computing and hashing the whole key is
+    most of a short call's host cost), or None (computed by ``launch_cached``) when V is not 16-byte aligned. The
+    output is a fresh buffer of V's shape: its part of the key follows from V's."""
+    if src.data_ptr() % 16:
+        return None
+    sig = (src.shape, src.stride(), src.get_device(), backend,
+           backend == "hip" and fits_buffer_addressing(src))
+    key = _KEYS.get(sig)
+    if key is None:
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        key = _KEYS[sig] = C.KeptKey(C.launch_key(_kmajor_bytes, _SCALARS, (src, dst), _CONFIG, backend))
+    return key
 
 
 __all__ = ["kmajor_copy", "padded_keys", "V_ROW_ALIGN", "BLOCK_S"]
