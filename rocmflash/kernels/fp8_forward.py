@@ -224,6 +224,7 @@ def as_kmajor_v(v):
     return kmajor_copy(v)
 
 
+@functools.lru_cache(maxsize=256)
 def default_config(arch, head_dim: int) -> KernelConfig:
     """The fp8 kernel's default config on ``arch``: :func:`rocmflash.config.default_config` with key blocks >= 32,
     except sm_90 at D <= 128: BLOCK_N 128 (BM 128, 8 warps, 3 stages).
@@ -231,7 +232,8 @@ def default_config(arch, head_dim: int) -> KernelConfig:
     An fp8 key tile holds twice the keys of a bf16 one in the same bytes, and with a K-major V
     the P·V ``wgmma`` takes K = BLOCK_N: 128 gives 4 k32 steps per key block instead of 2.
     Cross-compiled (ptxas, Triton 3.6): 200/247 registers (non-causal/causal) at D=128, 182
-    at D=64, no local memory, 112 KiB / 56 KiB shared memory: one 8-warp CTA per SM, as BN 64."""
+    at D=64, no local memory, 112 KiB / 56 KiB shared memory: one 8-warp CTA per SM, as BN 64. Cached (a call
+    without a measured entry asks on every call; configs are immutable)."""
     from rocmflash.config import default_config as base
 
     cfg = base(arch, head_dim)
