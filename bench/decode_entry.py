@@ -23,11 +23,10 @@ Usage (on a GPU): ``python bench/decode_entry.py --out $OUT [--rounds 5] [--batc
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
-from interleaved import MarkdownTable, interleaved_medians
+from interleaved import MarkdownTable, gpu_table_head, interleaved_medians
 
 
 def _with_fused_merge(fn):
@@ -92,18 +91,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fused", action="store_true", help="also time the decode kernel's fused merge (one launch)")
     args = ap.parse_args(argv)
     import torch
-    import triton
 
-    if not torch.cuda.is_available():
-        print("bench/decode_entry.py needs a GPU", file=sys.stderr)
+    head = gpu_table_head(torch, "decode_entry.py", "decode through every entry point vs SDPA",
+                          "Sq=1, D=128, Hq=32, bf16; µs per call (public API, host time included), median of "
+                          "interleaved rounds; ratio = SDPA default / path",
+                          ["Hkv", "B", "KV", "path", "µs", "GB/s", "SDPA default / this"])
+    if head is None:
         return 2
     os.makedirs(args.out, exist_ok=True)
-    head = [f"# decode through every entry point vs SDPA ({datetime.date.today()})", "",
-            f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
-            f"- command: `python {' '.join(sys.argv)}`",
-            "- Sq=1, D=128, Hq=32, bf16; µs per call (public API, host time included), median of interleaved rounds; "
-            "ratio = SDPA default / path", "",
-            "| Hkv | B | KV | path | µs | GB/s | SDPA default / this |", "|---|---|---|---|---|---|---|"]
     table = MarkdownTable(os.path.join(args.out, "decode_entry.md"), head)
     for Hkv in (int(h) for h in args.kv_heads.split(",")):
         for B in (int(b) for b in args.batches.split(",")):

@@ -22,11 +22,10 @@ Usage (on a GPU)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
-from interleaved import MarkdownTable, interleaved_medians
+from interleaved import MarkdownTable, gpu_table_head, interleaved_medians
 
 
 def _paths(torch, S: int, causal: bool):
@@ -91,19 +90,15 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
     import torch
-    import triton
 
-    if not torch.cuda.is_available():
-        print("bench/fp8_overhead.py needs a GPU", file=sys.stderr)
+    head = gpu_table_head(torch, "fp8_overhead.py", "fp8 forward: the public call against its parts",
+                          "B 4, Hq 32, Hkv 8, D 128, e4m3 q/k/v; µs per call (CUDA events around back-to-back calls, "
+                          "host included), median of interleaved rounds",
+                          ["S", "causal", "config", "api µs", "api, torch copy µs", "kernel µs", "kmajor copy µs",
+                           "torch copy µs", "byte copy µs", "api - kernel µs"])
+    if head is None:
         return 2
     os.makedirs(args.out, exist_ok=True)
-    head = [f"# fp8 forward: the public call against its parts ({datetime.date.today()})", "",
-            f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
-            f"- command: `python {' '.join(sys.argv)}`",
-            "- B 4, Hq 32, Hkv 8, D 128, e4m3 q/k/v; µs per call (CUDA events around back-to-back calls, host "
-            "included), median of interleaved rounds", "",
-            "| S | causal | config | api µs | api, torch copy µs | kernel µs | kmajor copy µs | torch copy µs | "
-            "byte copy µs | api - kernel µs |", "|---|---|---|---|---|---|---|---|---|---|"]
     table = MarkdownTable(os.path.join(args.out, "fp8_overhead.md"), head)
     for S in (int(s) for s in args.seqlens.split(",")):
         for causal in (False, True):

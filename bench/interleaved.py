@@ -4,11 +4,14 @@
 each round (so drift hits all paths alike), and returns the median per path in µs.
 ``capture_graph`` captures calls into a CUDA/HIP graph for GPU-time-only paths.
 ``MarkdownTable`` rewrites its file after every row group, so a killed run keeps what it measured.
+``gpu_table_head`` checks for a GPU and starts a report: title, device, versions, command, notes, columns.
 """
 
 from __future__ import annotations
 
+import datetime
 import statistics
+import sys
 
 
 def back_to_back_us(torch, fn, n: int) -> float:
@@ -53,3 +56,17 @@ class MarkdownTable:
     def flush(self) -> None:
         with open(self.path, "w") as f:
             f.write("\n".join(self.head + self.rows + ([""] + self.tail if self.tail else [])) + "\n")
+
+
+def gpu_table_head(torch, script: str, title: str, note: str, columns: list) -> list:
+    """The first lines of a benchmark's markdown table (title with today's date, device, torch and Triton
+    versions, the exact command, ``note``, the column header), or None with a message when no GPU is visible."""
+    import triton
+
+    if not torch.cuda.is_available():
+        print(f"bench/{script} needs a GPU", file=sys.stderr)
+        return None
+    return [f"# {title} ({datetime.date.today()})", "",
+            f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
+            f"- command: `python {' '.join(sys.argv)}`", f"- {note}", "",
+            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
