@@ -176,7 +176,8 @@ def _kernel_table(torch, step, top: int = 12) -> list:
 
 
 # ----------------------------------------------------------------------------- model benchmark
-def build_model(layers, hidden, inter, heads, kv_heads, vocab, max_pos):
+def build_model(layers, hidden, inter, heads, kv_heads, vocab, max_pos, device="cuda"):
+    """A Llama-like ``LlamaForCausalLM`` with random weights (seed 0), bf16, built on ``device``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -184,7 +185,7 @@ def build_model(layers, hidden, inter, heads, kv_heads, vocab, max_pos):
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                       attention_dropout=0.0, tie_word_embeddings=False)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = LlamaForCausalLM(cfg)
     return model.to(torch.bfloat16)
 

@@ -9,8 +9,9 @@ six ways in the same interleaved rounds (CUDA events around ``--iters`` back-to-
   (no copy), the output preallocated;
 - ``kmajor copy``: :func:`~rocmflash.kernels.fp8_forward.as_kmajor_v` alone (the Triton transpose,
   :func:`rocmflash.kernels.fp8_vlayout.kmajor_copy`);
-- ``torch copy`` and ``api, torch copy``: the same copy made as rocmflash made it before that kernel (``copy_`` of the
-  transposed view into the padded buffer), alone and swapped into the public call;
+- ``torch copy`` and ``api, torch copy``: the same copy made as rocmflash made it before that kernel
+  (:func:`~rocmflash.kernels.fp8_vlayout.torch_kmajor_copy`: ``copy_`` of the transposed view into the padded
+  buffer), alone and swapped into the public call;
 - ``byte copy``: ``torch.Tensor.copy_`` of V's bytes into a contiguous buffer (the same bytes moved, no
   transpose): what a copy at the memory's speed costs.
 
@@ -32,6 +33,7 @@ def _paths(torch, S: int, causal: bool):
     import rocmflash
     from rocmflash.api.selection_fp8 import select_fp8_config
     from rocmflash.kernels import fp8_forward as F8
+    from rocmflash.kernels import fp8_vlayout as VL
 
     B, Hq, Hkv, D = 4, 32, 8, 128
     f8 = torch.float8_e4m3fn
@@ -49,37 +51,20 @@ def _paths(torch, S: int, causal: bool):
         return rocmflash.flash_attn_func(q, k, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
 
     def api_torch_copy():
-        kept, F8.as_kmajor_v = F8.as_kmajor_v, _torch_kmajor
+        kept, F8.kmajor_copy = F8.kmajor_copy, VL.torch_kmajor_copy
         try:
             return api()
         finally:
-            F8.as_kmajor_v = kept
+            F8.kmajor_copy = kept
 
     return {
         "api": api,
         "api, torch copy": api_torch_copy,
         "kernel": lambda: F8.launch(qh, kh, v_kmajor, qd, kd, vd, cfg, causal, scale, out, arch="sm_90"),
         "kmajor copy": lambda: F8.as_kmajor_v(vh),
-        "torch copy": lambda: _torch_kmajor(vh),
+        "torch copy": lambda: VL.torch_kmajor_copy(vh),
         "byte copy": lambda: flat.copy_(v_bytes),
     }, cfg
-
-
-def _torch_kmajor(v):
-    """The K-major copy as rocmflash made it before ``fp8_vlayout``: ``copy_`` of the transposed view, pad zeroed."""
-    import torch
-
-    from rocmflash.kernels.fp8_vlayout import padded_keys
-
-    B, H, Sk, D = v.shape
-    if v.stride(2) == 1 and Sk > 1:
-        return v, Sk
-    seq_v = padded_keys(Sk)
-    buf = torch.empty((B, H, D, seq_v), dtype=v.dtype, device=v.device)
-    buf[..., :Sk].copy_(v.transpose(2, 3))
-    if seq_v > Sk:
-        buf[..., Sk:].zero_()
-    return buf[..., :Sk].transpose(2, 3), seq_v
 
 
 def main(argv=None) -> int:

@@ -94,7 +94,7 @@ def run(args):
                 prefill = statistics.median(times[impl]["prefill"]) * 1e3
                 whole = statistics.median(times[impl]["whole"]) * 1e3
                 rows.append(dict(batch=batch, cache=cache, impl=impl, prefill_ms=prefill, whole_ms=whole,
-                                 decode_ms=(whole - prefill) / (args.new - 1), identical=same,
+                                 decode_ms=_per_token(whole, prefill, args.new), identical=same,
                                  decode_calls=routed[impl]["decode"], sdpa_calls=routed[impl]["sdpa"],
                                  **(paired if impl == "rocmflash" else {})))
                 print(rows[-1], flush=True)
@@ -106,11 +106,16 @@ def _paired_ratios(times: dict, new: int) -> dict:
     cancels): ``decode`` (per decode token: whole minus prefill) and ``whole`` (the whole generate() call), each
     as the sorted list of the rounds' ratios."""
     def decode(impl, r):
-        return (times[impl]["whole"][r] - times[impl]["prefill"][r]) / (new - 1)
+        return _per_token(times[impl]["whole"][r], times[impl]["prefill"][r], new)
 
     rounds = range(len(times["sdpa"]["whole"]))
     return {"paired_decode": sorted(decode("sdpa", r) / decode("rocmflash", r) for r in rounds),
             "paired_whole": sorted(times["sdpa"]["whole"][r] / times["rocmflash"]["whole"][r] for r in rounds)}
+
+
+def _per_token(whole, prefill, new: int):
+    """Decode time per token: the whole call minus its prefill, over the ``new - 1`` tokens after the first."""
+    return (whole - prefill) / (new - 1)
 
 
 def _spread(ratios) -> str:

@@ -249,16 +249,12 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
     decode-shaped call: the measured 16-bit, unpaged ``decode-`` entry nearest in KV-length and batch buckets
     (ranked as :func:`rocmflash.tuning.decode.lookup_decode` ranks them, so it is the entry whose config the
     decode kernel serves), read from ``db_path`` or the GPU's databases (the user's, then the shipped one)."""
-    from rocmflash.db import ConfigDB, iter_database_entries
     from rocmflash.tuning.decode import nearest_decode_entry
 
     if gpu_name is None:
         return None, None, "no GPU in the catalog: no decode entry (the decode kernel's per-arch default)"
-    if db_path:
-        rows = ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items())
-    else:
-        rows = iter_database_entries(gpu_name)
-    found = nearest_decode_entry(rows, int(head_dim), dtype, int(group), seqlen_k, batch, same_page_size=True)
+    found = nearest_decode_entry(_entry_rows(gpu_name, db_path), int(head_dim), dtype, int(group), seqlen_k, batch,
+                                 same_page_size=True)
     if found is None:
         return None, None, "no measured decode entry: the decode kernel (no incumbent timed)"
     distance, key, entry, _ = found
@@ -269,6 +265,16 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
         return key, None, (f"the decode entry {key} has no incumbent timing "
                            "(bench/refresh_incumbents.py --decode adds it)")
     return key, field, None
+
+
+def _entry_rows(gpu_name: str, db_path: Optional[str]):
+    """``(order, path, key, entry)`` of every entry a decode lookup reads: ``db_path`` alone, else the GPU's
+    databases (:func:`rocmflash.db.iter_database_entries`: the user's, then the shipped one)."""
+    from rocmflash.db import ConfigDB, iter_database_entries
+
+    if db_path:
+        return ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items())
+    return iter_database_entries(gpu_name)
 
 
 #: a decode verdict must hold on a host this many times slower than the tuning host. rocmflash's decode route (Python,
@@ -286,15 +292,13 @@ def decode_host_floor(gpu_name: Optional[str], head_dim: int, dtype, db_path: Op
     and dtype, any GQA ratio -- the one whose time is nearly all host (B1 at 2k keys: the kernel runs ~8 µs of its
     ~75) -- read from ``db_path`` or the GPU's databases; None without one."""
     from rocmflash.config import normalize_dtype
-    from rocmflash.db import ConfigDB, iter_database_entries, servable
+    from rocmflash.db import servable
     from rocmflash.tuning.decode_lookup import parse_decode_key
 
     if gpu_name is None:
         return None
-    rows = ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items()) if db_path \
-        else iter_database_entries(gpu_name)
     want, floor = (int(head_dim), normalize_dtype(dtype)), None
-    for _, _, key, entry in rows:
+    for _, _, key, entry in _entry_rows(gpu_name, db_path):
         p = parse_decode_key(key)
         if p is None or (p["head_dim"], p["dtype"]) != want or p["page_size"] or p.get("kv_dtype") \
                 or not isinstance(entry, dict) or not servable(entry):

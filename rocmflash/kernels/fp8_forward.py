@@ -190,8 +190,6 @@ def check_config(cfg: KernelConfig) -> KernelConfig:
     return cfg
 
 
-
-
 def kmajor_v(arch) -> bool:
     """Whether the kernel should read V K-major (keys contiguous, memory ``(B, Hkv, D, Sk)``) on ``arch``.
 

@@ -47,19 +47,32 @@ def padded_keys(seqlen_k: int) -> int:
     return -(-seqlen_k // V_ROW_ALIGN) * V_ROW_ALIGN
 
 
-def kmajor_copy(v):
-    """``(v_kmajor, seq_v)``: a copy of ``v`` (``(B, H, Sk, D)``, any strides, one-byte elements) in ``(B, H, D, Sk16)``
-    memory (:func:`padded_keys`; the pad zeroed), returned as the ``(B, H, Sk, D)`` view of it, and ``Sk16``. GPU
-    tensors (and CPU ones under ``TRITON_INTERPRET=1``) take the kernel; other CPU tensors torch's ``copy_``."""
+def torch_kmajor_copy(v):
+    """:func:`kmajor_copy` by torch's ``copy_`` of the transposed view (element by element for one-byte data):
+    CPU tensors outside the interpreter take it, and ``bench/fp8_overhead.py`` times it as the reference."""
     import torch
 
     B, H, Sk, D = v.shape
     seq_v = padded_keys(Sk)
     buf = torch.empty((B, H, D, seq_v), dtype=v.dtype, device=v.device)
-    if buf.numel() and not (v.is_cuda or C.interpreting()):  # a CPU tensor outside the interpreter: torch's copy
-        buf[..., :Sk].copy_(v.transpose(2, 3))
-        buf[..., Sk:].zero_()
-    elif buf.numel():
+    buf[..., :Sk].copy_(v.transpose(2, 3))
+    buf[..., Sk:].zero_()
+    return buf[..., :Sk].transpose(2, 3), seq_v
+
+
+def kmajor_copy(v):
+    """``(v_kmajor, seq_v)``: a copy of ``v`` (``(B, H, Sk, D)``, any strides, one-byte elements) in ``(B, H, D, Sk16)``
+    memory (:func:`padded_keys`; the pad zeroed), returned as the ``(B, H, Sk, D)`` view of it, and ``Sk16``. GPU
+    tensors (and CPU ones under ``TRITON_INTERPRET=1``) take the kernel; other CPU tensors
+    :func:`torch_kmajor_copy`."""
+    import torch
+
+    if not (v.is_cuda or C.interpreting()):
+        return torch_kmajor_copy(v)
+    B, H, Sk, D = v.shape
+    seq_v = padded_keys(Sk)
+    buf = torch.empty((B, H, D, seq_v), dtype=v.dtype, device=v.device)
+    if buf.numel():
         src, dst = v.view(torch.uint8), buf.view(torch.uint8)
         block_d = C.next_pow2(D)
         backend = C.torch_backend()
@@ -96,4 +109,4 @@ def _kept_key(src, dst, backend: str):
     return key
 
 
-__all__ = ["kmajor_copy", "padded_keys", "V_ROW_ALIGN", "BLOCK_S"]
+__all__ = ["kmajor_copy", "torch_kmajor_copy", "padded_keys", "V_ROW_ALIGN", "BLOCK_S"]
