@@ -245,11 +245,19 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
             out, lse = _OPS[0].attention_forward(q, k, v, causal, call.scale if softmax_scale is None else softmax_scale,
                                                  "online", None, return_lse, call)
             return (out, lse) if return_lse else out
+    sig = None
+    if q_descale is not None and config is None and variant == "online":  # fp8: a signature checked before skips it
+        sig = _fp8_plans().signature(q, k, v, causal, softmax_scale, return_lse, (q_descale, k_descale, v_descale),
+                                     out_dtype, "bhsd")
+        plan = _fp8_plans().planned(sig)
+        if plan is not None:
+            out, lse = _fp8_plans().run(plan, q, k, v, q_descale, k_descale, v_descale)
+            return (out, lse) if return_lse else out
     if _is_fp8(q):
         if variant != "online":
             raise ValueError(f"variant={variant!r}: fp8 attention has one kernel; pass variant='online'")
         out, lse = _fp8_run(q, k, v, causal, softmax_scale, config, return_lse,
-                            (q_descale, k_descale, v_descale), out_dtype, bshd=False)
+                            (q_descale, k_descale, v_descale), out_dtype, bshd=False, plan_signature=sig)
         out = out.contiguous()
         return (out, lse) if return_lse else out
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
@@ -307,6 +315,17 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                                                  None, return_attn_probs, call, deterministic)
             out = out.transpose(1, 2).contiguous()
             return (out, lse, None) if return_attn_probs else out
+    sig = None
+    if q_descale is not None and alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
+            and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float and dropout_p == 0.0 \
+            and (deterministic is True or deterministic is False):  # fp8: a signature checked before skips it
+        sig = _fp8_plans().signature(q, k, v, causal, softmax_scale, return_attn_probs,
+                                     (q_descale, k_descale, v_descale), out_dtype, "bshd")
+        plan = _fp8_plans().planned(sig)
+        if plan is not None:
+            out, lse = _fp8_plans().run(plan, q, k, v, q_descale, k_descale, v_descale)
+            out = out.transpose(1, 2)  # (B, S, H, D) memory: contiguous
+            return (out, lse, None) if return_attn_probs else out
     fp8_in = _is_fp8(q)
     if not fp8_in:
         if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
@@ -336,7 +355,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
             raise NotImplementedError("window_size/softcap with fp8 inputs: rocmflash's fp8 kernel runs plain or "
                                       "causal attention only; pass window_size=(-1, -1) and softcap=0.0")
         out, lse = _fp8_run(q, k, v, causal, softmax_scale, None, return_attn_probs,
-                            (q_descale, k_descale, v_descale), out_dtype, bshd=True)
+                            (q_descale, k_descale, v_descale), out_dtype, bshd=True, plan_signature=sig)
         out = out.transpose(1, 2)  # (B, S, H, D) memory: contiguous
         return (out, lse, None) if return_attn_probs else out
     if banded:
@@ -353,13 +372,27 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     return (out, lse, None) if return_attn_probs else out
 
 
+_FP8_PLANS = []
+
+
+def _fp8_plans():
+    """:mod:`rocmflash.api.fp8_plans`, imported on first use and then kept (no import statement per call)."""
+    if not _FP8_PLANS:
+        from rocmflash.api import fp8_plans
+
+        _FP8_PLANS.append(fp8_plans)
+    return _FP8_PLANS[0]
+
+
 def _is_fp8(q) -> bool:
     return isinstance(q, torch.Tensor) and is_fp8(q.dtype)
 
 
-def _fp8_run(q, k, v, causal, softmax_scale, config, return_lse, descales, out_dtype, bshd: bool):
+def _fp8_run(q, k, v, causal, softmax_scale, config, return_lse, descales, out_dtype, bshd: bool,
+             plan_signature=None):
     """Check fp8 q/k/v (one fp8 dtype, 4-D, one device) and run :func:`rocmflash.api.fp8.attention_fp8`
-    on ``(B, H, S, D)`` views; ``bshd``: the inputs are ``(B, S, H, D)`` and so is the output's memory."""
+    on ``(B, H, S, D)`` views; ``bshd``: the inputs are ``(B, S, H, D)`` and so is the output's memory.
+    ``plan_signature``: the call's :func:`rocmflash.api.fp8_plans.signature` (its plan is kept once it passed)."""
     names, layout = ("q", "k", "v"), "(B, S, H, D)" if bshd else "(B, H, S, D)"
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
@@ -384,7 +417,8 @@ def _fp8_run(q, k, v, causal, softmax_scale, config, return_lse, descales, out_d
         from rocmflash.api.selection_fp8 import select_fp8_config
 
         config = select_fp8_config(q.device, D, q.dtype, causal, q.shape[1] // max(k.shape[1], 1), k.shape[2])
-    return attention_fp8(q, k, v, causal, scale, config, bool(return_lse), *descales, out_dtype, out_bshd=bshd)
+    return attention_fp8(q, k, v, causal, scale, config, bool(return_lse), *descales, out_dtype, out_bshd=bshd,
+                         plan_signature=plan_signature)
 
 
 def _banded(left: int, right: int, causal: bool) -> bool:

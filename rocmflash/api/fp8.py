@@ -113,13 +113,15 @@ def refuse_descales(q_descale, k_descale, v_descale, out_dtype, dtype) -> None:
 
 # ----------------------------------------------------------------------------- the call
 def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool, q_descale, k_descale, v_descale,
-                  out_dtype=None, out_bshd: bool = False):
+                  out_dtype=None, out_bshd: bool = False, plan_signature=None):
     """fp8 attention on shape-checked ``(B, H, S, D)`` views (:mod:`rocmflash.api.attention` checks types and shapes).
 
     Checks the format against the live arch, the descales and the options, allocates the output
     (``out_dtype``, bf16 by default; its memory ``(B, S, H, D)`` when ``out_bshd``), launches
     :mod:`rocmflash.kernels.fp8_forward` and polls the error word. Inference only: with autograd
-    recording, the output's backward raises. Returns ``(out (B, Hq, Sq, D), lse or None)``."""
+    recording, the output's backward raises. Returns ``(out (B, Hq, Sq, D), lse or None)``.
+    ``plan_signature``: the caller's :func:`rocmflash.api.fp8_plans.signature` of the call, whose plan is kept once
+    every check here passed (None: none kept)."""
     from rocmflash.api.selection import device_identity
 
     arch = device_identity(q.device)[1]
@@ -132,19 +134,25 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
     out = torch.empty(shape, dtype=out_dtype, device=q.device)
     out = out.transpose(1, 2) if out_bshd else out
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-    if out.numel() == 0 or k.shape[2] == 0:  # no rows, or no keys: output 0, LSE -inf
+    from rocmflash.kernels import fp8_forward
+
+    empty = out.numel() == 0 or k.shape[2] == 0
+    if empty:  # no rows, or no keys: output 0, LSE -inf
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
     else:
-        from rocmflash.kernels import fp8_forward
         from rocmflash.kernels.launch import on_device
 
         with on_device(q):
             fp8_forward.launch(q, k, v, q_descale, k_descale, v_descale, cfg, causal, scale, out, lse, arch=arch)
         poll_errors(q.device)
+    if plan_signature is not None:
+        from rocmflash.api import fp8_plans
+
+        fp8_plans.keep(plan_signature, cfg, fp8_forward.kmajor_v(arch), causal, scale, out, lse, out_bshd, empty)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_descale, k_descale, v_descale)):
-        out = _InferenceOnly.apply(out, q, k, v)
+        out = _InferenceOnly.apply(out, q, k, v, q_descale, k_descale, v_descale)
     return out, lse
 
 

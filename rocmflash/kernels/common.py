@@ -46,8 +46,8 @@ from rocmflash.config import KernelConfig, Problem
 # kernel modules reach them as ``C.*``
 from rocmflash.kernels.build import (MAX_32BIT_RANGE, Ptr, as_target, compile_kernel,  # noqa: F401
                                      int_type, launch_attributes, specialise_int)
-from rocmflash.kernels.launch import (KeptKey, compile_options, interpreting, launch_cached,  # noqa: F401
-                                      launch_key, launch_kernel, observe_launches)
+from rocmflash.kernels.launch import (KeptKey, compile_options, interpreting, kept_key,  # noqa: F401
+                                      launch_cached, launch_key, launch_kernel, observe_launches)
 
 LOG2E = 1.4426950408889634
 

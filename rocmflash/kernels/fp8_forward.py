@@ -72,6 +72,7 @@ import triton.language as tl
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
+from rocmflash.kernels.fp8_errors import error_word
 from rocmflash.kernels.fp8_vlayout import V_ROW_ALIGN, kmajor_copy, padded_keys
 
 MIN_PIECE = 32  #: narrowest head-dim piece and key block (8-bit dots need K >= 32 on NVIDIA)
@@ -208,9 +209,9 @@ def kmajor_v(arch) -> bool:
     return bool(digits) and int(digits) >= 89 and int(digits) // 10 != 10
 
 
-def as_kmajor_v(v):
+def as_kmajor_v(v, keys=None):
     """``(v_kmajor, seq_v)``: ``v`` (``(B, H, Sk, D)``) as a view with ``stride(2) == 1``, and the key rows the
-    kernel may read.
+    kernel may read (``keys``: a kept plan's launch keys, :func:`launch_kept`).
 
     A ``v`` that already has keys contiguous is returned as is (``seq_v = Sk``). Otherwise one copy
     (reads and writes ``B*H*Sk*D`` bytes each, :func:`rocmflash.kernels.fp8_vlayout.kmajor_copy`) into
@@ -219,7 +220,7 @@ def as_kmajor_v(v):
     Sk = v.shape[2]
     if v.stride(2) == 1 and Sk > 1:
         return v, Sk
-    return kmajor_copy(v)
+    return kmajor_copy(v, keys)
 
 
 @functools.lru_cache(maxsize=256)
@@ -270,18 +271,27 @@ def launch(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: 
     ``(B, Hq, Sq)``. ``arch`` (the device's, e.g. ``sm_90``): where :func:`kmajor_v`, V is read
     K-major (:func:`as_kmajor_v`: no copy when ``v.stride(2) == 1`` already). Sets
     :func:`rocmflash.kernels.fp8_errors.error_word` on a non-finite descale; returns ``(out, lse)``."""
-    from rocmflash.kernels.fp8_errors import error_word
-    from rocmflash.hw.fp8 import fp8_max
+    return launch_kept(q, k, v, q_descale, k_descale, v_descale, check_config(cfg), causal, sm_scale, out, lse,
+                       kmajor_v(arch))
 
-    cfg = check_config(cfg)
-    v, seq_v = as_kmajor_v(v) if kmajor_v(arch) else (v, v.shape[2])
+
+def launch_kept(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: bool, sm_scale: float, out,
+                lse, kmajor: bool, keys=None):
+    """:func:`launch` with its config already checked and ``kmajor`` (:func:`kmajor_v` of the arch) decided: what a
+    kept plan of a checked call runs (:mod:`rocmflash.api.fp8_plans`). ``keys``: that plan's dict of kept launch
+    keys (:func:`rocmflash.kernels.launch.kept_key`; the caller promises the tensors' dtypes, shapes, strides and
+    device are those the plan was made for), or None."""
+    v, seq_v = as_kmajor_v(v, keys) if kmajor else (v, v.shape[2])
     store_lse = lse is not None
     lse_arg = lse if store_lse else C.dummy_lse(q.device)
     err = error_word(q.device)
     causal, sm_scale = bool(causal), float(sm_scale)
     tensors = (q, k, v, out, lse_arg, err, q_descale, k_descale, v_descale)
+    scalars = ("fp8", causal, sm_scale, store_lse, seq_v)
 
     def build():
+        from rocmflash.hw.fp8 import fp8_max
+
         B, Hq, Sq, D = q.shape
         shape = (B, Hq, k.shape[1], Sq, k.shape[2], seq_v)
         grid = ((Sq + cfg.BLOCK_M - 1) // cfg.BLOCK_M, B * Hq)
@@ -289,9 +299,10 @@ def launch(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: 
                      (q_descale.stride(), k_descale.stride(), v_descale.stride()), shape, tensors, sm_scale)
         return grid, args, _constexprs(cfg, D, causal, store_lse, fp8_max(v.dtype))
 
+    backend = C.torch_backend()
+    key = C.kept_key(keys, ("fp8",), _fwd_fp8, scalars, tensors, cfg, backend)
     with _interpreter_fp8() if C.interpreting() else contextlib.nullcontext():
-        C.launch_cached(_fwd_fp8, ("fp8", causal, sm_scale, store_lse, seq_v), tensors, build, cfg,
-                        C.torch_backend())
+        C.launch_cached(_fwd_fp8, scalars, tensors, build, cfg, backend, key)
     return out, lse
 
 
@@ -410,5 +421,5 @@ def _to_fp8_bits(data, dst):
     return x.to(dtype).view(torch.uint8).numpy().reshape(np.shape(data))
 
 
-__all__ = ["launch", "compile_for", "fp8_pieces", "check_config", "kmajor_v", "as_kmajor_v", "default_config",
+__all__ = ["launch", "launch_kept", "compile_for", "fp8_pieces", "check_config", "kmajor_v", "as_kmajor_v", "default_config",
            "KERNELS", "MIN_PIECE", "V_ROW_ALIGN"]

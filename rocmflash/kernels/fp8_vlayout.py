@@ -60,11 +60,12 @@ def torch_kmajor_copy(v):
     return buf[..., :Sk].transpose(2, 3), seq_v
 
 
-def kmajor_copy(v):
+def kmajor_copy(v, keys=None):
     """``(v_kmajor, seq_v)``: a copy of ``v`` (``(B, H, Sk, D)``, any strides, one-byte elements) in ``(B, H, D, Sk16)``
     memory (:func:`padded_keys`; the pad zeroed), returned as the ``(B, H, Sk, D)`` view of it, and ``Sk16``. GPU
     tensors (and CPU ones under ``TRITON_INTERPRET=1``) take the kernel; other CPU tensors
-    :func:`torch_kmajor_copy`."""
+    :func:`torch_kmajor_copy`. ``keys``: a kept plan's launch keys (its V signature is fixed: see
+    :func:`rocmflash.kernels.launch.kept_key`), else the key is kept here per V signature."""
     import torch
 
     if not (v.is_cuda or C.interpreting()):
@@ -84,7 +85,9 @@ def kmajor_copy(v):
                         stride_oh=dst.stride(1), stride_od=dst.stride(2))
             return grid, args, dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=BLOCK_S)
 
-        C.launch_cached(_kmajor_bytes, _SCALARS, (src, dst), build, _CONFIG, backend, _kept_key(src, dst, backend))
+        key = _kept_key(src, dst, backend) if keys is None else \
+            C.kept_key(keys, _SCALARS, _kmajor_bytes, _SCALARS, (src, dst), _CONFIG, backend)
+        C.launch_cached(_kmajor_bytes, _SCALARS, (src, dst), build, _CONFIG, backend, key)
     return buf[..., :Sk].transpose(2, 3), seq_v
 
 

@@ -104,7 +104,6 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
     same dtypes, shapes, strides, device and storage class as when it was filled)."""
     import torch
 
-    from rocmflash.kernels.kv_decode import _kept_key
 
     cfg = append_config()
     B, new, hkv, d = k.shape
@@ -116,7 +115,8 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
     C.launch_cached(_append_rows, scalars, tensors,
                     lambda: ((B * new, hkv), append_args(k, v, k_cache, v_cache, block_table, lens, seq_out,
                                                          page_size), _constexprs(d, paged)),
-                    cfg, backend, key=_kept_key(keys, ("append", backend), _append_rows, scalars, tensors, cfg, backend))
+                    cfg, backend,
+                    key=C.kept_key(keys, ("append", backend), _append_rows, scalars, tensors, cfg, backend))
     return seq_out
 
 

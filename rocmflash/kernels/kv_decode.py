@@ -381,7 +381,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
                                             out, lse_arg, starts, err, new_keys, ks, vs),
                                  _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned, whole)),
-                        kcfg, backend, _kept_key(keys, ("direct", lse is not None, backend, new_keys, whole),
+                        kcfg, backend, C.kept_key(keys, ("direct", lse is not None, backend, new_keys, whole),
                                                  _decode_split, scalars, tensors, kcfg, backend, _KV_TENSORS),
                         loose=lengths, loose_tensors=_KV_TENSORS)
         return
@@ -405,7 +405,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                         v_descale=vs, sem=sem),
                              _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
                                                num_splits if fused else 0, aligned, whole)), kcfg, backend,
-                    _kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg, backend,
+                    C.kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg, backend,
                               _KV_TENSORS), loose=lengths, loose_tensors=_KV_TENSORS)
     if fused:
         return
@@ -416,30 +416,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                     lambda: ((call.batch * call.heads_kv, call.seqlen_q * call.group),
                              combine_args(call, po, pl, out, lse_arg, num_splits),
                              _combine_constexprs(call, lse is not None, num_splits)),
-                    combine_cfg, backend, _kept_key(keys, ("combine", num_splits, lse is not None, backend),
+                    combine_cfg, backend, C.kept_key(keys, ("combine", num_splits, lse is not None, backend),
                                                     _decode_combine, scalars, tensors, combine_cfg, backend))
-
-
-def _kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, kcfg, backend: str,
-              loose_tensors: tuple = ()):
-    """The launch key of ``fn`` from the caller's ``keys`` (see :func:`launch`) at ``slot``, computed and
-    kept on first use; None (``launch_cached`` computes it) without ``keys`` or when a tensor is not
-    16-byte aligned. ``loose_tensors``: :func:`~rocmflash.kernels.launch.launch_key`'s.
-
-    Kept keys are those of all-aligned launches only: under the caller's promise (same dtypes,
-    shapes, strides, device, storage class) alignment is all that can differ, so an aligned
-    launch's key equals the kept one. ``slot`` names the kernel, split count, LSE choice and backend,
-    so one dict never hands a key to another of these (the call and config are the caller's promise).
-    """
-    if keys is None:
-        return None
-    for t in tensors:
-        if t.data_ptr() % 16:
-            return None
-    key = keys.get(slot)
-    if key is None:
-        key = keys[slot] = C.KeptKey(C.launch_key(fn, scalars, tensors, kcfg, backend, loose_tensors))
-    return key
 
 
 class _StridedPtr(C.Ptr):

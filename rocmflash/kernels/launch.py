@@ -265,6 +265,30 @@ class KeptKey(tuple):
         return self._hash
 
 
+def kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tuple, cfg: KernelConfig, backend: str,
+             loose_tensors: tuple = ()):
+    """The launch key of ``fn`` from the caller's ``keys`` at ``slot``, computed and kept on first use; None
+    (:func:`launch_cached` computes it) without ``keys`` or when a tensor is not 16-byte aligned.
+    ``loose_tensors``: :func:`launch_key`'s.
+
+    ``keys`` is a dict a caller keeps for launches whose tensors keep their dtypes, shapes, strides, device
+    (and ROCm storage side of 2 GiB) -- the caller's promise, e.g. one dict per checked call signature
+    (``flash_attn_with_kvcache``, the fp8 forward's kept plans). Kept keys are those of all-aligned launches
+    only: under that promise alignment is all that can differ, so an aligned launch's key equals the kept
+    one. ``slot`` names the kernel and every scalar that varies under the promise, so one dict never hands a
+    key to another launch.
+    """
+    if keys is None:
+        return None
+    for t in tensors:
+        if t.data_ptr() % 16:
+            return None
+    key = keys.get(slot)
+    if key is None:
+        key = keys[slot] = KeptKey(launch_key(fn, scalars, tensors, cfg, backend, loose_tensors))
+    return key
+
+
 def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled,
                loose: bool = False) -> Optional[_LaunchPlan]:
     """A plan from a first launch, or None when some tensor argument is not one of ``tensors``
