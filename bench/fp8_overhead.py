@@ -1,10 +1,13 @@
 """Where an fp8 forward call's time goes beyond its kernel: the public call against its parts, on the live GPU.
 
 ``flash_attn_func`` on fp8 q/k/v (B 4, Hq 32, Hkv 8, D 128, e4m3) at each ``--seqlens`` length, causal and not, timed
-six ways in the same interleaved rounds (CUDA events around ``--iters`` back-to-back calls, host included):
+seven ways in the same interleaved rounds (CUDA events around ``--iters`` back-to-back calls, host included):
 
-- ``api``: the public call (checks, selection, V made K-major by :func:`rocmflash.kernels.fp8_forward.as_kmajor_v`
-  where the arch wants it, the launch, the error-word poll);
+- ``api``: the public call (V made K-major by :func:`rocmflash.kernels.fp8_forward.as_kmajor_v` where the arch
+  wants it, the launch, the error-word poll; the checks, the selection and the launch keys once per call
+  signature: :mod:`rocmflash.api.fp8_plans`);
+- ``api, checked every call``: the same with the kept plans cleared before each call, so each runs the checks,
+  the selection and the launch-key computation (as every call did before the plans);
 - ``kernel``: :func:`rocmflash.kernels.fp8_forward.launch` with the same config on a V that is K-major already
   (no copy), the output preallocated;
 - ``kmajor copy``: :func:`~rocmflash.kernels.fp8_forward.as_kmajor_v` alone (the Triton transpose,
@@ -51,15 +54,26 @@ def _paths(torch, S: int, causal: bool):
         return rocmflash.flash_attn_func(q, k, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
 
     def api_torch_copy():
-        kept, F8.kmajor_copy = F8.kmajor_copy, VL.torch_kmajor_copy
+        kept, F8.kmajor_copy = F8.kmajor_copy, lambda v, keys=None: VL.torch_kmajor_copy(v)
         try:
             return api()
         finally:
             F8.kmajor_copy = kept
 
+    try:
+        from rocmflash.api.fp8_plans import clear as clear_plans
+    except ImportError:  # a rocmflash from before the kept plans: every call is checked already
+        clear_plans = None
+
+    def api_checked():  # no kept plan: every call runs the checks, the selection and the launch keys, as before them
+        if clear_plans is not None:
+            clear_plans()
+        return api()
+
     return {
         "api": api,
         "api, torch copy": api_torch_copy,
+        "api, checked every call": api_checked,
         "kernel": lambda: F8.launch(qh, kh, v_kmajor, qd, kd, vd, cfg, causal, scale, out, arch="sm_90"),
         "kmajor copy": lambda: F8.as_kmajor_v(vh),
         "torch copy": lambda: VL.torch_kmajor_copy(vh),
@@ -79,8 +93,9 @@ def main(argv=None) -> int:
     head = gpu_table_head(torch, "fp8_overhead.py", "fp8 forward: the public call against its parts",
                           "B 4, Hq 32, Hkv 8, D 128, e4m3 q/k/v; µs per call (CUDA events around back-to-back calls, "
                           "host included), median of interleaved rounds",
-                          ["S", "causal", "config", "api µs", "api, torch copy µs", "kernel µs", "kmajor copy µs",
-                           "torch copy µs", "byte copy µs", "api - kernel µs"])
+                          ["S", "causal", "config", "api µs", "api, checked every call µs", "checked / api",
+                           "api, torch copy µs", "kernel µs", "kmajor copy µs", "torch copy µs", "byte copy µs",
+                           "api - kernel µs"])
     if head is None:
         return 2
     os.makedirs(args.out, exist_ok=True)
@@ -90,7 +105,9 @@ def main(argv=None) -> int:
             paths, cfg = _paths(torch, S, causal)
             med = interleaved_medians(torch, paths, args.rounds, args.iters)
             label = f"{cfg.BLOCK_M}x{cfg.BLOCK_N} w{cfg.num_warps} s{cfg.num_stages}"
-            table.add(f"| {S} | {causal} | {label} | {med['api']:.1f} | {med['api, torch copy']:.1f} | "
+            checked = med["api, checked every call"]
+            table.add(f"| {S} | {causal} | {label} | {med['api']:.1f} | {checked:.1f} | {checked / med['api']:.2f}x | "
+                      f"{med['api, torch copy']:.1f} | "
                       f"{med['kernel']:.1f} | {med['kmajor copy']:.1f} | {med['torch copy']:.1f} | "
                       f"{med['byte copy']:.1f} | {med['api'] - med['kernel']:.1f} |")
             table.flush()
