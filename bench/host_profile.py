@@ -93,7 +93,7 @@ def _stub_launches(package: str = "rocmflash"):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--case", choices=("forward", "decode"), default="forward")
+    ap.add_argument("--case", choices=("forward", "decode", "fp8"), default="forward")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5, help="timed loops per row (the median is reported)")
     ap.add_argument("--page-size", type=int, default=256, help="decode: page size of the paged cache")
@@ -120,6 +120,8 @@ def main(argv=None) -> int:
 
     if args.case == "forward":
         rows, profiled = _forward_case(torch, device, packages)
+    elif args.case == "fp8":
+        rows, profiled = _fp8_case(torch, device, packages)
     else:
         rows, profiled = _decode_case(torch, device, args, packages)
     report = io.StringIO()
@@ -230,6 +232,40 @@ def _incumbent_db(q, packages) -> None:
         d.put(db.problem_key(q.shape[3], "bf16", False, 1, db.seqlen_bucket(q.shape[2])), entry)
         d.save()
         selection.clear_cache()
+
+
+def _fp8_case(torch, device, packages=("rocmflash",)):
+    """``(timed rows, profiled rows)`` of the fp8 forward per package: ``flash_attn_func`` on fp8 (B, S, H, D)
+    inputs (B1, S 128, Hq 8, Hkv 2, D 128, e4m3fn, causal) beside the same call in bf16 and SDPA's."""
+    import torch.nn.functional as F
+
+    f8 = torch.float8_e4m3fn
+    q, k, v = (torch.randn(1, 128, h, 128, device=device) for h in (8, 2, 2))
+    q8, k8, v8 = (t.to(f8) for t in (q, k, v))
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    ds = torch.ones(1, 2, device=device)
+    rows, profiled = [], []
+    for package in packages:
+        rf = importlib.import_module(package)
+        tag = f" [{package}]" if len(packages) > 1 else ""
+
+        def fp8(rf=rf):
+            with torch.no_grad():
+                rf.flash_attn_func(q8, k8, v8, causal=True, q_descale=ds, k_descale=ds, v_descale=ds)
+
+        def bf16(rf=rf):
+            with torch.no_grad():
+                rf.flash_attn_func(qb, kb, vb, causal=True)
+
+        rows += [(f"flash_attn_func fp8{tag}", fp8), (f"flash_attn_func bf16{tag}", bf16)]
+        profiled.append((f"flash_attn_func fp8{tag}", fp8))
+
+    def sdpa():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+
+    return rows + [("SDPA bf16", sdpa)], profiled
 
 
 def _decode_case(torch, device, args, packages=("rocmflash",)):
