@@ -25,6 +25,7 @@ import os
 import sys
 
 from decode import hbm_peak
+from interleaved import kernel_device_us
 
 PROBLEMS = ((1, 32768), (8, 8192), (8, 32768), (8, 65536), (32, 8192), (32, 32768))
 CALLS_PER_GRAPH = 20
@@ -46,24 +47,6 @@ def _copies(torch, nbytes: int) -> int:
 #: the tile grid per ``--grid``: (BLOCK_N values, warps, stages, split-count factors of the heuristic's pick)
 GRIDS = {"default": ((64, 128), (4, 8), (1, 2, 3), (0.5, 1, 2, 4)),
          "wide": ((64, 128, 256), (4, 8), (2, 3, 4), (0.5, 1, 2, 4, 8))}
-
-
-def _kernel_us(torch, fn, calls: int = 30) -> dict:
-    """Device µs per launch of each kernel ``fn`` runs (torch's profiler, eager calls): where a config's time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for evt in prof.key_averages():
-        t = getattr(evt, "device_time", None) or getattr(evt, "cuda_time", 0.0)
-        if evt.count:
-            out[evt.key[:40]] = round(float(t), 2)
-    return out
 
 
 def sweep(torch, F, problems, kv_heads: int = 4, kv_dtype: str = "bf16", grid: str = "default"):
@@ -126,7 +109,7 @@ def sweep(torch, F, problems, kv_heads: int = 4, kv_dtype: str = "bf16", grid: s
         timed = sorted((r for r in rows if r.get("fns") and r["batch"] == batch and r["kv"] == kv),
                        key=lambda r: r["us"])
         for r in timed[:3]:  # where the best configs' time goes: split and combine kernels apart
-            r["kernel_us"] = _kernel_us(torch, r["fns"][0])
+            r["kernel_us"] = kernel_device_us(torch, r["fns"][0])
         for r in rows:
             r.pop("fns", None)
         print(f"B{batch} KV{kv}: done ({len(rows)} rows)", flush=True)

@@ -18,6 +18,10 @@ seven ways in the same interleaved rounds (CUDA events around ``--iters`` back-t
 - ``byte copy``: ``torch.Tensor.copy_`` of V's bytes into a contiguous buffer (the same bytes moved, no
   transpose): what a copy at the memory's speed costs.
 
+A second table gives the device time per launch (torch's profiler) of the fp8 kernel on a K-major V, of the copy
+that makes it, and of the kernel reading V as given (no copy, one launch fewer, a slower kernel on sm_90): the GPU
+side of choosing the copy.
+
 Usage (on a GPU)::
 
     python bench/fp8_overhead.py --out $OUT [--seqlens 1024,2048,8192] [--rounds 5] [--iters 20]
@@ -29,7 +33,7 @@ import argparse
 import os
 import sys
 
-from interleaved import MarkdownTable, gpu_table_head, interleaved_medians
+from interleaved import MarkdownTable, gpu_table_head, interleaved_medians, kernel_device_us
 
 
 def _paths(torch, S: int, causal: bool):
@@ -70,6 +74,12 @@ def _paths(torch, S: int, causal: bool):
             clear_plans()
         return api()
 
+    device = {  # device time per kernel (torch profiler): what reading V as given would cost instead of the copy
+        "fp8 kernel, V K-major": lambda: F8.launch(qh, kh, v_kmajor, qd, kd, vd, cfg, causal, scale, out,
+                                                   arch="sm_90"),
+        "fp8 kernel, V as given": lambda: F8.launch(qh, kh, vh, qd, kd, vd, cfg, causal, scale, out, arch=None),
+        "copy": lambda: F8.as_kmajor_v(vh),
+    }
     return {
         "api": api,
         "api, torch copy": api_torch_copy,
@@ -78,7 +88,7 @@ def _paths(torch, S: int, causal: bool):
         "kmajor copy": lambda: F8.as_kmajor_v(vh),
         "torch copy": lambda: VL.torch_kmajor_copy(vh),
         "byte copy": lambda: flat.copy_(v_bytes),
-    }, cfg
+    }, cfg, device
 
 
 def main(argv=None) -> int:
@@ -100,10 +110,19 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     table = MarkdownTable(os.path.join(args.out, "fp8_overhead.md"), head)
+    table.tail += ["Device time per launch (torch profiler, 30 eager calls): the fp8 kernel on a K-major V, the copy "
+                   "that makes it, and the kernel reading V as given (no copy; one launch fewer):", "",
+                   "| S | causal | fp8 kernel, V K-major µs | copy µs | fp8 kernel, V as given µs | "
+                   "as given - (K-major + copy) µs |", "|---|---|---|---|---|---|"]
     for S in (int(s) for s in args.seqlens.split(",")):
         for causal in (False, True):
-            paths, cfg = _paths(torch, S, causal)
+            paths, cfg, device = _paths(torch, S, causal)
             med = interleaved_medians(torch, paths, args.rounds, args.iters)
+            gpu = {name: sum(us for kernel, us in kernel_device_us(torch, fn).items()
+                             if kernel.startswith(("_fwd_fp8", "_kmajor_bytes"))) for name, fn in device.items()}
+            kmajor = gpu["fp8 kernel, V K-major"] + gpu["copy"]
+            table.tail.append(f"| {S} | {causal} | {gpu['fp8 kernel, V K-major']:.1f} | {gpu['copy']:.1f} | "
+                              f"{gpu['fp8 kernel, V as given']:.1f} | {gpu['fp8 kernel, V as given'] - kmajor:+.1f} |")
             label = f"{cfg.BLOCK_M}x{cfg.BLOCK_N} w{cfg.num_warps} s{cfg.num_stages}"
             checked = med["api, checked every call"]
             table.add(f"| {S} | {causal} | {label} | {med['api']:.1f} | {checked:.1f} | {checked / med['api']:.2f}x | "

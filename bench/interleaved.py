@@ -41,6 +41,24 @@ def interleaved_medians(torch, paths: dict, rounds: int, iters: int) -> dict:
     return {p: statistics.median(t) for p, t in times.items()}
 
 
+def kernel_device_us(torch, fn, calls: int = 30) -> dict:
+    """Device µs per launch of each kernel ``fn`` runs (torch's profiler, eager calls): where a config's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time", None) or getattr(evt, "cuda_time", 0.0)
+        if evt.count:
+            out[evt.key[:40]] = round(float(t), 2)
+    return out
+
+
 class MarkdownTable:
     """A header, table rows and ``tail`` lines (after a blank line) written to ``path``; :meth:`flush`
     rewrites the whole file."""
