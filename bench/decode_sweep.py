@@ -46,7 +46,9 @@ def _copies(torch, nbytes: int) -> int:
 
 #: the tile grid per ``--grid``: (BLOCK_N values, warps, stages, split-count factors of the heuristic's pick)
 GRIDS = {"default": ((64, 128), (4, 8), (1, 2, 3), (0.5, 1, 2, 4)),
-         "wide": ((64, 128, 256), (4, 8), (2, 3, 4), (0.5, 1, 2, 4, 8))}
+         "wide": ((64, 128, 256), (4, 8), (2, 3, 4), (0.5, 1, 2, 4, 8)),
+         # split counts between the powers of two the tuner times: how far filling the GPU's program slots goes
+         "splits": ((32, 64, 128), (2, 4), (3, 4), (0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3))}
 
 
 def sweep(torch, F, problems, kv_heads: int = 4, kv_dtype: str = "bf16", grid: str = "default"):
