@@ -186,6 +186,15 @@ def test_attention_serves_the_fp8_entry_to_fp8_inputs_only(fake_rocm, tmp_path, 
     assert [r["kernel"] for r in launches][:1] == ["_kmajor_bytes"]  # gfx942 reads V K-major: its copy first
     (launch,) = launches[1:]
     assert "fp8" in launch["kernel"] and launch["options"]["waves_per_eu"] == 3 and launch["options"]["num_warps"] == 2
+    from rocmflash.api import fp8_plans
+
+    for _ in range(2):  # the signature's third call runs its kept plan: the same copy, entry config and answer
+        with observe_launches() as again:
+            planned = rocmflash.attention(q8, k8, v8, **descales)
+    (plan,) = fp8_plans._PLANS.values()
+    assert plan.kmajor and plan.cfg == fp8_cfg and torch.equal(planned, out)
+    assert [(r["kernel"], r["backend"], r["options"]) for r in again] == \
+        [(r["kernel"], r["backend"], r["options"]) for r in launches]
     assert fp8_selection_details(torch.device("cpu"), 64, torch.float8_e4m3fnuz, False, 1, 64)["source"] == "db"
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     with observe_launches() as launches:
