@@ -5,6 +5,9 @@ A batch of prompts with mixed lengths is run three ways on the same tokens:
 * ``rocmflash varlen`` -- ``rocmflash.flash_attn_varlen_func`` on the packed tokens (no padding);
   ``rocmflash varlen unchecked`` the same call with ``check_values=False`` (no host read of the
   cumulative lengths, so the call does not wait for the GPU);
+* ``rocmflash varlen kernel`` (equal-length mixes only) -- the varlen kernel itself: the public call serves an
+  equal-length batch by the dense path (``rocmflash.api.varlen._as_dense_batch``), so this row keeps what it ran
+  before (``rocmflash.api.varlen.packed_varlen``, unchecked);
 * ``rocmflash dense padded`` -- ``rocmflash.flash_attn_func`` on the batch right-padded to the
   longest prompt (what a model without a varlen path runs; the padding is computed and thrown away);
 * ``sdpa padded`` -- PyTorch SDPA's default backend on the same right-padded batch with
@@ -54,6 +57,8 @@ def _mixes(torch, quick: bool):
         "64 prompts 64..1024 (~35k tok) Hq32 Hkv8 D128": (torch.randint(64, 1025, (64,), generator=gen).tolist(), 32, 8, 128),
         "8 prompts 4096 (equal) Hq32 Hkv8 D128": ([4096] * 8, 32, 8, 128),
         "4 docs 8k + 28 short 128..512, Hq16 Hkv16 D64": ([8192] * 4 + torch.randint(128, 513, (28,), generator=gen).tolist(), 16, 16, 64),
+        "32 prompts 1024 (equal) Hq32 Hkv8 D128": ([1024] * 32, 32, 8, 128),
+        "16 prompts 2048 (equal) Hq16 Hkv16 D64": ([2048] * 16, 16, 16, 64),
     }
     if quick:
         return dict(list(mixes.items())[:2])
@@ -109,6 +114,7 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
     import torch.nn.functional as F
 
     import rocmflash
+    from rocmflash.api.varlen import packed_varlen
 
     dev = "cuda"
     total, B, S = sum(lengths), len(lengths), max(lengths)
@@ -131,6 +137,11 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
 
     def varlen_unchecked(bwd):
         varlen(bwd, check_values=False)
+
+    def varlen_kernel(bwd):  # the varlen kernel whatever the lengths (no dense route for equal ones), unchecked
+        out = packed_varlen(q, k, v, cu, cu, S, S, d ** -0.5, True, -1, 0.0)
+        if bwd:
+            out.backward(go_packed)
 
     def dense(bwd):
         out = rocmflash.flash_attn_func(qp, kp, vp, causal=True)
@@ -162,6 +173,8 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
         return out
 
     cases = {"rocmflash varlen": varlen, "rocmflash varlen unchecked": varlen_unchecked}
+    if len(set(lengths)) == 1:  # equal lengths: the public call runs the dense path; the varlen kernel beside it
+        cases["rocmflash varlen kernel"] = varlen_kernel
     if bwd_default:
         cases["rocmflash varlen (bwd default)"] = varlen_bwd_default
     if not varlen_only:

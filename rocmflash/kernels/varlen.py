@@ -127,6 +127,20 @@ def launch_forward(call: VarlenCall, q, k, v, cu_q, cu_k, cfg: KernelConfig, out
                              _fwd_constexprs(call, cfg, lse is not None)), cfg, C.torch_backend())
 
 
+_CHECK_CONFIG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+
+
+def launch_length_check(cu_q, cu_k, batch: int, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
+    """OR into the varlen error word what the forward would find wrong in ``cu_q``/``cu_k`` (the same ``BAD_*``
+    bits, strict end), without running attention: one tiny launch of ``batch`` programs, no host read."""
+    err = VC.error_word(cu_q.device)
+    scalars = (batch, total_q, total_k, max_q, max_k)
+    C.launch_cached(VC._check_lengths, scalars, (cu_q, cu_k, err),
+                    lambda: ((batch,), dict(CU_Q=cu_q, CU_K=cu_k, ERR=err, TOTAL_Q=total_q, TOTAL_K=total_k,
+                                            MAX_Q=max_q, MAX_K=max_k, BATCH=batch), {}),
+                    _CHECK_CONFIG, C.torch_backend())
+
+
 def dq_args(call: VarlenCall, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k, totals=None) -> dict:
     totals = totals or (q.shape[0], k.shape[0])
     return dict(Q=q, K=k, V=v, O=out, DO=do, LSE=lse, DLSE=dlse if dlse is not None else lse, Delta=delta, DQ=dq,

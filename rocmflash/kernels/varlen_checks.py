@@ -67,6 +67,13 @@ def report_lengths(CU_Q, CU_K, ERR, off_b, last_b, TOTAL_Q, TOTAL_K, MAX_Q, MAX_
         tl.atomic_or(ERR, err, sem="relaxed")
 
 
+@kernel_jit
+def _check_lengths(CU_Q, CU_K, ERR, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, BATCH):
+    """One program per sequence: :func:`report_lengths` alone, for a call that runs no varlen kernel (an
+    equal-length batch served by the dense path), so its wrong values are reported as the forward's are."""
+    report_lengths(CU_Q, CU_K, ERR, tl.program_id(0), BATCH - 1, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, 1)
+
+
 #: the varlen forward's error word per device (:mod:`rocmflash.kernels.error_words`): zero until a launch met
 #: cumulative lengths it had to clamp; read, reported and reset by :mod:`rocmflash.api.varlen`
 ERRORS = EW.ErrorWord()
