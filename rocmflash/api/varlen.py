@@ -263,6 +263,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     ``check_values=True`` (keyword only, not in flash-attn) checks the values on the host before
     anything runs, as earlier releases did by default: the index and value in the message, at
     the price of two waits per call (skipped while a graph is captured).
+
+    **Equal lengths run the dense path.** When ``batch * max_seqlen_q == total_q`` and ``batch * max_seqlen_k ==
+    total_k`` (sizes alone: no sequence may be longer than its ``max_seqlen``, so every one is exactly that long) a
+    plain call (no LSE, window or soft cap) is :func:`rocmflash.flash_attn_func` on ``(batch, S, H, D)`` views of
+    q, k and v, with that path's database entry and incumbent; one small launch checks the values by the rules
+    above and reports through the same error word. As with ``flash_attn_func``, a backward served by the
+    platform's SDPA may accumulate with atomics: set ``torch.use_deterministic_algorithms(True)`` for bitwise
+    reproducible gradients.
     """
     check_qkv(q, k, v)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
