@@ -4,8 +4,9 @@ An fp8 call (:func:`rocmflash.attention` or :func:`rocmflash.flash_attn_func` on
 (q, k, v and three descales: type, dtype, shape, device), the options, the fp8 format against the arch, selects
 its config and computes two launch keys: about four times the host work of a 16-bit call, all of it a function of
 what :func:`signature` holds. The first call of a signature runs the checked path; its second keeps a
-:class:`Fp8Plan` (config, arch, scale, output layout and the launch keys of the V copy and the kernel,
-:func:`rocmflash.kernels.launch.kept_key`), and later calls of that signature run :func:`run` with no checks.
+:class:`Fp8Plan` (config, whether V is read K-major, scale, output layout and the launch keys of the V copy and
+the kernel, :func:`rocmflash.kernels.launch.kept_key`), and later calls of that signature run :func:`run` with no
+checks.
 Exact ``torch.Tensor`` inputs only, eager only (a subclass, a traced call or an unusual option type takes the
 checked path). The descales' *values* are never read on the host, planned or not: the kernel checks them
 (:mod:`rocmflash.api.fp8`). :func:`rocmflash.api.selection.clear_cache` forgets the plans.
@@ -19,6 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from rocmflash.api.selection import register_clear
+from rocmflash.config import KernelConfig
 from rocmflash.kernels import fp8_errors as FE
 from rocmflash.kernels import fp8_forward as FF
 from rocmflash.kernels import launch as L
@@ -28,7 +30,7 @@ from rocmflash.kernels.common import torch_backend
 class Fp8Plan(NamedTuple):
     """What a checked fp8 call worked out, for its signature's later calls."""
 
-    cfg: object  #: the checked KernelConfig (the database entry, or the fp8 kernel's default)
+    cfg: KernelConfig  #: checked: the database entry, or the fp8 kernel's default
     kmajor: bool  #: V is read K-major on this arch (:func:`rocmflash.kernels.fp8_forward.kmajor_v`)
     causal: bool
     scale: float  #: the softmax scale
