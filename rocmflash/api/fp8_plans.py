@@ -34,7 +34,7 @@ class Fp8Plan(NamedTuple):
     kmajor: bool  #: V is read K-major on this arch (:func:`rocmflash.kernels.fp8_forward.kmajor_v`)
     causal: bool
     scale: float  #: the softmax scale
-    out_shape: tuple  #: the output's allocation: ``(B, Sq, Hq, D)`` for ``(B, S, H, D)`` inputs, else ``(B, Hq, Sq, D)``
+    out_shape: tuple  #: the output's allocation: (B, Sq, Hq, D) for (B, S, H, D) inputs, else (B, Hq, Sq, D)
     bshd: bool  #: the inputs (and the output's memory) are ``(B, S, H, D)``
     out_dtype: torch.dtype
     lse_shape: Optional[tuple]  #: ``(B, Hq, Sq)`` when the call returns the LSE
