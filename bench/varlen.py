@@ -7,7 +7,8 @@ A batch of prompts with mixed lengths is run three ways on the same tokens:
   cumulative lengths, so the call does not wait for the GPU);
 * ``rocmflash varlen kernel`` (equal-length mixes only) -- the varlen kernel itself: the public call serves an
   equal-length batch by the dense path (``rocmflash.api.varlen._as_dense_batch``), so this row keeps what it ran
-  before (``rocmflash.api.varlen.packed_varlen``, unchecked);
+  before (``rocmflash.api.varlen.packed_varlen``, unchecked); ``rocmflash varlen, LSE`` and ``rocmflash varlen
+  kernel, LSE`` the same two with ``return_lse=True`` (backward through the output and the LSE);
 * ``rocmflash dense padded`` -- ``rocmflash.flash_attn_func`` on the batch right-padded to the
   longest prompt (what a model without a varlen path runs; the padding is computed and thrown away);
 * ``sdpa padded`` -- PyTorch SDPA's default backend on the same right-padded batch with
@@ -114,7 +115,9 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
     import torch.nn.functional as F
 
     import rocmflash
+    from rocmflash.api import varlen as varlen_api
     from rocmflash.api.varlen import packed_varlen
+    from rocmflash.kernels import masks as M
 
     dev = "cuda"
     total, B, S = sum(lengths), len(lengths), max(lengths)
@@ -142,6 +145,18 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
         out = packed_varlen(q, k, v, cu, cu, S, S, d ** -0.5, True, -1, 0.0)
         if bwd:
             out.backward(go_packed)
+
+    go_lse = torch.randn(hq, total, device=dev)
+
+    def varlen_lse(bwd):  # the public call returning the LSE (ring/context-parallel merges), unchecked
+        out, lse = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True, return_lse=True)
+        if bwd:
+            torch.autograd.backward((out, lse), (go_packed, go_lse))
+
+    def varlen_kernel_lse(bwd):  # the same on the varlen kernel (its validated call, as the API ran it before)
+        out, lse = varlen_api._run(q, k, v, cu, cu, B, S, S, None, 0.0, (M.UNBOUNDED, 0), True, True, q.device)
+        if bwd:
+            torch.autograd.backward((out, lse), (go_packed, go_lse))
 
     def dense(bwd):
         out = rocmflash.flash_attn_func(qp, kp, vp, causal=True)
@@ -175,6 +190,8 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
     cases = {"rocmflash varlen": varlen, "rocmflash varlen unchecked": varlen_unchecked}
     if len(set(lengths)) == 1:  # equal lengths: the public call runs the dense path; the varlen kernel beside it
         cases["rocmflash varlen kernel"] = varlen_kernel
+        cases["rocmflash varlen, LSE"] = varlen_lse
+        cases["rocmflash varlen kernel, LSE"] = varlen_kernel_lse
     if bwd_default:
         cases["rocmflash varlen (bwd default)"] = varlen_bwd_default
     if not varlen_only:
