@@ -421,5 +421,5 @@ def _to_fp8_bits(data, dst):
     return x.to(dtype).view(torch.uint8).numpy().reshape(np.shape(data))
 
 
-__all__ = ["launch", "launch_kept", "compile_for", "fp8_pieces", "check_config", "kmajor_v", "as_kmajor_v", "default_config",
-           "KERNELS", "MIN_PIECE", "V_ROW_ALIGN"]
+__all__ = ["launch", "launch_kept", "compile_for", "fp8_pieces", "check_config", "kmajor_v", "as_kmajor_v",
+           "default_config", "KERNELS", "MIN_PIECE", "V_ROW_ALIGN"]

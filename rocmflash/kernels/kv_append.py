@@ -104,7 +104,6 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
     same dtypes, shapes, strides, device and storage class as when it was filled)."""
     import torch
 
-
     cfg = append_config()
     B, new, hkv, d = k.shape
     seq_out = torch.empty_like(lens)

@@ -382,7 +382,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                             out, lse_arg, starts, err, new_keys, ks, vs),
                                  _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned, whole)),
                         kcfg, backend, C.kept_key(keys, ("direct", lse is not None, backend, new_keys, whole),
-                                                 _decode_split, scalars, tensors, kcfg, backend, _KV_TENSORS),
+                                                  _decode_split, scalars, tensors, kcfg, backend, _KV_TENSORS),
                         loose=lengths, loose_tensors=_KV_TENSORS)
         return
     rows = call.batch * call.heads_kv * num_splits
@@ -405,8 +405,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                                         v_descale=vs, sem=sem),
                              _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
                                                num_splits if fused else 0, aligned, whole)), kcfg, backend,
-                    C.kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg, backend,
-                              _KV_TENSORS), loose=lengths, loose_tensors=_KV_TENSORS)
+                    C.kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg,
+                               backend, _KV_TENSORS), loose=lengths, loose_tensors=_KV_TENSORS)
     if fused:
         return
     scalars = (call, num_splits, lse is not None)
@@ -417,7 +417,7 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                              combine_args(call, po, pl, out, lse_arg, num_splits),
                              _combine_constexprs(call, lse is not None, num_splits)),
                     combine_cfg, backend, C.kept_key(keys, ("combine", num_splits, lse is not None, backend),
-                                                    _decode_combine, scalars, tensors, combine_cfg, backend))
+                                                     _decode_combine, scalars, tensors, combine_cfg, backend))
 
 
 class _StridedPtr(C.Ptr):
