@@ -378,22 +378,8 @@ def _whole_cache_key(owner, q, k, v, softmax_scale, want_lse: bool) -> tuple:
 
 
 def _seen_before(sig: tuple) -> bool:
-    """Whether ``sig`` was seen on an earlier call (by hash); remembers it otherwise.
-
-    Plans are kept from a signature's second call on. A cache one key longer each call
-    (transformers' generate without ``cache_seqlens``) makes a new signature per call: keeping
-    a plan for each would only add objects that live long enough for the garbage collector to
-    scan them again and again (``bench/host_profile.py --cpu-stub --case decode``, that row:
-    about 100 µs a call instead of 50). Hashes are ints, which it never scans; a collision only
-    keeps a plan early (the plans' dict compares whole signatures).
-    """
-    h = hash(sig)
-    if h in _SEEN:
-        return True
-    if len(_SEEN) >= _MAX_CALL_PLANS:
-        _SEEN.clear()
-    _SEEN.add(h)
-    return False
+    """Whether ``sig`` was seen on an earlier call (:func:`rocmflash.kernels.launch.seen_before`)."""
+    return L.seen_before(_SEEN, sig, _MAX_CALL_PLANS)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,

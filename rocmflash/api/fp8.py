@@ -116,10 +116,10 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
                   out_dtype=None, out_bshd: bool = False, plan_signature=None):
     """fp8 attention on shape-checked ``(B, H, S, D)`` views (:mod:`rocmflash.api.attention` checks types and shapes).
 
-    Checks the format against the live arch, the descales and the options, allocates the output
-    (``out_dtype``, bf16 by default; its memory ``(B, S, H, D)`` when ``out_bshd``), launches
-    :mod:`rocmflash.kernels.fp8_forward` and polls the error word. Inference only: with autograd
-    recording, the output's backward raises. Returns ``(out (B, Hq, Sq, D), lse or None)``.
+    Checks the format against the live arch, the descales and the options, selects the config, and runs the call's
+    plan (:func:`rocmflash.api.fp8_plans.execute`: the output in ``out_dtype``, bf16 by default, its memory
+    ``(B, S, H, D)`` when ``out_bshd``; :mod:`rocmflash.kernels.fp8_forward`; the error word polled). Inference
+    only: with autograd recording, the output's backward raises. Returns ``(out (B, Hq, Sq, D), lse or None)``.
     ``plan_signature``: the caller's :func:`rocmflash.api.fp8_plans.signature` of the call, whose plan is kept once
     every check here passed (None: none kept)."""
     from rocmflash.api.selection import device_identity
@@ -130,29 +130,12 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
     check_descales(q, B, k.shape[1], q_descale, k_descale, v_descale)
     out_dtype = check_out_dtype(out_dtype)
     cfg = _fp8_config(config, arch, D)
-    shape = (B, Sq, Hq, D) if out_bshd else (B, Hq, Sq, D)
-    out = torch.empty(shape, dtype=out_dtype, device=q.device)
-    out = out.transpose(1, 2) if out_bshd else out
-    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.api import fp8_plans
+    from rocmflash.kernels.fp8_forward import kmajor_v
 
-    empty = out.numel() == 0 or k.shape[2] == 0
-    if empty:  # no rows, or no keys: output 0, LSE -inf
-        out.zero_()
-        if lse is not None:
-            lse.fill_(float("-inf"))
-    else:
-        from rocmflash.kernels.launch import on_device
-
-        with on_device(q):
-            fp8_forward.launch(q, k, v, q_descale, k_descale, v_descale, cfg, causal, scale, out, lse, arch=arch)
-        poll_errors(q.device)
-    if plan_signature is not None:
-        from rocmflash.api import fp8_plans
-
-        fp8_plans.keep(plan_signature, cfg, fp8_forward.kmajor_v(arch), causal, scale, out, lse, out_bshd, empty)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_descale, k_descale, v_descale)):
-        out = _InferenceOnly.apply(out, q, k, v, q_descale, k_descale, v_descale)
+    plan = fp8_plans.make(q, k, cfg, kmajor_v(arch), causal, scale, out_dtype, out_bshd, return_lse)
+    out, lse = fp8_plans.execute(plan, q, k, v, q_descale, k_descale, v_descale)
+    fp8_plans.keep(plan_signature, plan)
     return out, lse
 
 

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from rocmflash.api.fp8 import _InferenceOnly
 from rocmflash.api.selection import register_clear
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import fp8_errors as FE
@@ -43,7 +44,7 @@ class Fp8Plan(NamedTuple):
 
 
 _PLANS: dict = {}  #: :func:`signature` -> Fp8Plan (from a signature's second checked call on)
-_SEEN: set = set()  #: signatures checked once
+_SEEN: set = set()  #: hashes of signatures checked once (:func:`rocmflash.kernels.launch.seen_before`)
 _MAX_PLANS = 1024  #: a full table is emptied: a new shape every call never grows it without bound
 _OUT_DTYPES = (None, torch.bfloat16, torch.float16)
 
@@ -80,22 +81,23 @@ def planned(sig: Optional[tuple]) -> Optional[Fp8Plan]:
     return _PLANS.get(sig)
 
 
-def keep(sig: Optional[tuple], cfg, kmajor: bool, causal: bool, scale: float, out, lse, bshd: bool,
-         empty: bool) -> None:
-    """After a checked call of ``sig`` that passed: remember it, and keep its plan from its second call on (a
-    shape seen once, e.g. a cache one key longer each call, never fills the table)."""
-    if sig is None or torch.compiler.is_compiling():
-        return
-    if sig not in _SEEN:
-        if len(_SEEN) >= _MAX_PLANS:
-            _SEEN.clear()
-        _SEEN.add(sig)
+def make(q, k, cfg: KernelConfig, kmajor: bool, causal: bool, scale: float, out_dtype, bshd: bool,
+         return_lse: bool) -> Fp8Plan:
+    """The plan of a call that passed the checks (``(B, H, S, D)`` views ``q``/``k``; ``bshd``: the caller's inputs,
+    and so the output's memory, are ``(B, S, H, D)``), with an empty dict for its launch keys."""
+    B, Hq, Sq, D = q.shape
+    return Fp8Plan(cfg, kmajor, causal, scale, (B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), bshd, out_dtype,
+                   (B, Hq, Sq) if return_lse else None, q.numel() == 0 or k.shape[2] == 0, {})
+
+
+def keep(sig: Optional[tuple], plan: Fp8Plan) -> None:
+    """After a checked call of ``sig`` that passed: keep its plan from the signature's second call on
+    (:func:`rocmflash.kernels.launch.seen_before`)."""
+    if sig is None or torch.compiler.is_compiling() or not L.seen_before(_SEEN, sig, _MAX_PLANS):
         return
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
-    out_shape = tuple(out.transpose(1, 2).shape) if bshd else tuple(out.shape)
-    _PLANS[sig] = Fp8Plan(cfg, kmajor, causal, scale, out_shape, bshd, out.dtype,
-                          tuple(lse.shape) if lse is not None else None, empty, {})
+    _PLANS[sig] = plan
 
 
 def clear() -> None:
@@ -108,30 +110,35 @@ register_clear(clear)
 
 
 def run(plan: Fp8Plan, q, k, v, q_descale, k_descale, v_descale):
-    """The planned call on inputs of its signature (``(B, S, H, D)`` ones when ``plan.bshd``): ``(out, lse)`` as
-    :func:`rocmflash.api.fp8.attention_fp8` returns them, with the output laid out as the checked path lays it."""
+    """The planned call on inputs of its signature, as the caller passed them (``(B, S, H, D)`` when ``plan.bshd``):
+    :func:`execute` on their ``(B, H, S, D)`` views."""
+    if plan.bshd:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return execute(plan, q, k, v, q_descale, k_descale, v_descale)
+
+
+def execute(plan: Fp8Plan, q, k, v, q_descale, k_descale, v_descale):
+    """Run ``plan`` on ``(B, H, S, D)`` views: allocate the output (its memory ``(B, S, H, D)`` when ``plan.bshd``) and
+    the LSE, launch :mod:`rocmflash.kernels.fp8_forward` (no launch for no rows or no keys: output 0, LSE -inf),
+    poll the error word; with autograd recording, the output's backward raises (inference only). Returns
+    ``(out (B, Hq, Sq, D), lse or None)``: the one path of checked and planned calls alike."""
     out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=q.device)
-    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device) if plan.lse_shape else None
     if plan.bshd:
         out = out.transpose(1, 2)
-        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    else:
-        qh, kh, vh = q, k, v
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device) if plan.lse_shape else None
     if plan.empty:
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
     else:
         with L.on_device(q):
-            FF.launch_kept(qh, kh, vh, q_descale, k_descale, v_descale, plan.cfg, plan.causal, plan.scale, out, lse,
-                        plan.kmajor, plan.keys)
+            FF.launch_kept(q, k, v, q_descale, k_descale, v_descale, plan.cfg, plan.causal, plan.scale, out, lse,
+                           plan.kmajor, plan.keys)
         FE.poll_errors(q.device)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or q_descale.requires_grad
                                     or k_descale.requires_grad or v_descale.requires_grad):
-        from rocmflash.api.fp8 import _InferenceOnly
-
-        out = _InferenceOnly.apply(out, qh, kh, vh, q_descale, k_descale, v_descale)
+        out = _InferenceOnly.apply(out, q, k, v, q_descale, k_descale, v_descale)
     return out, lse
 
 
-__all__ = ["Fp8Plan", "signature", "planned", "keep", "clear", "run"]
+__all__ = ["Fp8Plan", "signature", "planned", "make", "keep", "clear", "run", "execute"]
