@@ -295,11 +295,11 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     the output is bf16, or ``out_dtype=torch.float16``. Plain or causal attention only (no window,
     no softcap), inference only; see :func:`attention` and :mod:`rocmflash.api.fp8`.
     """
-    default = q_descale is None and k_descale is None and v_descale is None and out_dtype is None \
-        and alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
+    plain = alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
         and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float and dropout_p == 0.0 \
         and (deterministic is True or deterministic is False) \
-        and (return_attn_probs is True or return_attn_probs is False)
+        and (return_attn_probs is True or return_attn_probs is False)  # options a kept plan may skip checking
+    default = plain and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
     if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
         plan = _planned(q, k, v, causal, softmax_scale, "bshd")
         if plan is not None:
@@ -316,9 +316,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
             out = out.transpose(1, 2).contiguous()
             return (out, lse, None) if return_attn_probs else out
     sig = None
-    if q_descale is not None and alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
-            and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float and dropout_p == 0.0 \
-            and (deterministic is True or deterministic is False):  # fp8: a signature checked before skips it
+    if plain and q_descale is not None:  # fp8: a signature checked before skips it
         sig = _fp8_plans().signature(q, k, v, causal, softmax_scale, return_attn_probs,
                                      (q_descale, k_descale, v_descale), out_dtype, "bshd")
         plan = _fp8_plans().planned(sig)
