@@ -38,7 +38,6 @@ Usage::
     python bench/host_profile.py --cpu-stub --calls 2000         # on a CPU
     python bench/host_profile.py --cpu-stub --case decode --calls 2000
     PYTHONPATH=/tmp/old python bench/host_profile.py --cpu-stub --modules rocmflash_before,rocmflash
-    python bench/host_profile.py --case decode --pointers both --no-profile   # addresses vs tensors, same rounds
 
 Each timed row is the median over ``--rounds`` loops of ``--calls`` calls, the rows interleaved
 round by round (other load on the machine shows up as spread between rounds, not as a shifted mean).
@@ -104,9 +103,6 @@ def main(argv=None) -> int:
                     help="packages timed side by side in the same interleaved rounds, forward and decode (e.g. a renamed copy "
                          "of an older version: rocmflash_before,rocmflash)")
     ap.add_argument("--no-profile", action="store_true", help="timings only (no cProfile tables)")
-    ap.add_argument("--pointers", choices=("ints", "tensors", "both"), default="ints",
-                    help="what kept launches hand Triton's launcher for each tensor (kernels.launch.POINTERS_AS_INTS): "
-                         "its address (the default), the tensor, or both as twin rows in the same rounds")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     import torch
@@ -128,7 +124,6 @@ def main(argv=None) -> int:
         rows, profiled = _fp8_case(torch, device, packages)
     else:
         rows, profiled = _decode_case(torch, device, args, packages)
-    rows = _pointer_rows(rows, args.pointers, [_module(p, "kernels.launch") for p in packages])
     report = io.StringIO()
     clock = "thread CPU µs per call" if args.cpu_stub else "µs per call"
     report.write(f"torch {torch.__version__}; device {device}{' (launches stubbed)' if args.cpu_stub else ''}; "
@@ -357,28 +352,6 @@ def _decode_rows(torch, F, rocmflash, device, args, tag):
 
         sdpa_row = [("SDPA (same keys, GQA)", sdpa)]
     return rows, profiled, sdpa_row
-
-
-def _pointer_rows(rows, pointers: str, launch_modules) -> list:
-    """``rows`` with each rocmflash row run under ``--pointers``: kept launches hand Triton's launcher each tensor's
-    address (``ints``) or the tensor (``tensors``); ``both``: each rocmflash row twice, the second with tensors
-    (named ``..., tensors to the launcher``), interleaved in the same rounds. SDPA's rows are left as they are."""
-    def under(as_ints, fn):
-        def call():
-            for L in launch_modules:
-                L.POINTERS_AS_INTS = as_ints
-            fn()
-        return call
-
-    out = []
-    for name, fn in rows:
-        if "SDPA" in name and "patch_sdpa" not in name:
-            out.append((name, fn))
-            continue
-        out.append((name, under(pointers != "tensors", fn)))
-        if pointers == "both":
-            out.append((f"{name}, tensors to the launcher", under(False, fn)))
-    return out
 
 
 def time_rows(rows, calls: int, rounds: int, sync, thread_clock: bool = False) -> dict:

@@ -46,7 +46,6 @@ def fake_triton(monkeypatch):
     monkeypatch.setattr(L, "_jit_launch", jit_launch)
     monkeypatch.setattr(L, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
     monkeypatch.setattr(L, "_PLANS", {})
-    monkeypatch.setattr(L, "POINTERS_AS_INTS", False)  # replays pass the tensors themselves: placed by identity
     Dm.clear_cache()
     yield log
     Dm.clear_cache()

@@ -186,13 +186,6 @@ def observe_launches():
 #: reuse compiled kernels through :func:`launch_cached`'s own cache (False: every launch
 #: goes through ``JITFunction.run``); ``ROCMFLASH_JIT_LAUNCH=1`` turns it off at import
 FAST_LAUNCH = os.environ.get("ROCMFLASH_JIT_LAUNCH", "0") in ("", "0")
-#: replays hand Triton's launcher each tensor's address as an int, not the tensor: for a tensor, Triton's
-#: launcher (CUDA and HIP alike) calls ``data_ptr()`` and then asks the driver whether the address is a device
-#: one (``cuPointerGetAttribute`` / ``hipPointerGetAttribute``), per pointer argument per launch; an int it uses as
-#: is. Every replayed tensor was checked to be on the launch's GPU (its plan's key holds the device).
-#: ``ROCMFLASH_TENSOR_POINTERS=1`` at import hands over the tensors instead.
-POINTERS_AS_INTS = os.environ.get("ROCMFLASH_TENSOR_POINTERS", "0") in ("", "0")
-_address = operator.methodcaller("data_ptr")
 _PLANS: dict = {}  # launch key -> _LaunchPlan
 _MAX_PLANS = 4096
 MAX_INT32 = 2**31 - 1  #: largest storage (bytes) Triton gives 32-bit buffer addressing on AMD (the 2 GiB bit of a key)
@@ -354,10 +347,9 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     other input ``build`` reads: together with the config they decide the grid, the
     arguments and Triton's specialisation (:func:`launch_key`). The first launch of a key
     goes through ``JITFunction.run`` and leaves a :class:`_LaunchPlan`; later launches put
-    this call's tensors (their addresses, :data:`POINTERS_AS_INTS`) into the saved argument list
-    and call Triton's cached runner (``CompiledKernel[grid](*args)``, its launch API since 3.0),
-    which skips the argument binding and the per-call argument dictionaries: most of a launch's
-    host cost. Under the
+    this call's tensors into the saved argument list and call Triton's cached runner
+    (``CompiledKernel[grid](*args)``, its launch API since 3.0), which skips the argument
+    binding and the per-call argument dictionaries: most of a launch's host cost. Under the
     interpreter, with ``observe_launches`` active or with ``FAST_LAUNCH`` off this is
     :func:`launch_kernel`.
 
@@ -380,20 +372,17 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     plan = _PLANS.get(key)
     if plan is not None:
         if plan.pick is not None:
-            picked = plan.pick(tensors)
-            if POINTERS_AS_INTS:
-                picked = map(_address, picked)
             if not loose or loose == plan.loose:  # (a cache a model keeps: the values the plan was made with)
-                plan.runner(*picked, *plan.tail)
+                plan.runner(*plan.pick(tensors), *plan.tail)
                 return
             tail = list(plan.tail)
             for at, value in zip(plan.loose_at, loose):
                 tail[at] = value
-            plan.runner(*picked, *tail)
+            plan.runner(*plan.pick(tensors), *tail)
             return
         call = list(plan.template)
         for position, index in plan.slots:
-            call[position] = tensors[index].data_ptr() if POINTERS_AS_INTS else tensors[index]
+            call[position] = tensors[index]
         for position, value in zip(plan.loose_at, loose):
             call[position] = value
         plan.runner(*call)
