@@ -11,9 +11,11 @@ rocmflash path is the public call with the shipped databases, host time included
   for the run (a model's start-up), SDPA's own function bound before it for the baseline;
 - ``kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)`` (the default call);
 - ``kvcache unchecked``: the same with ``check_values=False``;
-- with ``--fused``, also ``attention fused`` and ``kvcache fused``: the same calls with the decode kernel's
-  fused merge on (``rocmflash.kernels.kv_decode.FUSED_COMBINE``: one launch, the last split program of each
-  (sequence, K/V head) merges the splits), timed in the same interleaved rounds as the default two launches.
+- with ``--fused``, also ``attention fused``/``kvcache fused`` and ``attention two launches``/``kvcache two
+  launches``: the same calls with the decode kernel's fused merge forced on (``rocmflash.kernels.kv_decode.FUSED_COMBINE``
+  = True: one launch, the last split program of each (sequence, K/V head) merges the splits) and forced off
+  (split + combine), timed in the same interleaved rounds as the default rows, which run the shipped rule
+  (``kv_decode.fuses_merge``: fused for small caches on CUDA).
 
 Ratio = SDPA default µs / path µs (> 1: rocmflash faster). Bandwidth = K+V bytes / time.
 
@@ -29,12 +31,12 @@ import sys
 from interleaved import MarkdownTable, gpu_table_head, interleaved_medians
 
 
-def _with_fused_merge(fn):
-    """``fn`` run with the decode kernel's fused merge on (and the flag restored after)."""
+def _with_fused_merge(fn, on: bool = True):
+    """``fn`` run with the decode kernel's fused merge forced on (``on``) or off (and the flag restored after)."""
     from rocmflash.kernels import kv_decode as KD
 
     def call():
-        before, KD.FUSED_COMBINE = KD.FUSED_COMBINE, True
+        before, KD.FUSED_COMBINE = KD.FUSED_COMBINE, on
         try:
             return fn()
         finally:
@@ -77,6 +79,8 @@ def _paths(torch, B, L, Hq, Hkv, D=128, fused=False):
     if fused:
         paths["attention fused"] = _with_fused_merge(paths["attention"])
         paths["kvcache fused"] = _with_fused_merge(paths["kvcache"])
+        paths["attention two launches"] = _with_fused_merge(paths["attention"], False)
+        paths["kvcache two launches"] = _with_fused_merge(paths["kvcache"], False)
     return paths
 
 
@@ -88,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--lengths", default="2048,8192,32768,65536")
     ap.add_argument("--kv-heads", default="8,32", help="Hkv values (Hq=32)")
-    ap.add_argument("--fused", action="store_true", help="also time the decode kernel's fused merge (one launch)")
+    ap.add_argument("--fused", action="store_true", help="also time the decode kernel's fused merge forced on (one launch) and off (two)")
     args = ap.parse_args(argv)
     import torch
 

@@ -15,8 +15,9 @@ block table), each also with ``check_values=False`` (no host read of the lengths
 a cache that grows by one key every call without ``cache_seqlens`` (transformers' generate
 through :mod:`rocmflash.integrations.hf`: a new shape each call, served by the plan of the length-free
 signature and one launch plan per split count),
-and the default call without an append (what ``bench/decode_entry.py`` times), also with the
-decode kernel's fused merge (``kv_decode.FUSED_COMBINE``: one launch instead of split + combine).
+and the default call without an append (what ``bench/decode_entry.py`` times; the shipped rule,
+``kv_decode.fuses_merge``, decides its merge), also with the decode kernel's fused merge forced on
+(``kv_decode.FUSED_COMBINE``: one launch) and off (split + combine).
 On a GPU, SDPA over the same cache (a view of the first ``cache_seqlens + 1`` keys) is
 timed next to it. ``--modules`` works here too (each row per package, same rounds).
 
@@ -323,13 +324,15 @@ def _decode_rows(torch, F, rocmflash, device, args, tag):
 
     kv_decode = _module(rocmflash.__name__, "kernels.kv_decode")
 
-    def fused_no_append():  # the same with the decode kernel's fused merge (one launch), where this copy has it
-        before = getattr(kv_decode, "FUSED_COMBINE", None)
-        kv_decode.FUSED_COMBINE = True
-        try:
-            no_append()
-        finally:
-            kv_decode.FUSED_COMBINE = before
+    def forced_merge(on: bool):  # the default call with the fused merge forced on (one launch) or off (two)
+        def call():
+            before = getattr(kv_decode, "FUSED_COMBINE", None)
+            kv_decode.FUSED_COMBINE = on
+            try:
+                no_append()
+            finally:
+                kv_decode.FUSED_COMBINE = before
+        return call
 
     rows = [("decode contiguous", contiguous), ("decode contiguous, check_values=False", lambda: contiguous(False)),
             (f"decode paged (page {page})", paged), (f"decode paged (page {page}), check_values=False",
@@ -337,7 +340,8 @@ def _decode_rows(torch, F, rocmflash, device, args, tag):
             ("decode, cache one key longer each call, no cache_seqlens", growing),
             ("decode contiguous, no append (default call)", no_append)]
     if hasattr(kv_decode, "FUSED_COMBINE"):
-        rows.append(("decode contiguous, no append, fused merge", fused_no_append))
+        rows += [("decode contiguous, no append, fused merge", forced_merge(True)),
+                 ("decode contiguous, no append, two launches", forced_merge(False))]
     rows = [(name + tag, fn) for name, fn in rows]
     profiled = [(f"decode contiguous{tag}", contiguous), (f"decode paged (page {page}){tag}", paged),
                 (f"decode, cache one key longer each call{tag}", growing)]

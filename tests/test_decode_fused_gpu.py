@@ -64,3 +64,30 @@ def test_two_streams_at_once_keep_their_own_counts(fused):
         for out in got:
             assert torch.allclose(out.float(), want.float(), atol=1e-2, rtol=0)
     assert len(fused._ARRIVALS) >= 2  # one buffer per stream (and the default stream's)
+
+
+@pytest.mark.parametrize("B,L,Hkv,kernels", [(1, 2048, 8, ["_decode_split"]), (1, 8192, 8, ["_decode_split"]),
+                                             (8, 8192, 8, ["_decode_split", "_decode_combine"]),
+                                             (1, 8192, 32, ["_decode_split", "_decode_combine"])])
+def test_the_shipped_rule_fuses_small_caches_only(monkeypatch, B, L, Hkv, kernels):
+    """The default (``FUSED_COMBINE`` None): a cache of at most ``FUSED_AUTO_MAX_KV_BYTES`` is one launch, a larger
+    one split + combine; every repeat call gives the forced two-launch answer of the same random inputs."""
+    from rocmflash import flash_attn_with_kvcache
+    from rocmflash.api import decode
+    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.launch import observe_launches
+
+    monkeypatch.setattr(KD, "FUSED_COMBINE", None)
+    decode.clear_cache()
+    q, kc, vc, lens = _inputs(B, L, 32, Hkv, 128, 7 * B + Hkv)
+    with observe_launches() as seen:
+        got, got_lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_lse=True, num_splits=4)
+    assert [r["kernel"] for r in seen] == kernels
+    monkeypatch.setattr(KD, "FUSED_COMBINE", False)
+    want, want_lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_lse=True, num_splits=4)
+    monkeypatch.setattr(KD, "FUSED_COMBINE", None)
+    for _ in range(50):  # repeat calls, replayed from kept plans
+        got, got_lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_lse=True, num_splits=4)
+        assert ((got.float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()).item()
+        assert ((got_lse - want_lse).abs().max() < 1e-4).item()
+    decode.clear_cache()

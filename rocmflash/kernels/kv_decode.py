@@ -66,11 +66,34 @@ error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of 
 
 
 #: a launch of several splits merges them in its last program per (sequence, K/V head) instead of a second
-#: (combine) launch: one launch and one buffer less per call, which is what a small-batch decode step costs on
-#: the host. Off until measured on a GPU (the merge relies on the arrival count's acquire/release ordering,
-#: which the CPU interpreter, running programs one after another, cannot exercise); on with
-#: ``ROCMFLASH_DECODE_FUSED_COMBINE=1``. Never while a CUDA graph is captured (its counts would be the graph's).
-FUSED_COMBINE = os.environ.get("ROCMFLASH_DECODE_FUSED_COMBINE", "0") == "1"
+#: (combine) launch: one launch and one buffer less per call, which is what a small decode step costs on the
+#: host. None (the default): :func:`fuses_merge` decides per call -- on for small caches on CUDA, where it was
+#: timed; True / False: always / never (``ROCMFLASH_DECODE_FUSED_COMBINE=1`` / ``=0``). The merge relies on the
+#: arrival count's acquire/release ordering, which the CPU interpreter, running programs one after another,
+#: cannot exercise. Never while a CUDA graph is captured (its counts would be the graph's).
+def forced_merge(value: Optional[str]) -> Optional[bool]:
+    """:data:`FUSED_COMBINE` from the value of ``ROCMFLASH_DECODE_FUSED_COMBINE``: ``1`` True, ``0`` False, else None."""
+    return {"1": True, "0": False}.get((value or "").strip())
+
+
+FUSED_COMBINE = forced_merge(os.environ.get("ROCMFLASH_DECODE_FUSED_COMBINE"))
+#: the automatic rule fuses a call whose K and V caches hold at most this many bytes together (B1 over 8k keys,
+#: GQA 32:8, D128, bf16): host-bound steps, where the second launch is what the merge saves. H100, public
+#: ``flash_attn_with_kvcache`` (``bench/decode_entry.py --fused``, two hosts): B1 at KV 2k/8k 51.6/50.8 µs
+#: against 58.9/56.8 (and 84.4/78.0 against 95.5/100.7); at B1 KV32k (4x these bytes) 62.1 against 59.6, and
+#: B8 KV8k (the same) no faster (``reports/decode-fused-auto-2026-11-27-h100.md``)
+FUSED_AUTO_MAX_KV_BYTES = 32 * 2**20
+
+
+def fuses_merge(forced, backend: str, on_gpu: bool, kv_bytes: int) -> bool:
+    """Whether a decode launch of several splits should merge them itself (the caller also refuses it while a
+    graph is captured): ``forced`` (:data:`FUSED_COMBINE`) when set; else on a CUDA GPU for caches of at most
+    :data:`FUSED_AUTO_MAX_KV_BYTES` (K and V together). Not yet on ROCm by default: the merge's memory ordering
+    has not been run on AMD hardware (``ROCMFLASH_DECODE_FUSED_COMBINE=1`` turns it on there)."""
+    if forced is not None:
+        return bool(forced)
+    return on_gpu and backend == "cuda" and kv_bytes <= FUSED_AUTO_MAX_KV_BYTES
+
 
 _ARRIVALS: dict = {}  #: (device, stream) -> int32 arrival counts, zero between launches
 
@@ -386,7 +409,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
                         loose=lengths, loose_tensors=_KV_TENSORS)
         return
     rows = call.batch * call.heads_kv * num_splits
-    fused = FUSED_COMBINE and not EW.capturing(q.device)
+    fused = fuses_merge(FUSED_COMBINE, backend, q.is_cuda, 2 * k_cache.numel() * k_cache.element_size()) \
+        and not EW.capturing(q.device)
     if workspace is None:
         po = torch.empty(rows * call.block_m * call.block_d, dtype=torch.float32, device=q.device)
         pl = torch.empty(rows * call.block_m, dtype=torch.float32, device=q.device)
