@@ -65,23 +65,23 @@ _ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
 error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of ``device``
 
 
+def forced_merge(value: Optional[str]) -> Optional[bool]:
+    """:data:`FUSED_COMBINE` from the value of ``ROCMFLASH_DECODE_FUSED_COMBINE``: ``1`` True, ``0`` False, else None."""
+    return {"1": True, "0": False}.get((value or "").strip())
+
+
 #: a launch of several splits merges them in its last program per (sequence, K/V head) instead of a second
 #: (combine) launch: one launch and one buffer less per call, which is what a small decode step costs on the
 #: host. None (the default): :func:`fuses_merge` decides per call -- on for small caches on CUDA, where it was
 #: timed; True / False: always / never (``ROCMFLASH_DECODE_FUSED_COMBINE=1`` / ``=0``). The merge relies on the
 #: arrival count's acquire/release ordering, which the CPU interpreter, running programs one after another,
 #: cannot exercise. Never while a CUDA graph is captured (its counts would be the graph's).
-def forced_merge(value: Optional[str]) -> Optional[bool]:
-    """:data:`FUSED_COMBINE` from the value of ``ROCMFLASH_DECODE_FUSED_COMBINE``: ``1`` True, ``0`` False, else None."""
-    return {"1": True, "0": False}.get((value or "").strip())
-
-
 FUSED_COMBINE = forced_merge(os.environ.get("ROCMFLASH_DECODE_FUSED_COMBINE"))
 #: the automatic rule fuses a call whose K and V caches hold at most this many bytes together (B1 over 8k keys,
-#: GQA 32:8, D128, bf16): host-bound steps, where the second launch is what the merge saves. H100, public
-#: ``flash_attn_with_kvcache`` (``bench/decode_entry.py --fused``, two hosts): B1 at KV 2k/8k 51.6/50.8 µs
-#: against 58.9/56.8 (and 84.4/78.0 against 95.5/100.7); at B1 KV32k (4x these bytes) 62.1 against 59.6, and
-#: B8 KV8k (the same) no faster (``reports/decode-fused-auto-2026-11-27-h100.md``)
+#: GQA 32:8, D128, bf16): host-bound steps, where the second launch is part of what the user waits for. H100,
+#: default ``flash_attn_with_kvcache`` (``bench/decode_entry.py --fused``): B1 KV 2k/8k 90.1/59.1 µs fused against
+#: 97.5/71.6 two launches, and so on in every run; at 4x these bytes won in one run and lost 4 % in another; from B8
+#: on no change (``reports/decode-fused-auto-2026-11-27-h100.md``)
 FUSED_AUTO_MAX_KV_BYTES = 32 * 2**20
 
 
