@@ -18,7 +18,11 @@ A batch of prompts with mixed lengths is run three ways on the same tokens:
   given so nothing is read back), ``is_causal=True``, ``enable_gqa`` where the heads differ: the platform's
   own varlen attention, the incumbent a varlen entry would time. Where this torch refuses it, the error
   is listed below the table (and ``sdpa jagged, K/V heads repeated`` is tried: the same with K/V
-  expanded to the query heads, one copy per call, counted).
+  expanded to the query heads, one copy per call, counted);
+* ``torch varlen_attn`` -- ``torch.nn.attention.varlen.varlen_attn`` on the packed tokens and the same
+  ``cu_seqlens`` (the platform's varlen function that ``rocmflash tune --mode varlen`` times as the entry's
+  incumbent, called as :mod:`rocmflash.api.varlen_incumbent` calls it: causal, GQA without copies); where this torch
+  has none or refuses the inputs, the reason is listed below the table.
 
 Forward and forward+backward, through the public APIs (host time included). TFLOP/s count only
 useful work: 4·Hq·D·sum(Sq_b·Sk_b)/2 per causal forward, 3.5x that for forward+backward. Timing:
@@ -187,6 +191,17 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
             out.backward(go_packed)
         return out
 
+    def torch_varlen(bwd):
+        from rocmflash.api import varlen_incumbent as VI
+
+        why = VI.excludes(True, True, hq // hkv, d, None)
+        if why is not None:
+            raise RuntimeError(why)
+        out = VI.run(q, k, v, cu, cu, S, S, True, None)
+        if bwd:
+            out.backward(go_packed)
+        return out
+
     cases = {"rocmflash varlen": varlen, "rocmflash varlen unchecked": varlen_unchecked}
     if len(set(lengths)) == 1:  # equal lengths: the public call runs the dense path; the varlen kernel beside it
         cases["rocmflash varlen kernel"] = varlen_kernel
@@ -197,7 +212,8 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
     if not varlen_only:
         cases.update({"rocmflash dense padded": dense, "sdpa padded": sdpa})
         for name, fn in (("sdpa jagged", sdpa_jagged),
-                         ("sdpa jagged, K/V heads repeated", lambda bwd: sdpa_jagged(bwd, repeat=True))):
+                         ("sdpa jagged, K/V heads repeated", lambda bwd: sdpa_jagged(bwd, repeat=True)),
+                         ("torch varlen_attn", torch_varlen)):
             if name.endswith("repeated") and (hq == hkv or "sdpa jagged" in cases):
                 continue
             try:  # the platform's varlen path, where this torch has one for these inputs

@@ -44,6 +44,21 @@ def test_varlen_tune_then_varlen_serves_the_entry(live, compiled, run_cli_tune, 
     assert counts["ok"] >= 0.8 * counts["timed"] and counts["crashed"] == 0 and counts["timed"] >= counts["survivors"]
     assert 20 < entry["tflops"] < 2500, entry  # a GPU time of the packed batch, not an interpreter or empty launch
     assert entry["baseline"]["status"] == "ok" and entry["speedup_vs_baseline"] >= 1.0, entry["baseline"]
+    # the platform's varlen attention, timed beside the winner on the same packed batch (or why it was not)
+    from rocmflash.api import varlen_incumbent as VI
+
+    inc = entry["incumbent"]
+    row = inc["backends"][VI.NAME]
+    assert inc["triton_ms"] == entry["time_ms"], inc
+    if VI._function()[0] is None:
+        assert row["status"] == "skipped" and "varlen_attn" in row["error"], row
+    else:
+        assert row["status"] in ("ok", "failed"), row  # failed: this torch refused the inputs (the reason is kept)
+        if row["status"] == "ok":
+            assert row["rel_err"] < 2e-2 and 0 < row["time_ms"] < 100 * entry["time_ms"], row
+            assert inc["backend"] == VI.NAME and inc["time_ms"] == round(row["time_ms"], 5), inc
+        else:
+            assert row["error"] and inc["backend"] is None, inc
 
     monkeypatch.setenv("ROCMFLASH_CONFIG_DIR", str(configs))
     monkeypatch.delenv("ROCMFLASH_NO_DB", raising=False)

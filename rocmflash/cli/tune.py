@@ -238,7 +238,7 @@ def _run_varlen_tune(args: argparse.Namespace, console) -> int:
         for problem in problems:
             if passes != "bwd":
                 print_varlen_summary(tune_varlen(args.gpu, problem, args.db, args.cache_dir, args.workers,
-                                                 args.timeout), console)
+                                                 args.timeout, incumbent=not args.no_incumbent), console)
             if passes != "fwd":
                 print_varlen_bwd_summary(tune_varlen_backward(args.gpu, problem, args.db, args.cache_dir,
                                                               args.workers, args.timeout), console)

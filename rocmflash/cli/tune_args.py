@@ -65,7 +65,7 @@ def add_tune_parsers(subparsers) -> None:
     tune.add_argument("--no-incumbent", action="store_true",
                       help="do not time the platform's own attention (SDPA's backends) beside each forward (or, with "
                            "--mode decode, dense 16-bit decode) winner; without it, an entry where SDPA was faster "
-                           "makes run-time calls use SDPA")
+                           "makes run-time calls use SDPA (--mode varlen: torch's varlen_attn, recorded in the entry)")
     tune.add_argument("--variant", nargs="+", default=None, metavar="NAME",
                       help="limit the space to these variants: online split_kv two_phase split_d")
     tune.add_argument("--timeout", type=positive_seconds, default=120.0, metavar="SEC",
@@ -226,7 +226,8 @@ def _error(msg: str) -> int:
 
 #: tune flags that only some kinds of tune read (flag, attribute, kinds): elsewhere they are refused, not ignored
 SCOPED_TUNE_FLAGS = (("--strategy", "strategy", ("prefill", "model")), ("--top-k", "top_k", ("prefill",)),
-                     ("--no-seeds", "no_seeds", ("prefill", "model")), ("--no-incumbent", "no_incumbent", ("prefill", "decode")),
+                     ("--no-seeds", "no_seeds", ("prefill", "model")),
+                     ("--no-incumbent", "no_incumbent", ("prefill", "decode", "varlen")),
                      ("--seqlen-q", "seqlen_q", ("decode",)), ("--kv-dtype", "kv_dtype", ("decode",)),
                      ("--page-size", "page_size", ("decode",)), ("--causal", "causal", ("prefill", "varlen", "model")))
 

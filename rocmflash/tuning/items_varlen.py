@@ -19,17 +19,74 @@ from rocmflash.tuning.spec import NEAR_BEST_PCT
 from rocmflash.tuning.varlen import VarlenProblem
 
 
+#: the payload tag of the incumbent's job
+INCUMBENT = "incumbent"
+#: seconds the worker may take for the incumbent (gate + timed calls)
+INCUMBENT_TIMEOUT_S = 300.0
+
+
+def measure_incumbent(task: dict) -> dict:
+    """Worker side of the incumbent job (module level: a timing worker runs it)."""
+    from rocmflash.tuning.varlen_worker import measure_varlen_incumbent
+
+    return measure_varlen_incumbent(task)
+
+
 class VarlenItem(TaskItem):
-    """The varlen forward of one problem."""
+    """The varlen forward of one problem; once its configs are timed, the platform's varlen attention on the same
+    timing worker (:mod:`rocmflash.api.varlen_incumbent`; ``incumbent=False``, ``--no-incumbent``: not)."""
 
     family = "varlen_fwd"
     compile_family = "varlen"
 
     def __init__(self, ctx, problem, cache_dir=None, workers=None, timeout_s: float = 120.0,
-                 configs: Optional[list] = None, on_result=None):
+                 configs: Optional[list] = None, on_result=None, incumbent: bool = True):
         self.cache_dir, self.workers, self.configs = cache_dir, workers, configs
         self.baseline = None
+        self.incumbent = incumbent
+        self._incumbent_asked = False
+        self._incumbent: Optional[dict] = None
         super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
+
+    def next_batch(self) -> Optional[list]:
+        """The configs' tasks, then the incumbent's job (where it applies), then None."""
+        jobs = super().next_batch()
+        if jobs is not None or self._incumbent_asked:
+            return jobs
+        self._incumbent_asked = True
+        job = self._incumbent_job()
+        return [job] if job is not None else None
+
+    def _incumbent_job(self):
+        """The platform's varlen attention timed on a timing worker beside the winner; None without
+        ``--no-incumbent``'s opposite, on workers that run no tasks, or without a winner."""
+        from rocmflash.tuning.pipeline import Job
+        from rocmflash.tuning.pipeline_policy import SDPA_AFFINITY
+
+        if not (self.incumbent and self.ctx.measuring and self.ctx.runs_tasks):
+            return None
+        entry = self.measured_entry(self.timing.results())
+        if not entry.get("best"):
+            return None
+        self.ctx.out.note(f"{self.key}: timing the platform's varlen attention beside the winner")
+        task = {"problem": self.problem_dict}
+
+        def run(runner, task=task):
+            if not hasattr(runner, "call"):
+                return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
+            return runner.call(measure_incumbent, task, INCUMBENT_TIMEOUT_S)
+
+        return Job(self, run, INCUMBENT, (self.key, INCUMBENT, None), payload=(INCUMBENT, entry["time_ms"]),
+                   affinity=SDPA_AFFINITY)
+
+    def record(self, job, result: dict) -> None:
+        """Journal one config's result; the incumbent's goes to the entry only."""
+        if not (isinstance(job.payload, tuple) and job.payload[0] == INCUMBENT):
+            super().record(job, result)
+            return
+        from rocmflash.tuning.incumbents import incumbent_result_field
+
+        self._incumbent = incumbent_result_field(result, job.payload[1])
 
     def worker_functions(self) -> tuple:
         from rocmflash.tuning.varlen_worker import measure_varlen, prewarm_varlen
@@ -50,8 +107,11 @@ class VarlenItem(TaskItem):
         return timed + ([self.baseline["config"]] if self.baseline["config"] not in timed else [])
 
     def measured_entry(self, results: list) -> dict:
-        return measured_entry(self.problem, self.static_result, results, self.baseline, self.ctx.env,
-                              self.ctx.interpret)
+        entry = measured_entry(self.problem, self.static_result, results, self.baseline, self.ctx.env,
+                               self.ctx.interpret)
+        if self._incumbent is not None and entry.get("best"):
+            entry["incumbent"] = self._incumbent
+        return entry
 
     def static_entry(self) -> dict:
         return static_entry(self.problem, self.static_result, self.ctx.why, self.ctx.env)

@@ -22,17 +22,19 @@ from rocmflash.tuning.varlen import VarlenProblem, config_label
 
 def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = None, cache_dir=None,
                 workers=None, timeout_s: float = 120.0, on_result=None,
-                configs: Optional[list] = None) -> FamilyTuneResult:
-    """Static phase for ``gpu_name``'s arch; on a matching live GPU every survivor (and the baseline) is
-    gated and timed; the entry is written to the database (atomically, under the tune lock) and the
-    run-time caches of this process are cleared. ``configs`` replaces the default space. The problem is
-    a :class:`~rocmflash.tuning.items_varlen.VarlenItem` run through the tune pipeline."""
+                configs: Optional[list] = None, incumbent: bool = True, pool=None) -> FamilyTuneResult:
+    """Static phase for ``gpu_name``'s arch; on a matching live GPU (or ``pool``'s) every survivor (and the baseline) is
+    gated and timed, then (``incumbent``) the platform's varlen attention on the same worker; the entry is
+    written to the database (atomically, under the tune lock) and the run-time caches of this process are
+    cleared. ``configs`` replaces the default space. The problem is a
+    :class:`~rocmflash.tuning.items_varlen.VarlenItem` run through the tune pipeline."""
     from rocmflash.tuning.decode_run import tune_one
     from rocmflash.tuning.items_varlen import VarlenItem
 
     return tune_one(gpu_name, problem,
-                    lambda ctx: VarlenItem(ctx, problem, cache_dir, workers, timeout_s, configs, on_result),
-                    db_path, timeout_s)
+                    lambda ctx: VarlenItem(ctx, problem, cache_dir, workers, timeout_s, configs, on_result,
+                                           incumbent=incumbent),
+                    db_path, timeout_s, pool)
 
 
 def print_varlen_summary(result: FamilyTuneResult, console) -> None:
@@ -48,12 +50,29 @@ def print_varlen_summary(result: FamilyTuneResult, console) -> None:
             base = e["baseline"]
             if e.get("speedup_vs_baseline"):
                 console.print(f"before: {base['source']} {base['time_ms']:.3f} ms ({e['speedup_vs_baseline']:.2f}x)")
+            line = incumbent_line(e.get("incumbent"))
+            if line:
+                console.print(line)
         if e.get("timing") == "interpreter":
             console.print("(timed in Triton's CPU interpreter: recorded, never served at run time)")
     else:
         console.print(f"not measured ({result.why_unmeasured}); static #1 written with \"measured\": false: "
                       f"{config_label(e['best']) if e.get('best') else None}")
     console.print(f"database: {result.db_path}")
+
+
+def incumbent_line(field: Optional[dict]) -> Optional[str]:
+    """One line on the platform's varlen attention from an entry's ``incumbent`` field (None without one)."""
+    if not field:
+        return None
+    rows = field.get("backends") or {}
+    if field.get("backend") and field.get("time_ms") and field.get("triton_ms"):
+        ratio = field["time_ms"] / field["triton_ms"]
+        side = "faster" if ratio < 1 else "slower"
+        return (f"platform's varlen attention ({field['backend']}): {field['time_ms']:.3f} ms, "
+                f"{1 / ratio if ratio < 1 else ratio:.2f}x {side} than the winner (stored as the entry's incumbent)")
+    why = "; ".join(f"{name}: {r.get('status')}: {r.get('error')}" for name, r in rows.items()) or field.get("error")
+    return f"platform's varlen attention: not timed ({why})"
 
 
 def tune_varlen_backward(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = None, cache_dir=None,

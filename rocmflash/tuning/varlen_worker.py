@@ -141,6 +141,48 @@ def measure_varlen(task: dict) -> dict:
     return result
 
 
+def measure_varlen_incumbent(task: dict) -> dict:
+    """The platform's varlen attention (:mod:`rocmflash.api.varlen_incumbent`) on the problem's packed batch, as
+    :func:`measure_varlen` runs a config: the NaN-poisoned output gated against the same fp32 reference, then
+    the median of ``task["reps"]`` (:data:`REPS`) calls with the L2 flushed before each. Runs in the live worker
+    that timed the configs. ``{"status": "ok", "backends": {name: {"status", "time_ms", "rel_err", "error"}}}``
+    (:func:`rocmflash.api.incumbent.incumbent_field` reads it); a torch without it, or a problem it does not
+    compute, is ``"skipped"`` with the reason."""
+    import torch
+
+    from rocmflash.api import varlen_incumbent as VI
+    from rocmflash.kernels.common import interpreting
+    from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.tuning.live_gate import TOLERANCE
+    from rocmflash.tuning.live_worker import error_line
+
+    p = VarlenProblem.from_dict(task["problem"])
+    row = {"status": "failed", "time_ms": None, "rel_err": None, "error": None}
+    why = VI.excludes(p.causal, True, p.group, p.head_dim, None)
+    if why is not None:
+        row.update(status="skipped", error=why)
+        return {"status": "ok", "backends": {VI.NAME: row}}
+    try:
+        inp = packed_inputs(p, torch.device("cpu" if interpreting() else "cuda"))
+
+        def run():
+            return VI.run(inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], p.max_seqlen, p.max_seqlen, p.causal,
+                          None)
+
+        inp["out"].fill_(float("nan"))
+        inp["out"].copy_(run())
+        err = gate_error(inp, p)
+        row["rel_err"] = err
+        if not err <= TOLERANCE[p.dtype]:
+            why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
+            row.update(status="incorrect", error=f"{why} against the fp32 reference")
+        else:
+            row.update(status="ok", time_ms=time_flushed(run, inp["flush"], task.get("reps", REPS)))
+    except Exception as err:  # this torch refuses the inputs (a dtype, a head dim, the device)
+        row["error"] = error_line(err)
+    return {"status": "ok", "backends": {VI.NAME: row}}
+
+
 #: tokens of the pre-warm's one sequence
 PREWARM_TOKENS = 16
 
@@ -188,4 +230,4 @@ def prewarm_varlen(task: dict) -> Optional[str]:
         return error_line(err, 200)
 
 
-__all__ = ["measure_varlen", "prewarm_varlen", "packed_inputs", "reference_heads", "gated_sequences", "varlen_call"]
+__all__ = ["measure_varlen", "measure_varlen_incumbent", "prewarm_varlen", "packed_inputs", "reference_heads", "gated_sequences", "varlen_call"]
