@@ -266,9 +266,11 @@ def test_flash_attn_varlen_func_serves_measured_varlen_entries_only(fake_rocm, t
     assert details["source"] == "varlen-db" and details["entry"] == "varlen-d32-fp16-gqa2-causal-s64"
     ref, _ = varlen_fp64(q, k, v, cu, cu, 1 / math.sqrt(32), causal=True)
     assert rel_err(out, ref) < 1e-2
-    # memoised: a second call of the same bucket reads no database
+    # memoised: a second call of the same bucket reads no database (the first read it for the config and for the
+    # entry's incumbent verdict, rocmflash.api.varlen_incumbent.serving)
+    first = len(reads)
     rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, causal=True)
-    assert launched == [tuned, tuned] and len(reads) == 1
+    assert launched == [tuned, tuned] and len(reads) == first <= 2
     # at a 1000-token bucket the measured:false entry is skipped: the measured one, 4 buckets away, serves
     far = selection.select_varlen_config(q.device, 32, q.dtype, True, 2, 1000)
     assert far == tuned

@@ -35,6 +35,7 @@ from rocmflash.kernels import varlen_checks as VC  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
+from rocmflash.api import varlen_incumbent as VI  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _capturing = EW.capturing  #: whether a CUDA graph is being captured on the device (no host read, no copy then)
@@ -264,6 +265,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     anything runs, as earlier releases did by default: the index and value in the message, at
     the price of two waits per call (skipped while a graph is captured).
 
+    **The platform's varlen attention where it won.** A forward-only call (no gradients, LSE, window or soft cap;
+    causal only with one ``cu_seqlens`` tensor for queries and keys) whose ``rocmflash tune --mode varlen`` entry says
+    torch's ``varlen_attn`` was faster runs it (:mod:`rocmflash.api.varlen_incumbent`), on ``cu_seqlens`` copies made
+    safe on the device by one small launch that also reports wrong values through the same error word.
+
     **Equal lengths run the dense path.** When ``batch * max_seqlen_q == total_q`` and ``batch * max_seqlen_k ==
     total_k`` (sizes alone: no sequence may be longer than its ``max_seqlen``, so every one is exactly that long) a
     plain call (no LSE, window or soft cap) is :func:`rocmflash.flash_attn_func` on ``(batch, S, H, D)`` views of
@@ -294,8 +300,30 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             and _equal_lengths(batch, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k):
         return _as_dense_batch(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale,
                                right == 0, check_values and not _capturing(device))
+    if _incumbent_serves(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, softcap, left, right,
+                         return_lse):
+        out = VI.run_safe(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, right == 0,
+                          softmax_scale)
+        if device.type != "cuda":  # Triton's interpreter ran the check: reading the word waits for nothing
+            _read_and_report(device, "this call")
+        return out
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
                 (left, right), return_lse, True, device)
+
+
+def _incumbent_serves(q, k, v, cu_q, cu_k, max_k: int, softmax_scale, softcap, left: int, right: int,
+                      return_lse) -> bool:
+    """Whether the platform's varlen attention serves this call (:mod:`rocmflash.api.varlen_incumbent`): a plain
+    forward-only call (no LSE, window or cap; causal with one ``cu_seqlens`` tensor) whose varlen entry says it
+    won."""
+    if return_lse or softcap or left != M.UNBOUNDED or right not in (0, M.UNBOUNDED):
+        return False
+    causal = right == 0
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    group = q.shape[1] // k.shape[1]
+    return VI.serving(q.device, q.shape[2], q.dtype, causal, group, max(1, int(max_k))) and \
+        VI.excludes(causal, cu_q is cu_k, group, q.shape[2], softmax_scale) is None
 
 
 def _equal_lengths(batch: int, total_q: int, total_k: int, max_q: int, max_k: int) -> bool:

@@ -1,4 +1,4 @@
-"""The platform's own varlen attention as the packed forward's incumbent, timed by the varlen tune.
+"""The platform's own varlen attention as the packed forward's incumbent: timed by the varlen tune, served where it won.
 
 torch ships a varlen attention of its own, :func:`torch.nn.attention.varlen.varlen_attn` (FlashAttention's varlen
 kernel on CUDA; on ROCm what torch builds for it): packed ``(total, H, D)`` tensors and ``cu_seqlens``, as
@@ -10,12 +10,16 @@ keeps it as ``incumbent`` (:func:`rocmflash.api.incumbent.incumbent_field`'s lay
     "incumbent": {"backend": "varlen_attn", "time_ms": 0.41, "triton_ms": 0.38,
                   "backends": {"varlen_attn": {...}}}
 
-Not yet served at run time: torch's kernel addresses memory by the ``cu_seqlens`` values, which rocmflash never
-reads on the host, so a call may only be handed to it with lengths made safe on the device first (clamped into the
-packed tensors, non-decreasing), as the Triton kernel clamps them itself. Until then the entry's field says, per
-GPU, how the platform's varlen attention compares. What it computes is rocmflash's function where :func:`excludes`
-lets a call through: no LSE, no window, no soft cap, and causal only with one ``cu_seqlens`` tensor for queries and
-keys (each sequence attends to itself, so the two conventions of the causal diagonal agree). The names of this
+At run time (:func:`serving`) a ``flash_attn_varlen_func`` call that the nearest measured varlen entry (at most one
+length bucket away) says the incumbent won runs it instead of the Triton kernel (:func:`run_safe`). torch's kernel
+addresses memory by the ``cu_seqlens`` values, which rocmflash never reads on the host; so one tiny launch first
+makes a safe copy of them on the device (clamped into the packed tensors, non-decreasing: equal to the given lists
+when they are right) and reports what is wrong through the varlen error word, as the Triton kernel does
+(:func:`rocmflash.kernels.varlen.launch_sanitised_lengths`). Only where it computes rocmflash's function and the
+entry's timing covers the call (:func:`excludes`): forward only (nothing needs gradients: the tune timed no
+backward), no LSE, no window, no soft cap, and causal only with one ``cu_seqlens`` tensor for queries and keys (each
+sequence attends to itself, so the two conventions of the causal diagonal agree). ``ROCMFLASH_NO_INCUMBENT=1``
+turns it off. The names of this
 torch's function and keywords are read from its signature, never assumed: a torch without it (or without
 ``enable_gqa`` for a GQA call, or ``scale``) has no incumbent for that call.
 """
@@ -85,4 +89,68 @@ def run(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: Option
     return fn(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **kwargs)
 
 
-__all__ = ["NAME", "excludes", "run"]
+def run_safe(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, causal: bool, scale: Optional[float]):
+    """:func:`run` on device-side safe copies of ``cu_q``/``cu_k`` (one launch that also reports wrong values)."""
+    from rocmflash.kernels.varlen import launch_sanitised_lengths
+
+    safe_q, safe_k = launch_sanitised_lengths(cu_q, cu_k, batch, q.shape[0], k.shape[0], int(max_q), int(max_k))
+    return run(q, k, v, safe_q, safe_k, max_q, max_k, causal, scale)
+
+
+_SERVING: dict = {}  #: (device, head dim, dtype, causal, group, bucket) -> whether the incumbent serves
+
+
+def serving(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> bool:
+    """Whether the live GPU's nearest measured varlen entry says the incumbent was faster (:func:`lookup`). Cached
+    per problem and length bucket; :func:`rocmflash.api.selection.clear_cache` forgets."""
+    from rocmflash.api import selection
+
+    if selection.incumbent_disabled():
+        return False
+    key = selection._varlen_key(device, head_dim, dtype, causal, group, max_seqlen_k)
+    served = _SERVING.get(key)
+    if served is None:
+        served = _SERVING[key] = lookup(device, head_dim, dtype, causal, group, max_seqlen_k)[0] is not None
+    return served
+
+
+def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> tuple:
+    """``(the backend served or None, the deciding entry's key or None, why not or None)``: the nearest measured
+    varlen entry of ``device``'s GPU (:func:`rocmflash.tuning.varlen.nearest_entry`, the one whose tile the Triton
+    kernel runs) decides, when it is at most ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its
+    ``incumbent`` beat the Triton winner (:func:`rocmflash.api.incumbent.winner`)."""
+    from rocmflash.api.incumbent import winner
+    from rocmflash.api.selection import INCUMBENT_MAX_BUCKET_DISTANCE, db_disabled, device_identity
+    from rocmflash.config import normalize_dtype
+    from rocmflash.tuning.varlen import PREFIX, nearest_entry
+
+    gpu_name, _ = device_identity(device)
+    if gpu_name is None or db_disabled():
+        return None, None, "no database for this device"
+    match = nearest_entry(gpu_name, PREFIX, int(head_dim), normalize_dtype(dtype), int(group), bool(causal),
+                          max(int(max_seqlen_k), 1), lambda entry: entry.get("incumbent") or {})
+    if match is None:
+        return None, None, "no measured varlen entry"
+    if match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
+        return None, match.key, f"the nearest varlen entry is {match.bucket_distance} length buckets away"
+    if not match.config:
+        return None, match.key, "the entry has no incumbent timing"
+    if winner(match.config, train=False) != NAME:
+        return None, match.key, "rocmflash's kernel was as fast or faster"
+    return NAME, match.key, None
+
+
+def clear() -> None:
+    """Forget the cached verdicts (``selection.clear_cache`` calls this)."""
+    _SERVING.clear()
+
+
+def _register() -> None:
+    from rocmflash.api.selection import register_clear
+
+    register_clear(clear)
+
+
+_register()
+
+__all__ = ["NAME", "excludes", "run", "run_safe", "serving", "lookup", "clear"]

@@ -141,6 +141,30 @@ def launch_length_check(cu_q, cu_k, batch: int, total_q: int, total_k: int, max_
                     _CHECK_CONFIG, C.torch_backend())
 
 
+#: entries of ``cu_seqlens`` one step of :func:`launch_sanitised_lengths`'s running maximum reads
+SANITISE_BLOCK = 128
+
+
+def launch_sanitised_lengths(cu_q, cu_k, batch: int, total_q: int, total_k: int, max_q: int, max_k: int) -> tuple:
+    """``(safe_q, safe_k)``: int32 copies of ``cu_q``/``cu_k`` that keep every sequence inside the packed tensors
+    (0 first, clamped into ``0..total``, non-decreasing: ``varlen_checks._safe_entry``), equal to the inputs when
+    they are right, for a kernel that addresses memory by them without clamping (torch's varlen attention); and
+    what the forward would find wrong ORed into the varlen error word (its ``BAD_*`` bits, strict end). One tiny
+    launch of ``batch + 1`` programs, no host read."""
+    import torch
+
+    err = VC.error_word(cu_q.device)
+    safe_q = torch.empty(batch + 1, dtype=torch.int32, device=cu_q.device)
+    safe_k = torch.empty(batch + 1, dtype=torch.int32, device=cu_q.device)
+    scalars = ("sanitise", batch, total_q, total_k, max_q, max_k)
+    C.launch_cached(VC._sanitise_lengths, scalars, (cu_q, cu_k, safe_q, safe_k, err),
+                    lambda: ((batch + 1,), dict(CU_Q=cu_q, CU_K=cu_k, SAFE_Q=safe_q, SAFE_K=safe_k, ERR=err,
+                                                TOTAL_Q=total_q, TOTAL_K=total_k, MAX_Q=max_q, MAX_K=max_k,
+                                                BATCH=batch), dict(BLOCK=SANITISE_BLOCK)),
+                    _CHECK_CONFIG, C.torch_backend())
+    return safe_q, safe_k
+
+
 def dq_args(call: VarlenCall, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k, totals=None) -> dict:
     totals = totals or (q.shape[0], k.shape[0])
     return dict(Q=q, K=k, V=v, O=out, DO=do, LSE=lse, DLSE=dlse if dlse is not None else lse, Delta=delta, DQ=dq,

@@ -74,6 +74,29 @@ def _check_lengths(CU_Q, CU_K, ERR, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, BATCH):
     report_lengths(CU_Q, CU_K, ERR, tl.program_id(0), BATCH - 1, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, 1)
 
 
+@kernel_jit
+def _sanitise_lengths(CU_Q, CU_K, SAFE_Q, SAFE_K, ERR, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, BATCH, BLOCK: tl.constexpr):
+    """One program per entry (``BATCH + 1``): :func:`report_lengths` of its sequence, and the entry made safe for a
+    kernel that trusts its ``cu_seqlens`` (the platform's varlen attention): :func:`_safe_entry` of each list."""
+    b = tl.program_id(0)
+    if b < BATCH:
+        report_lengths(CU_Q, CU_K, ERR, b, BATCH - 1, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, 1)
+    tl.store(SAFE_Q + b, _safe_entry(CU_Q, b, TOTAL_Q, BLOCK))
+    tl.store(SAFE_K + b, _safe_entry(CU_K, b, TOTAL_K, BLOCK))
+
+
+@kernel_jit
+def _safe_entry(CU, b, TOTAL, BLOCK: tl.constexpr):
+    """Entry ``b`` of a list that stays inside the ``TOTAL`` packed rows whatever ``CU`` holds: 0 first, then the
+    largest of entries ``0..b`` clamped into ``0..TOTAL`` (non-decreasing, so no sequence has a negative length
+    or rows outside the tensor). Equal to ``CU[b]`` for a list the host check would pass."""
+    top = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, b + 1, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        top = tl.maximum(top, tl.load(CU + j, mask=j <= b, other=0))
+    return tl.where(b == 0, 0, tl.minimum(tl.max(top, axis=0), TOTAL))
+
+
 #: the varlen forward's error word per device (:mod:`rocmflash.kernels.error_words`): zero until a launch met
 #: cumulative lengths it had to clamp; read, reported and reset by :mod:`rocmflash.api.varlen`
 ERRORS = EW.ErrorWord()

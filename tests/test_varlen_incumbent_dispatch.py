@@ -1,0 +1,181 @@
+"""Run-time dispatch of ``flash_attn_varlen_func`` to the platform's varlen attention (issue #28, item 2, varlen):
+where the nearest measured varlen entry says torch's ``varlen_attn`` beat the Triton winner, a plain forward-only
+call runs it on ``cu_seqlens`` copies made safe on the device; every other call keeps the Triton kernel. Under a
+fake ROCm GPU (interpreter) with a stand-in for torch's function (it has no CPU kernel), which checks the lists it
+is given are inside the packed tensors."""
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from rocmflash import db as D
+from rocmflash.api import selection
+from rocmflash.api import varlen_incumbent as VI
+from rocmflash.config import KernelConfig as K
+from rocmflash.tuning import varlen as TV
+
+pytestmark = pytest.mark.usefixtures("fake_rocm")
+
+TUNED = K(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1, waves_per_eu=1)
+
+
+def _entry(incumbent_ms: float, triton_ms: float = 0.1) -> dict:
+    return {"mode": "varlen", "measured": True, "timing": "gpu (L2 flushed, median)", "best": TUNED.to_dict(),
+            "time_ms": triton_ms,
+            "incumbent": {"backend": VI.NAME, "time_ms": incumbent_ms, "triton_ms": triton_ms,
+                          "backends": {VI.NAME: {"status": "ok", "time_ms": incumbent_ms}}}}
+
+
+def _write_db(tmp_path, entries: dict) -> None:
+    data = D.ConfigDB.new_data("mi250", "gfx90a", {})
+    data["entries"] = entries
+    D.atomic_write_json(str(tmp_path / "mi250.json"), data)
+    D.clear_cache()
+    selection.clear_cache()
+
+
+class StandIn:
+    """torch's varlen_attn (2.13 signature) as fp32 attention per sequence; records the lists it was given and
+    checks they address only rows of the packed tensors."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                 window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+        cq, ck = cu_seq_q.tolist(), cu_seq_k.tolist()
+        self.calls.append((cq, ck, window_size, enable_gqa))
+        for cu, total in ((cq, query.shape[0]), (ck, key.shape[0])):
+            assert cu[0] == 0 and all(0 <= a <= b <= total for a, b in zip(cu, cu[1:])), (cu, total)
+        out = torch.zeros_like(query)
+        group = query.shape[1] // key.shape[1]
+        for b in range(len(cq) - 1):
+            q = query[cq[b]:cq[b + 1]].double().transpose(0, 1)
+            k, v = (t[ck[b]:ck[b + 1]].double().transpose(0, 1).repeat_interleave(group, 0) for t in (key, value))
+            s = q @ k.transpose(1, 2) * (scale or 1 / math.sqrt(query.shape[2]))
+            if window_size == (-1, 0):
+                s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1 + k.shape[1] - q.shape[1]),
+                               float("-inf"))
+            out[cq[b]:cq[b + 1]] = (torch.softmax(s, -1) @ v).transpose(0, 1).to(query.dtype)
+        return out
+
+
+@pytest.fixture
+def stand_in(monkeypatch, tmp_path):
+    fn = StandIn()
+    monkeypatch.setattr(VI, "_FN", [fn, frozenset(inspect.signature(fn.__call__).parameters) - {"self"}])
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(selection.NO_INCUMBENT_ENV, raising=False)
+    yield fn
+    selection.clear_cache()
+
+
+def _inputs(lens=(7, 40, 23), hq=4, hkv=2, d=32, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(lens), hq, d, generator=gen).half()
+    k, v = (torch.randn(sum(lens), hkv, d, generator=gen).half() for _ in range(2))
+    return q, k, v, cu
+
+
+def _triton_launches(monkeypatch):
+    from rocmflash.kernels import varlen as VK
+
+    launched = []
+    real = VK.launch_forward
+    monkeypatch.setattr(VK, "launch_forward", lambda *a: launched.append(a[6]) or real(*a))
+    return launched
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_an_entry_the_incumbent_won_runs_it(stand_in, tmp_path, monkeypatch, causal):
+    import rocmflash
+    from varlen_reference import rel_err, varlen_fp64
+
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, causal, 64): _entry(0.05)})
+    launched = _triton_launches(monkeypatch)
+    q, k, v, cu = _inputs()
+    out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, causal=causal)
+    assert launched == [] and len(stand_in.calls) == 1
+    cq, ck, window, gqa = stand_in.calls[0]
+    assert cq == ck == cu.tolist() and window == ((-1, 0) if causal else (-1, -1)) and gqa is True
+    ref, _ = varlen_fp64(q, k, v, cu, cu, 1 / math.sqrt(32), causal=causal)
+    assert rel_err(out, ref) < 1e-2
+    assert VI.lookup(q.device, 32, q.dtype, causal, 2, 40) == (VI.NAME, TV.varlen_key(32, "fp16", 2, causal, 64), None)
+
+
+def test_an_entry_the_triton_kernel_won_keeps_it(stand_in, tmp_path, monkeypatch):
+    import rocmflash
+
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): _entry(0.2)})
+    launched = _triton_launches(monkeypatch)
+    q, k, v, cu = _inputs()
+    rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, causal=True)
+    assert launched == [TUNED] and stand_in.calls == []
+    assert VI.lookup(q.device, 32, q.dtype, True, 2, 40)[2] == "rocmflash's kernel was as fast or faster"
+
+
+@pytest.mark.parametrize("case", ["grad", "lse", "window", "softcap", "two cu tensors", "switch off", "far bucket"])
+def test_calls_the_incumbent_does_not_cover_keep_the_triton_kernel(stand_in, tmp_path, monkeypatch, case):
+    import rocmflash
+
+    bucket = 1024 if case == "far bucket" else 64
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, bucket): _entry(0.05)})
+    launched = _triton_launches(monkeypatch)
+    q, k, v, cu = _inputs()
+    kwargs = dict(causal=True)
+    cu_k = cu
+    if case == "grad":
+        q.requires_grad_(True)
+    elif case == "lse":
+        kwargs["return_lse"] = True
+    elif case == "window":
+        kwargs["window_size"] = (8, 0)
+    elif case == "softcap":
+        kwargs["softcap"] = 5.0
+    elif case == "two cu tensors":
+        cu_k = cu.clone()  # equal values, another tensor: the causal diagonal's alignment is not known to agree
+    elif case == "switch off":
+        monkeypatch.setenv(selection.NO_INCUMBENT_ENV, "1")
+    rocmflash.flash_attn_varlen_func(q, k, v, cu, cu_k, 40, 40, **kwargs)
+    assert stand_in.calls == [] and len(launched) == 1, case
+
+
+def test_wrong_lengths_never_reach_the_platform_kernel_outside_the_tensors(stand_in, tmp_path):
+    """Values the host does not read: the platform's kernel gets lists clamped into the packed rows, and the call
+    reports what was wrong as the Triton path does."""
+    import rocmflash
+
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, False, 64): _entry(0.05)})
+    q, k, v, cu = _inputs()
+    for bad in ([0, 7, 47, 999], [0, 30, 20, 70], [3, 7, 47, 70]):
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            rocmflash.flash_attn_varlen_func(q, k, v, torch.tensor(bad, dtype=torch.int32), cu, 40, 40)
+    assert len(stand_in.calls) == 3  # each ran on safe lists (checked by the stand-in), then the error was raised
+    assert stand_in.calls[0][0] == [0, 7, 47, 70] and stand_in.calls[1][0] == [0, 30, 30, 70]
+
+
+def test_safe_entries_equal_right_lists_and_clamp_wrong_ones(interpret):
+    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels import varlen_checks as VC
+
+    def expected(cu, total):
+        out, top = [], 0
+        for i, x in enumerate(cu):
+            top = max(top, x)
+            out.append(0 if i == 0 else min(top, total))
+        return out
+
+    gen = torch.Generator().manual_seed(0)
+    for batch in (1, 3, 200):  # 200: more entries than one step of the running maximum reads
+        good = torch.cat([torch.zeros(1, dtype=torch.int32),
+                          torch.randint(0, 9, (batch,), generator=gen).cumsum(0).int()])
+        total = int(good[-1])
+        for cu in (good, good.flip(0).contiguous(), good * 3 - 5):
+            safe_q, safe_k = VK.launch_sanitised_lengths(cu, good, batch, total, total, 1 << 20, 1 << 20)
+            assert safe_q.tolist() == expected(cu.tolist(), total) and safe_k.tolist() == good.tolist()
+            bad = int(VC.error_word(cu.device).item())
+            assert bool(bad) == (safe_q.tolist() != cu.tolist()), (cu.tolist(), bad)  # reported exactly when clamped
+            VC.error_word(cu.device).zero_()
