@@ -9,6 +9,8 @@ A batch of prompts with mixed lengths is run three ways on the same tokens:
   equal-length batch by the dense path (``rocmflash.api.varlen._as_dense_batch``), so this row keeps what it ran
   before (``rocmflash.api.varlen.packed_varlen``, unchecked); ``rocmflash varlen, LSE`` and ``rocmflash varlen
   kernel, LSE`` the same two with ``return_lse=True`` (backward through the output and the LSE);
+* ``rocmflash varlen, no grad`` (forward table only) -- the same public call under ``torch.no_grad()``: what an
+  inference caller runs, served by torch's ``varlen_attn`` where the varlen entry says it won;
 * ``rocmflash dense padded`` -- ``rocmflash.flash_attn_func`` on the batch right-padded to the
   longest prompt (what a model without a varlen path runs; the padding is computed and thrown away);
 * ``sdpa padded`` -- PyTorch SDPA's default backend on the same right-padded batch with
@@ -41,7 +43,7 @@ Below the table, each mix's backward selection (source, entry, config) is listed
 
 Usage (on a GPU)::
 
-    python bench/varlen.py --out $OUT [--rounds 5] [--quick]
+    python bench/varlen.py --out $OUT [--rounds 5] [--quick | --mha]
     python bench/varlen.py --out $OUT --mixes tuned --bwd-default --varlen-only
 """
 
@@ -65,6 +67,10 @@ def _mixes(torch, quick: bool):
         "32 prompts 1024 (equal) Hq32 Hkv8 D128": ([1024] * 32, 32, 8, 128),
         "16 prompts 2048 (equal) Hq16 Hkv16 D64": ([2048] * 16, 16, 16, 64),
     }
+    if quick == "mha":  # the mixes whose heads torch's varlen_attn takes on every torch (no GQA needed)
+        return {"16 prompts 256..4096 (~34k tok) Hq16 Hkv16 D128":
+                (torch.randint(256, 4097, (16,), generator=gen).tolist(), 16, 16, 128),
+                **{name: mix for name, mix in mixes.items() if mix[1] == mix[2] and len(set(mix[0])) > 1}}
     if quick:
         return dict(list(mixes.items())[:2])
     return mixes
@@ -145,6 +151,10 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
     def varlen_unchecked(bwd):
         varlen(bwd, check_values=False)
 
+    def varlen_inference(bwd):  # forward only, no gradients: where the entry says so, torch's varlen_attn serves it
+        with torch.no_grad():
+            rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True)
+
     def varlen_kernel(bwd):  # the varlen kernel whatever the lengths (no dense route for equal ones), unchecked
         out = packed_varlen(q, k, v, cu, cu, S, S, d ** -0.5, True, -1, 0.0)
         if bwd:
@@ -202,7 +212,8 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
             out.backward(go_packed)
         return out
 
-    cases = {"rocmflash varlen": varlen, "rocmflash varlen unchecked": varlen_unchecked}
+    cases = {"rocmflash varlen": varlen, "rocmflash varlen unchecked": varlen_unchecked,
+             INFERENCE: varlen_inference}
     if len(set(lengths)) == 1:  # equal lengths: the public call runs the dense path; the varlen kernel beside it
         cases["rocmflash varlen kernel"] = varlen_kernel
         cases["rocmflash varlen, LSE"] = varlen_lse
@@ -216,20 +227,29 @@ def _cases(torch, lengths, hq, hkv, d, dtype, varlen_only=False, bwd_default=Fal
                          ("torch varlen_attn", torch_varlen)):
             if name.endswith("repeated") and (hq == hkv or "sdpa jagged" in cases):
                 continue
-            try:  # the platform's varlen path, where this torch has one for these inputs
-                got = fn(True).detach().float()
-                want = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True).detach().float()
-                CHECKED.append(f"{name} ({len(lengths)} seqs, Hq{hq} Hkv{hkv} D{d}): relative L2 difference to "
-                               f"rocmflash varlen {float((got - want).norm() / want.norm()):.2e}")
-                cases[name] = fn
-            except Exception as err:  # noqa: BLE001 - recorded under the table: torch refused these inputs
-                REFUSED.append(f"{name} ({len(lengths)} seqs, Hq{hq} Hkv{hkv} D{d}): {type(err).__name__}: "
-                               f"{str(err).splitlines()[0][:160]}")
+            for bwd in (True, False):  # with its backward, else (where torch has none for it) forward only
+                try:  # the platform's varlen path, where this torch has one for these inputs
+                    got = fn(bwd).detach().float()
+                    want = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, S, S, causal=True).detach().float()
+                    CHECKED.append(f"{name} ({len(lengths)} seqs, Hq{hq} Hkv{hkv} D{d}"
+                                   f"{'' if bwd else ', forward only'}): relative L2 difference to rocmflash varlen "
+                                   f"{float((got - want).norm() / want.norm()):.2e}")
+                    cases[name] = fn
+                    if not bwd:
+                        FORWARD_ONLY.add(name)
+                    break
+                except Exception as err:  # noqa: BLE001 - recorded under the table: torch refused these inputs
+                    REFUSED.append(f"{name} ({len(lengths)} seqs, Hq{hq} Hkv{hkv} D{d}"
+                                   f"{', with backward' if bwd else ''}): {type(err).__name__}: "
+                                   f"{str(err).splitlines()[0][:160]}")
         for t in (q, k, v):
             t.grad = None
     return cases
 
 
+#: the forward-only public call (no gradients); timed in the forward table only
+INFERENCE = "rocmflash varlen, no grad"
+FORWARD_ONLY: set = {INFERENCE}  #: paths timed in the forward table only (a platform path without a backward)
 REFUSED: list = []  #: the SDPA jagged paths this torch refused, and why
 CHECKED: list = []  #: the SDPA jagged paths this torch ran, and how far their output is from rocmflash's
 
@@ -255,6 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10, help="calls per timed round")
     ap.add_argument("--quick", action="store_true", help="two mixes only")
+    ap.add_argument("--mha", action="store_true",
+                    help="the mixes without GQA only (torch's varlen_attn takes GQA only from some torch on)")
     ap.add_argument("--mixes", choices=("bench", "tuned"), default="bench",
                     help="bench: the four mixes below (default); tuned: the packed batches of the live GPU's "
                          "measured varlen forward entries")
@@ -276,13 +298,13 @@ def main(argv=None) -> int:
             "useful TFLOP/s (padding not counted); ratio = time / rocmflash varlen", "",
             "| mix | pass | path | µs | TFLOP/s | time vs varlen |", "|---|---|---|---|---|---|"]
     table = MarkdownTable(path, head)
-    mixes = _tuned_mixes(torch) if args.mixes == "tuned" else _mixes(torch, args.quick)
+    mixes = _tuned_mixes(torch) if args.mixes == "tuned" else _mixes(torch, "mha" if args.mha else args.quick)
     for name, (lengths, hq, hkv, d) in mixes.items():
         useful = 4.0 * hq * d * sum(n * n for n in lengths) / 2
         cases = _cases(torch, lengths, hq, hkv, d, torch.bfloat16, args.varlen_only, args.bwd_default)
         for bwd in (False, True):
-            med = interleaved_medians(torch, {p: (lambda fn=fn: fn(bwd)) for p, fn in cases.items()}, args.rounds,
-                                      args.iters)
+            med = interleaved_medians(torch, {p: (lambda fn=fn: fn(bwd)) for p, fn in cases.items()
+                                              if not (bwd and p in FORWARD_ONLY)}, args.rounds, args.iters)
             for p, t in med.items():
                 flops = useful * (3.5 if bwd else 1.0)
                 table.add(f"| {name} | {'fwd+bwd' if bwd else 'fwd'} | {p} | {t:.0f} | {flops / t / 1e6:.0f} | "
@@ -294,6 +316,7 @@ def main(argv=None) -> int:
         table.tail += [f"- refused: {r}" for r in REFUSED] + [f"- checked: {c}" for c in CHECKED]
         REFUSED.clear()
         CHECKED.clear()
+        FORWARD_ONLY.intersection_update({INFERENCE})
         table.flush()
         del cases
         torch.cuda.empty_cache()

@@ -23,8 +23,8 @@ def incumbent_db(live, tmp_path, monkeypatch):
     if VI._function()[0] is None:
         pytest.skip("this torch has no torch.nn.attention.varlen.varlen_attn")
     entries = {}
-    for causal in (True, False):
-        entries[TV.varlen_key(128, "bf16", 4, causal, 2048)] = {
+    for causal, group in ((True, 1), (False, 1), (True, 4)):
+        entries[TV.varlen_key(128, "bf16", group, causal, 2048)] = {
             "mode": "varlen", "measured": True, "timing": "gpu (L2 flushed, median)",
             "best": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, "time_ms": 1.0,
             "incumbent": {"backend": VI.NAME, "time_ms": 0.5, "triton_ms": 1.0,
@@ -42,7 +42,7 @@ def incumbent_db(live, tmp_path, monkeypatch):
     selection.clear_cache()
 
 
-def _pack(lengths, hq=16, hkv=4, d=128, seed=0):
+def _pack(lengths, hq=16, hkv=16, d=128, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     q = torch.randn(sum(lengths), hq, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -86,6 +86,23 @@ def test_the_incumbent_serves_and_matches_the_reference(incumbent_db, monkeypatc
     q.requires_grad_(True)
     rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal)
     assert len(launched) == 1
+
+
+def test_gqa_runs_the_incumbent_only_where_this_torch_takes_it(incumbent_db, monkeypatch):
+    import rocmflash
+    from rocmflash.kernels import varlen as VK
+
+    launched = []
+    real = VK.launch_forward
+    monkeypatch.setattr(VK, "launch_forward", lambda *a: launched.append(a) or real(*a))
+    lengths = [900, 1200, 77]
+    q, k, v, cu = _pack(lengths, hq=16, hkv=4, seed=9)
+    with torch.no_grad():
+        out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    takes_gqa = "enable_gqa" in VI._function()[1]
+    assert (launched == []) == takes_gqa
+    ref = _reference(q, k, v, cu, True)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
 
 
 def test_wrong_lengths_are_reported_and_touch_nothing_outside(incumbent_db):
