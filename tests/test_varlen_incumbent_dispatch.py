@@ -179,3 +179,23 @@ def test_safe_entries_equal_right_lists_and_clamp_wrong_ones(interpret):
             bad = int(VC.error_word(cu.device).item())
             assert bool(bad) == (safe_q.tolist() != cu.tolist()), (cu.tolist(), bad)  # reported exactly when clamped
             VC.error_word(cu.device).zero_()
+
+
+def test_explain_says_which_varlen_path_runs_and_why(stand_in, tmp_path, capsys):
+    from rich.console import Console
+
+    from rocmflash.api.explain import explain, print_explanation
+
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): _entry(0.05),
+                         TV.varlen_key(32, "fp16", 2, False, 64): _entry(0.2)})
+    won = explain("mi250", 32, "fp16", True, 40, gqa_ratio=2, check=False)["varlen"]
+    assert won == {"entry": TV.varlen_key(32, "fp16", 2, True, 64), "bucket_distance": 0, "incumbent_ms": 0.05,
+                   "triton_ms": 0.1, "serves": VI.NAME, "why": None}
+    result = explain("mi250", 32, "fp16", False, 40, gqa_ratio=2, check=False)
+    assert result["varlen"]["serves"] is None and result["varlen"]["why"] == "rocmflash's kernel was as fast or faster"
+    print_explanation(result, Console(width=250))
+    assert (f"flash_attn_varlen_func, forward-only calls: rocmflash's varlen kernel, by varlen entry "
+            f"{TV.varlen_key(32, 'fp16', 2, False, 64)} (torch varlen_attn 0.2 ms vs rocmflash 0.1 ms): rocmflash's "
+            "kernel was as fast or faster") in capsys.readouterr().out
+    assert explain("mi250", 32, "fp16", True, 40, gqa_ratio=4, check=False)["varlen"]["why"] == \
+        "no measured varlen entry"

@@ -92,6 +92,10 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
               "candidates": rows, "choice": choice, "other_groups": others[:6],
               "runs": _what_runs(gpu.name, head_dim, dtype, bool(causal), seqlen, seqlen_k, gqa_ratio, variant,
                                  match, batch, db_path, heads)}
+    if db_path is None and not db_disabled():
+        from rocmflash.api.varlen_incumbent import decide
+
+        result["varlen"] = decide(gpu.name, head_dim, dtype, bool(causal), gqa_ratio, seqlen_k)
     if check:
         problem = Problem(head_dim=head_dim, dtype=dtype, causal=bool(causal), heads_q=8 * gqa_ratio, heads_kv=8,
                           seqlen_q=seqlen, seqlen_k=seqlen_k)
@@ -244,6 +248,13 @@ def print_explanation(result: dict, console) -> None:
         console.print(f"decode-shaped (batch {runs['batch']}): decided by decode entry {runs['decode_entry'] or '-'}"
                       + (f"; times: {runs['timing']}" if runs.get("timing") else "") + f"; {runs['kvcache']}",
                       highlight=False)
+    vl = result.get("varlen")
+    if vl and vl["entry"]:
+        times = f" (torch varlen_attn {vl['incumbent_ms']} ms vs rocmflash {vl['triton_ms']} ms)" \
+            if vl["incumbent_ms"] is not None and vl["triton_ms"] is not None else ""
+        runs = "torch varlen_attn" if vl["serves"] else "rocmflash's varlen kernel"
+        console.print(f"flash_attn_varlen_func, forward-only calls: {runs}, by varlen entry {vl['entry']}{times}"
+                      + (f": {vl['why']}" if vl["why"] else ""), highlight=False)
     table = Table(title="entries of this head dim, dtype, causal flag and GQA ratio")
     for col in ("bucket", "distance", "measured", "served", "best config", "TFLOP/s", "file", "note"):
         table.add_column(col)

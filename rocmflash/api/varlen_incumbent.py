@@ -115,29 +115,49 @@ def serving(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k
 
 
 def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> tuple:
-    """``(the backend served or None, the deciding entry's key or None, why not or None)``: the nearest measured
-    varlen entry of ``device``'s GPU (:func:`rocmflash.tuning.varlen.nearest_entry`, the one whose tile the Triton
-    kernel runs) decides, when it is at most ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its
-    ``incumbent`` beat the Triton winner (:func:`rocmflash.api.incumbent.winner`)."""
-    from rocmflash.api.incumbent import winner
-    from rocmflash.api.selection import INCUMBENT_MAX_BUCKET_DISTANCE, db_disabled, device_identity
-    from rocmflash.config import normalize_dtype
-    from rocmflash.tuning.varlen import PREFIX, nearest_entry
+    """``(the backend served or None, the deciding entry's key or None, why not or None)`` on ``device``'s GPU
+    (:func:`decide`)."""
+    from rocmflash.api.selection import db_disabled, device_identity
 
     gpu_name, _ = device_identity(device)
     if gpu_name is None or db_disabled():
         return None, None, "no database for this device"
+    d = decide(gpu_name, head_dim, dtype, causal, group, max_seqlen_k)
+    return d["serves"], d["entry"], d["why"]
+
+
+def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> dict:
+    """What the nearest measured varlen entry of ``gpu_name`` (:func:`rocmflash.tuning.varlen.nearest_entry`, the one
+    whose tile the Triton kernel runs) says of the incumbent: ``{"entry", "bucket_distance", "incumbent_ms",
+    "triton_ms", "serves" (:data:`NAME` or None), "why" (None when it serves)}``. It serves when the entry is at
+    most ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its ``incumbent`` beat the Triton winner
+    (:func:`rocmflash.api.incumbent.winner`). ``rocmflash explain`` prints it."""
+    from rocmflash.api.incumbent import winner
+    from rocmflash.api.selection import INCUMBENT_MAX_BUCKET_DISTANCE
+    from rocmflash.config import normalize_dtype
+    from rocmflash.tuning.varlen import PREFIX, nearest_entry
+
     match = nearest_entry(gpu_name, PREFIX, int(head_dim), normalize_dtype(dtype), int(group), bool(causal),
                           max(int(max_seqlen_k), 1), lambda entry: entry.get("incumbent") or {})
+    out = {"entry": None, "bucket_distance": None, "incumbent_ms": None, "triton_ms": None, "serves": None,
+           "why": "no measured varlen entry"}
     if match is None:
-        return None, None, "no measured varlen entry"
+        return out
+    field = match.config
+    row = (field.get("backends") or {}).get(NAME) or {}
+    out.update(entry=match.key, bucket_distance=match.bucket_distance, incumbent_ms=row.get("time_ms"),
+               triton_ms=field.get("triton_ms"))
     if match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
-        return None, match.key, f"the nearest varlen entry is {match.bucket_distance} length buckets away"
-    if not match.config:
-        return None, match.key, "the entry has no incumbent timing"
-    if winner(match.config, train=False) != NAME:
-        return None, match.key, "rocmflash's kernel was as fast or faster"
-    return NAME, match.key, None
+        out["why"] = f"the nearest varlen entry is {match.bucket_distance} length buckets away"
+    elif not field:
+        out["why"] = "the entry has no incumbent timing (tuned without it)"
+    elif row.get("status") not in (None, "ok"):
+        out["why"] = f"{NAME} was not timed: {row.get('status')}: {row.get('error')}"
+    elif winner(field, train=False) != NAME:
+        out["why"] = "rocmflash's kernel was as fast or faster"
+    else:
+        out.update(serves=NAME, why=None)
+    return out
 
 
 def clear() -> None:
@@ -153,4 +173,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["NAME", "excludes", "run", "run_safe", "serving", "lookup", "clear"]
+__all__ = ["NAME", "excludes", "run", "run_safe", "serving", "lookup", "decide", "clear"]
