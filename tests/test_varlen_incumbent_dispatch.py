@@ -21,11 +21,17 @@ pytestmark = pytest.mark.usefixtures("fake_rocm")
 TUNED = K(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1, waves_per_eu=1)
 
 
-def _entry(incumbent_ms: float, triton_ms: float = 0.1) -> dict:
-    return {"mode": "varlen", "measured": True, "timing": "gpu (L2 flushed, median)", "best": TUNED.to_dict(),
-            "time_ms": triton_ms,
-            "incumbent": {"backend": VI.NAME, "time_ms": incumbent_ms, "triton_ms": triton_ms,
-                          "backends": {VI.NAME: {"status": "ok", "time_ms": incumbent_ms}}}}
+def _entry(incumbent_ms: float, triton_ms: float = 0.1, train: tuple = ()) -> dict:
+    """A measured varlen entry whose incumbent took ``incumbent_ms`` against ``triton_ms``; ``train``: the training
+    steps' ``(incumbent ms, rocmflash ms)``."""
+    entry = {"mode": "varlen", "measured": True, "timing": "gpu (L2 flushed, median)", "best": TUNED.to_dict(),
+             "time_ms": triton_ms,
+             "incumbent": {"backend": VI.NAME, "time_ms": incumbent_ms, "triton_ms": triton_ms,
+                           "backends": {VI.NAME: {"status": "ok", "time_ms": incumbent_ms}}}}
+    if train:
+        entry["incumbent"]["train"] = {"backend": VI.NAME, "time_ms": train[0], "triton_ms": train[1]}
+        entry["incumbent"]["backends"][VI.NAME]["train_ms"] = train[0]
+    return entry
 
 
 def _write_db(tmp_path, entries: dict) -> None:
@@ -117,7 +123,8 @@ def test_an_entry_the_triton_kernel_won_keeps_it(stand_in, tmp_path, monkeypatch
     assert VI.lookup(q.device, 32, q.dtype, True, 2, 40)[2] == "rocmflash's kernel was as fast or faster"
 
 
-@pytest.mark.parametrize("case", ["grad", "lse", "window", "softcap", "two cu tensors", "switch off", "far bucket"])
+@pytest.mark.parametrize("case", ["grad (no training times)", "lse", "window", "softcap", "two cu tensors", "switch off",
+                                  "far bucket"])
 def test_calls_the_incumbent_does_not_cover_keep_the_triton_kernel(stand_in, tmp_path, monkeypatch, case):
     import rocmflash
 
@@ -127,7 +134,7 @@ def test_calls_the_incumbent_does_not_cover_keep_the_triton_kernel(stand_in, tmp
     q, k, v, cu = _inputs()
     kwargs = dict(causal=True)
     cu_k = cu
-    if case == "grad":
+    if case.startswith("grad"):
         q.requires_grad_(True)
     elif case == "lse":
         kwargs["return_lse"] = True
@@ -141,6 +148,32 @@ def test_calls_the_incumbent_does_not_cover_keep_the_triton_kernel(stand_in, tmp
         monkeypatch.setenv(selection.NO_INCUMBENT_ENV, "1")
     rocmflash.flash_attn_varlen_func(q, k, v, cu, cu_k, 40, 40, **kwargs)
     assert stand_in.calls == [] and len(launched) == 1, case
+
+
+@pytest.mark.parametrize("train, deterministic, served", [((0.3, 0.4), False, True), ((0.5, 0.4), False, False),
+                                                          ((0.3, 0.4), True, False)])
+def test_calls_that_need_gradients_follow_the_training_times(stand_in, tmp_path, monkeypatch, train, deterministic,
+                                                             served):
+    """A call that needs gradients runs torch's function (and its backward) where the training steps say it won,
+    never in deterministic mode; the gradients flow either way."""
+    import rocmflash
+    from varlen_reference import rel_err, varlen_fp64
+
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): _entry(0.05, train=train)})
+    launched = _triton_launches(monkeypatch)
+    q, k, v, cu = _inputs()
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, causal=True)
+    assert (len(stand_in.calls), len(launched)) == ((1, 0) if served else (0, 1))
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref, _ = varlen_fp64(*leaves, cu, cu, 1 / math.sqrt(32), causal=True)
+    ref.backward(do.double())
+    for got, want in zip((q, k, v), leaves):
+        assert rel_err(got.grad, want.grad) < 2e-2
 
 
 def test_wrong_lengths_never_reach_the_platform_kernel_outside_the_tensors(stand_in, tmp_path):
@@ -194,7 +227,7 @@ def test_explain_says_which_varlen_path_runs_and_why(stand_in, tmp_path, capsys)
     result = explain("mi250", 32, "fp16", False, 40, gqa_ratio=2, check=False)
     assert result["varlen"]["serves"] is None and result["varlen"]["why"] == "rocmflash's kernel was as fast or faster"
     print_explanation(result, Console(width=250))
-    assert (f"flash_attn_varlen_func, forward-only calls: rocmflash's varlen kernel, by varlen entry "
+    assert (f"flash_attn_varlen_func, forward-only calls: rocmflash's varlen kernels, by varlen entry "
             f"{TV.varlen_key(32, 'fp16', 2, False, 64)} (torch varlen_attn 0.2 ms vs rocmflash 0.1 ms): rocmflash's "
             "kernel was as fast or faster") in capsys.readouterr().out
     assert explain("mi250", 32, "fp16", True, 40, gqa_ratio=4, check=False)["varlen"]["why"] == \

@@ -1,8 +1,8 @@
 """GPU: ``flash_attn_varlen_func`` served by torch's own ``varlen_attn`` where a varlen entry says it won.
 
-A database written for the live GPU says the incumbent beat the Triton kernel; forward-only calls then run torch's
-function (checked by which kernels ran: no Triton launch) and must match an fp32 reference computed per sequence,
-causal with GQA and full attention; wrong ``cu_seqlens`` values reach torch's kernel only as safe copies (no
+A database written for the live GPU says the incumbent beat the Triton kernels, forward and training steps; calls
+then run torch's function (checked by which kernels ran: no Triton launch) and must match an fp32 reference computed
+per sequence, outputs and gradients, causal and full attention (GQA where this torch takes it); wrong ``cu_seqlens`` values reach torch's kernel only as safe copies (no
 memory outside the tensors is touched: the process survives and later calls are right) and are reported."""
 
 import math
@@ -28,7 +28,8 @@ def incumbent_db(live, tmp_path, monkeypatch):
             "mode": "varlen", "measured": True, "timing": "gpu (L2 flushed, median)",
             "best": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, "time_ms": 1.0,
             "incumbent": {"backend": VI.NAME, "time_ms": 0.5, "triton_ms": 1.0,
-                          "backends": {VI.NAME: {"status": "ok", "time_ms": 0.5}}}}
+                          "train": {"backend": VI.NAME, "time_ms": 1.5, "triton_ms": 3.0},
+                          "backends": {VI.NAME: {"status": "ok", "time_ms": 0.5, "train_ms": 1.5}}}}
     data = D.ConfigDB.new_data(live.name, live.arch, {})
     data["entries"] = entries
     D.atomic_write_json(str(tmp_path / f"{live.name}.json"), data)
@@ -82,9 +83,22 @@ def test_the_incumbent_serves_and_matches_the_reference(incumbent_db, monkeypatc
     ref = _reference(q, k, v, cu, causal)
     err = ((out.float() - ref).norm() / ref.norm()).item()
     assert err < 2e-2, err
-    # with gradients wanted the Triton kernel serves (the tune timed no backward)
-    q.requires_grad_(True)
-    rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal)
+    # a training call: the entry's training steps say torch's won too -- its forward and backward run
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    out = rocmflash.flash_attn_varlen_func(*leaves, cu, cu, max(lengths), max(lengths), causal=causal)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, do)
+    assert launched == []
+    ref_leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref_grads = torch.autograd.grad(_reference(*ref_leaves, cu, causal), ref_leaves, do.float())
+    for got, want in zip(grads, ref_grads):
+        assert ((got.float() - want).norm() / want.norm()).item() < 2e-2
+    # ... but not in deterministic mode (FlashAttention's backward accumulates with atomics)
+    torch.use_deterministic_algorithms(True)
+    try:
+        rocmflash.flash_attn_varlen_func(*leaves, cu, cu, max(lengths), max(lengths), causal=causal)
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert len(launched) == 1
 
 

@@ -56,9 +56,29 @@ def test_worker_gates_and_times_the_platform_varlen_attention(interpret, stand_i
     stand_in(_reference_varlen_attn())
     W._INPUTS.clear()
     problem = TV.VarlenProblem(head_dim=32, dtype="fp16", heads_q=4, heads_kv=2, causal=causal, lengths=(5, 40, 19))
-    result = W.measure_varlen_incumbent({"problem": problem.to_dict()})
+    config = K(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1).to_dict()
+    result = W.measure_varlen_incumbent({"problem": problem.to_dict(), "config": config, "reps": 2})
     row = result["backends"][VI.NAME]
     assert result["status"] == "ok" and row["status"] == "ok" and row["rel_err"] < 1e-2 and row["time_ms"] > 0, row
+    # one training step each: torch's function (the stand-in is differentiable) and rocmflash's with the winner
+    assert row["train_ms"] > 0 and result["triton_train_ms"] > 0, result
+    W._INPUTS.clear()
+
+
+def test_a_function_without_a_backward_keeps_its_forward_time(interpret, stand_in):
+    from rocmflash.tuning import varlen_worker as W
+
+    reference = _reference_varlen_attn()
+
+    def forward_only(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                     enable_gqa=False):
+        return reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size,
+                         enable_gqa=enable_gqa).detach()  # no graph: grad() refuses it
+
+    stand_in(forward_only)
+    W._INPUTS.clear()
+    row = W.measure_varlen_incumbent({"problem": PROBLEM.to_dict()})["backends"][VI.NAME]
+    assert row["status"] == "ok" and row["time_ms"] > 0 and row["train_ms"] is None and row["train_error"], row
     W._INPUTS.clear()
 
 
@@ -91,7 +111,6 @@ def test_excludes_reads_the_signature_of_this_torch(stand_in):
     assert "separate cu_seqlens" in VI.excludes(True, False, 1, 64, None)
     assert "LSE" in VI.excludes(False, True, 1, 64, None, want_lse=True)
     assert "window" in VI.excludes(False, True, 1, 64, None, windowed=True)
-    assert "gradients" in VI.excludes(False, True, 1, 64, None, needs_grad=True)
 
 
 def test_run_passes_the_keywords_this_torch_takes(stand_in):
@@ -117,8 +136,9 @@ def test_run_passes_the_keywords_this_torch_takes(stand_in):
 # ----------------------------------------------------------------------------- the tune (fake timing worker)
 CONFIGS = [K(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2).to_dict(),
            K(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2).to_dict()]
-INCUMBENT_OK = {"status": "ok", "backends": {VI.NAME: {"status": "ok", "time_ms": 0.05, "rel_err": 1e-3,
-                                                        "error": None}}}
+INCUMBENT_OK = {"status": "ok", "triton_train_ms": 0.4,
+                "backends": {VI.NAME: {"status": "ok", "time_ms": 0.05, "train_ms": 0.5, "rel_err": 1e-3,
+                                       "error": None}}}
 
 
 class FakeRunner:
@@ -165,9 +185,11 @@ def test_varlen_tune_stores_the_platform_varlen_attention_beside_the_winner(tmp_
     runner = FakeRunner()
     result, entry = _tune(tmp_path, cache_dir, runner)
     assert entry["measured"] and entry["best"]["BLOCK_M"] == 64 and entry["time_ms"] == 0.1
-    assert runner.calls[-1][0] is IV.measure_incumbent and runner.incumbent_tasks() == [{"problem": PROBLEM.to_dict()}]
+    assert runner.calls[-1][0] is IV.measure_incumbent
+    assert runner.incumbent_tasks() == [{"problem": PROBLEM.to_dict(), "config": entry["best"]}]
     inc = entry["incumbent"]
     assert inc["backend"] == VI.NAME and inc["time_ms"] == 0.05 and inc["triton_ms"] == 0.1
+    assert inc["train"] == {"backend": VI.NAME, "time_ms": 0.5, "triton_ms": 0.4}
     assert inc["backends"][VI.NAME]["status"] == "ok"
     print_varlen_summary(result, Console(width=200))
     assert "platform's varlen attention (varlen_attn): 0.050 ms, 2.00x faster than the winner" in capsys.readouterr().out

@@ -96,6 +96,7 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
         from rocmflash.api.varlen_incumbent import decide
 
         result["varlen"] = decide(gpu.name, head_dim, dtype, bool(causal), gqa_ratio, seqlen_k)
+        result["varlen_train"] = decide(gpu.name, head_dim, dtype, bool(causal), gqa_ratio, seqlen_k, train=True)
     if check:
         problem = Problem(head_dim=head_dim, dtype=dtype, causal=bool(causal), heads_q=8 * gqa_ratio, heads_kv=8,
                           seqlen_q=seqlen, seqlen_k=seqlen_k)
@@ -248,12 +249,14 @@ def print_explanation(result: dict, console) -> None:
         console.print(f"decode-shaped (batch {runs['batch']}): decided by decode entry {runs['decode_entry'] or '-'}"
                       + (f"; times: {runs['timing']}" if runs.get("timing") else "") + f"; {runs['kvcache']}",
                       highlight=False)
-    vl = result.get("varlen")
-    if vl and vl["entry"]:
+    for key, calls in (("varlen", "forward-only calls"), ("varlen_train", "calls that need gradients")):
+        vl = result.get(key)
+        if not vl or not vl["entry"]:
+            continue
         times = f" (torch varlen_attn {vl['incumbent_ms']} ms vs rocmflash {vl['triton_ms']} ms)" \
             if vl["incumbent_ms"] is not None and vl["triton_ms"] is not None else ""
-        runs = "torch varlen_attn" if vl["serves"] else "rocmflash's varlen kernel"
-        console.print(f"flash_attn_varlen_func, forward-only calls: {runs}, by varlen entry {vl['entry']}{times}"
+        runs = "torch varlen_attn" if vl["serves"] else "rocmflash's varlen kernels"
+        console.print(f"flash_attn_varlen_func, {calls}: {runs}, by varlen entry {vl['entry']}{times}"
                       + (f": {vl['why']}" if vl["why"] else ""), highlight=False)
     table = Table(title="entries of this head dim, dtype, causal flag and GQA ratio")
     for col in ("bucket", "distance", "measured", "served", "best config", "TFLOP/s", "file", "note"):

@@ -265,10 +265,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     anything runs, as earlier releases did by default: the index and value in the message, at
     the price of two waits per call (skipped while a graph is captured).
 
-    **The platform's varlen attention where it won.** A forward-only call (no gradients, LSE, window or soft cap;
-    causal only with one ``cu_seqlens`` tensor for queries and keys) whose ``rocmflash tune --mode varlen`` entry says
-    torch's ``varlen_attn`` was faster runs it (:mod:`rocmflash.api.varlen_incumbent`), on ``cu_seqlens`` copies made
-    safe on the device by one small launch that also reports wrong values through the same error word.
+    **The platform's varlen attention where it won.** A call (no LSE, window or soft cap; causal only with one
+    ``cu_seqlens`` tensor for queries and keys) whose ``rocmflash tune --mode varlen`` entry says torch's
+    ``varlen_attn`` was faster runs it (:mod:`rocmflash.api.varlen_incumbent`): by the forward times, or by the
+    training steps' when the call needs gradients (not under ``torch.use_deterministic_algorithms(True)``). It runs on
+    ``cu_seqlens`` copies made safe on the device by one small launch that also reports wrong values through the
+    same error word.
 
     **Equal lengths run the dense path.** When ``batch * max_seqlen_q == total_q`` and ``batch * max_seqlen_k ==
     total_k`` (sizes alone: no sequence may be longer than its ``max_seqlen``, so every one is exactly that long) a
@@ -313,16 +315,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
 
 def _incumbent_serves(q, k, v, cu_q, cu_k, max_k: int, softmax_scale, softcap, left: int, right: int,
                       return_lse) -> bool:
-    """Whether the platform's varlen attention serves this call (:mod:`rocmflash.api.varlen_incumbent`): a plain
-    forward-only call (no LSE, window or cap; causal with one ``cu_seqlens`` tensor) whose varlen entry says it
-    won."""
+    """Whether the platform's varlen attention serves this call (:mod:`rocmflash.api.varlen_incumbent`): a plain call
+    (no LSE, window or cap; causal with one ``cu_seqlens`` tensor) whose varlen entry says it won, by the forward
+    times or, when the call needs gradients, the training steps' (not in deterministic mode: its backward uses
+    atomics)."""
     if return_lse or softcap or left != M.UNBOUNDED or right not in (0, M.UNBOUNDED):
         return False
     causal = right == 0
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if train and torch.are_deterministic_algorithms_enabled():
         return False
     group = q.shape[1] // k.shape[1]
-    return VI.serving(q.device, q.shape[2], q.dtype, causal, group, max(1, int(max_k))) and \
+    return VI.serving(q.device, q.shape[2], q.dtype, causal, group, max(1, int(max_k)), train) and \
         VI.excludes(causal, cu_q is cu_k, group, q.shape[2], softmax_scale) is None
 
 

@@ -8,18 +8,20 @@ fp32 gate, L2 flush and repetitions (:func:`rocmflash.tuning.varlen_worker.measu
 keeps it as ``incumbent`` (:func:`rocmflash.api.incumbent.incumbent_field`'s layout; ``--no-incumbent`` skips it)::
 
     "incumbent": {"backend": "varlen_attn", "time_ms": 0.41, "triton_ms": 0.38,
+                  "train": {"backend": "varlen_attn", "time_ms": 1.30, "triton_ms": 1.61},
                   "backends": {"varlen_attn": {...}}}
 
-At run time (:func:`serving`) a ``flash_attn_varlen_func`` call that the nearest measured varlen entry (at most one
-length bucket away) says the incumbent won runs it instead of the Triton kernel (:func:`run_safe`). torch's kernel
-addresses memory by the ``cu_seqlens`` values, which rocmflash never reads on the host; so one tiny launch first
-makes a safe copy of them on the device (clamped into the packed tensors, non-decreasing: equal to the given lists
-when they are right) and reports what is wrong through the varlen error word, as the Triton kernel does
-(:func:`rocmflash.kernels.varlen.launch_sanitised_lengths`). Only where it computes rocmflash's function and the
-entry's timing covers the call (:func:`excludes`): forward only (nothing needs gradients: the tune timed no
-backward), no LSE, no window, no soft cap, and causal only with one ``cu_seqlens`` tensor for queries and keys (each
-sequence attends to itself, so the two conventions of the causal diagonal agree). ``ROCMFLASH_NO_INCUMBENT=1``
-turns it off. The names of this
+At run time (:func:`serving`) a ``flash_attn_varlen_func`` call runs torch's function where the nearest measured
+varlen entry (at most one length bucket away) says it won: a forward-only call by the forward times, a call that
+needs gradients by the training steps' times (forward and backward of each side: a backend's backward needs its
+own forward), never under ``torch.use_deterministic_algorithms(True)`` with gradients (FlashAttention's backward
+accumulates with atomics). torch's kernel addresses memory by the ``cu_seqlens`` values, which rocmflash never reads
+on the host; so one tiny launch first makes a safe copy of them on the device (clamped into the packed tensors,
+non-decreasing: equal to the given lists when they are right) and reports what is wrong through the varlen error
+word, as the Triton kernel does (:func:`rocmflash.kernels.varlen.launch_sanitised_lengths`). Only where it computes
+rocmflash's function (:func:`excludes`): no LSE, no window, no soft cap, and causal only with one ``cu_seqlens``
+tensor for queries and keys (each sequence attends to itself, so the two conventions of the causal diagonal agree).
+``ROCMFLASH_NO_INCUMBENT=1`` turns it off. The names of this
 torch's function and keywords are read from its signature, never assumed: a torch without it (or without
 ``enable_gqa`` for a GQA call, or ``scale``) has no incumbent for that call.
 """
@@ -50,14 +52,12 @@ def _function() -> tuple:
 
 
 def excludes(causal: bool, same_cu: bool, group: int, head_dim: int, scale: Optional[float], want_lse: bool = False,
-             windowed: bool = False, softcap: float = 0.0, needs_grad: bool = False) -> Optional[str]:
+             windowed: bool = False, softcap: float = 0.0) -> Optional[str]:
     """Why this call never runs the incumbent, or None. ``same_cu``: queries and keys share one ``cu_seqlens``
     tensor; ``scale``: the softmax scale asked (None: ``1/sqrt(D)``)."""
     fn, names = _function()
     if fn is None:
         return "this torch has no torch.nn.attention.varlen.varlen_attn"
-    if needs_grad:
-        return "the call needs gradients and the varlen tune timed the forward only"
     if want_lse:
         return "the call returns the LSE"
     if windowed or softcap:
@@ -100,21 +100,22 @@ def run_safe(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, causal: bo
 _SERVING: dict = {}  #: (device, head dim, dtype, causal, group, bucket) -> whether the incumbent serves
 
 
-def serving(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> bool:
-    """Whether the live GPU's nearest measured varlen entry says the incumbent was faster (:func:`lookup`). Cached
-    per problem and length bucket; :func:`rocmflash.api.selection.clear_cache` forgets."""
+def serving(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, train: bool = False) -> bool:
+    """Whether the live GPU's nearest measured varlen entry says the incumbent was faster (:func:`lookup`; ``train``:
+    by the training steps' times). Cached per problem, length bucket and pass; :func:`rocmflash.api.selection.clear_cache`
+    forgets."""
     from rocmflash.api import selection
 
     if selection.incumbent_disabled():
         return False
-    key = selection._varlen_key(device, head_dim, dtype, causal, group, max_seqlen_k)
+    key = (selection._varlen_key(device, head_dim, dtype, causal, group, max_seqlen_k), train)
     served = _SERVING.get(key)
     if served is None:
-        served = _SERVING[key] = lookup(device, head_dim, dtype, causal, group, max_seqlen_k)[0] is not None
+        served = _SERVING[key] = lookup(device, head_dim, dtype, causal, group, max_seqlen_k, train)[0] is not None
     return served
 
 
-def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> tuple:
+def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, train: bool = False) -> tuple:
     """``(the backend served or None, the deciding entry's key or None, why not or None)`` on ``device``'s GPU
     (:func:`decide`)."""
     from rocmflash.api.selection import db_disabled, device_identity
@@ -122,16 +123,18 @@ def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k:
     gpu_name, _ = device_identity(device)
     if gpu_name is None or db_disabled():
         return None, None, "no database for this device"
-    d = decide(gpu_name, head_dim, dtype, causal, group, max_seqlen_k)
+    d = decide(gpu_name, head_dim, dtype, causal, group, max_seqlen_k, train)
     return d["serves"], d["entry"], d["why"]
 
 
-def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int) -> dict:
+def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int,
+           train: bool = False) -> dict:
     """What the nearest measured varlen entry of ``gpu_name`` (:func:`rocmflash.tuning.varlen.nearest_entry`, the one
-    whose tile the Triton kernel runs) says of the incumbent: ``{"entry", "bucket_distance", "incumbent_ms",
-    "triton_ms", "serves" (:data:`NAME` or None), "why" (None when it serves)}``. It serves when the entry is at
-    most ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its ``incumbent`` beat the Triton winner
-    (:func:`rocmflash.api.incumbent.winner`). ``rocmflash explain`` prints it."""
+    whose tile the Triton kernel runs) says of the incumbent, for forward-only calls or (``train``) calls that need
+    gradients, by the training steps' times: ``{"entry", "bucket_distance", "incumbent_ms", "triton_ms", "serves"
+    (:data:`NAME` or None), "why" (None when it serves)}``. It serves when the entry is at most
+    ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its ``incumbent`` beat rocmflash
+    (:func:`rocmflash.api.incumbent.winner`). ``rocmflash explain`` prints both."""
     from rocmflash.api.incumbent import winner
     from rocmflash.api.selection import INCUMBENT_MAX_BUCKET_DISTANCE
     from rocmflash.config import normalize_dtype
@@ -145,16 +148,20 @@ def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_se
         return out
     field = match.config
     row = (field.get("backends") or {}).get(NAME) or {}
-    out.update(entry=match.key, bucket_distance=match.bucket_distance, incumbent_ms=row.get("time_ms"),
-               triton_ms=field.get("triton_ms"))
+    side = (field.get("train") or {}) if train else field
+    out.update(entry=match.key, bucket_distance=match.bucket_distance,
+               incumbent_ms=row.get("train_ms" if train else "time_ms"), triton_ms=side.get("triton_ms"))
     if match.bucket_distance > INCUMBENT_MAX_BUCKET_DISTANCE:
         out["why"] = f"the nearest varlen entry is {match.bucket_distance} length buckets away"
     elif not field:
         out["why"] = "the entry has no incumbent timing (tuned without it)"
     elif row.get("status") not in (None, "ok"):
         out["why"] = f"{NAME} was not timed: {row.get('status')}: {row.get('error')}"
-    elif winner(field, train=False) != NAME:
-        out["why"] = "rocmflash's kernel was as fast or faster"
+    elif train and not side:
+        out["why"] = f"no training step of {NAME} was timed" + (f" ({row['train_error']})" if row.get("train_error")
+                                                                 else "")
+    elif winner(field, train=train) != NAME:
+        out["why"] = "rocmflash's kernels were as fast or faster" if train else "rocmflash's kernel was as fast or faster"
     else:
         out.update(serves=NAME, why=None)
     return out

@@ -69,7 +69,7 @@ class VarlenItem(TaskItem):
         if not entry.get("best"):
             return None
         self.ctx.out.note(f"{self.key}: timing the platform's varlen attention beside the winner")
-        task = {"problem": self.problem_dict}
+        task = {"problem": self.problem_dict, "config": entry["best"]}
 
         def run(runner, task=task):
             if not hasattr(runner, "call"):

@@ -145,9 +145,13 @@ def measure_varlen_incumbent(task: dict) -> dict:
     """The platform's varlen attention (:mod:`rocmflash.api.varlen_incumbent`) on the problem's packed batch, as
     :func:`measure_varlen` runs a config: the NaN-poisoned output gated against the same fp32 reference, then
     the median of ``task["reps"]`` (:data:`REPS`) calls with the L2 flushed before each. Runs in the live worker
-    that timed the configs. ``{"status": "ok", "backends": {name: {"status", "time_ms", "rel_err", "error"}}}``
-    (:func:`rocmflash.api.incumbent.incumbent_field` reads it); a torch without it, or a problem it does not
-    compute, is ``"skipped"`` with the reason."""
+    that timed the configs. Then one training step each (forward and ``torch.autograd.grad`` of q, k, v, flushed
+    and timed the same way): torch's function, and rocmflash's varlen forward with ``task["config"]`` (the
+    winner) and the backward this process selects -- a backend's backward needs its own forward, so training
+    compares whole steps. ``{"status": "ok", "backends": {name: {"status", "time_ms", "train_ms", "rel_err",
+    "error"}}, "triton_train_ms"}`` (:func:`rocmflash.api.incumbent.incumbent_field` reads it); a torch without
+    the function, or a problem it does not compute, is ``"skipped"`` with the reason; a step whose backward
+    torch refuses leaves ``train_ms`` None and says why in ``train_error``."""
     import torch
 
     from rocmflash.api import varlen_incumbent as VI
@@ -157,11 +161,13 @@ def measure_varlen_incumbent(task: dict) -> dict:
     from rocmflash.tuning.live_worker import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
-    row = {"status": "failed", "time_ms": None, "rel_err": None, "error": None}
+    row = {"status": "failed", "time_ms": None, "train_ms": None, "rel_err": None, "error": None}
+    result = {"status": "ok", "backends": {VI.NAME: row}, "triton_train_ms": None}
     why = VI.excludes(p.causal, True, p.group, p.head_dim, None)
     if why is not None:
         row.update(status="skipped", error=why)
-        return {"status": "ok", "backends": {VI.NAME: row}}
+        return result
+    reps = task.get("reps", REPS)
     try:
         inp = packed_inputs(p, torch.device("cpu" if interpreting() else "cuda"))
 
@@ -176,11 +182,43 @@ def measure_varlen_incumbent(task: dict) -> dict:
         if not err <= TOLERANCE[p.dtype]:
             why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
             row.update(status="incorrect", error=f"{why} against the fp32 reference")
-        else:
-            row.update(status="ok", time_ms=time_flushed(run, inp["flush"], task.get("reps", REPS)))
+            return result
+        row.update(status="ok", time_ms=time_flushed(run, inp["flush"], reps))
     except Exception as err:  # this torch refuses the inputs (a dtype, a head dim, the device)
         row["error"] = error_line(err)
-    return {"status": "ok", "backends": {VI.NAME: row}}
+        return result
+    try:
+        row["train_ms"] = _train_step_ms(inp, lambda q, k, v: VI.run(q, k, v, inp["cu"], inp["cu"], p.max_seqlen,
+                                                                     p.max_seqlen, p.causal, None), reps)
+    except Exception as err:  # a torch whose varlen function has no backward for these inputs
+        row["train_error"] = error_line(err)
+    if task.get("config"):
+        result["triton_train_ms"] = _train_step_ms(inp, _rocmflash_forward(p, task["config"], inp["cu"]), reps)
+    return result
+
+
+def _rocmflash_forward(p: VarlenProblem, config: dict, cu):
+    """rocmflash's differentiable varlen forward with ``config`` (its backward as this process selects it)."""
+    from rocmflash.api.varlen import _VarlenAttention
+    from rocmflash.config import KernelConfig
+
+    cfg, call = KernelConfig.from_dict(config), varlen_call(p)
+    return lambda q, k, v: _VarlenAttention.apply(q, k, v, cu, cu, call, cfg, False)[0]
+
+
+def _train_step_ms(inp: dict, forward, reps: int) -> float:
+    """Median ms of one step, ``forward`` then ``torch.autograd.grad`` of q, k and v, the L2 flushed before each."""
+    import torch
+
+    from rocmflash.tuning.isolated import time_flushed
+
+    q, k, v = (inp[name].detach().requires_grad_(True) for name in ("q", "k", "v"))
+    dout = torch.randn_like(inp["q"])
+
+    def step():
+        torch.autograd.grad(forward(q, k, v), (q, k, v), dout)
+
+    return time_flushed(step, inp["flush"], reps)
 
 
 #: tokens of the pre-warm's one sequence
