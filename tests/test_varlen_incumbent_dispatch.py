@@ -232,3 +232,30 @@ def test_explain_says_which_varlen_path_runs_and_why(stand_in, tmp_path, capsys)
             "kernel was as fast or faster") in capsys.readouterr().out
     assert explain("mi250", 32, "fp16", True, 40, gqa_ratio=4, check=False)["varlen"]["why"] == \
         "no measured varlen entry"
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950", "sm_90"])
+def test_the_safe_list_kernel_cross_compiles_without_scratch(arch, monkeypatch):
+    """The launch before torch's kernel, as LLVM builds it for each target: no scratch, no spills (AMD: read from
+    the code object by isa_tools)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from rocmflash.kernels import common as C
+    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels import varlen_checks as VC
+
+    P = C.Ptr
+    args = dict(CU_Q=P("*i32"), CU_K=P("*i32"), SAFE_Q=P("*i32"), SAFE_K=P("*i32"), ERR=P("*i32"), TOTAL_Q=70001,
+                TOTAL_K=70001, MAX_Q=4097, MAX_K=4097, BATCH=33)
+    kernel = C.compile_kernel(VC._sanitise_lengths, arch, args, dict(BLOCK=VK.SANITISE_BLOCK), VK._CHECK_CONFIG)
+    assert kernel.asm
+    if arch.startswith("gfx"):
+        import re
+
+        from isa_tools import kernel_summary, read_code_object
+
+        asm = kernel.asm["amdgcn"]
+        (code,) = read_code_object(kernel.asm["hsaco"])
+        summary = kernel_summary(code, kernel.metadata.shared, VK._CHECK_CONFIG.num_warps, asm)
+        assert summary["vgpr_spill_count"] == 0 and summary["scratch_bytes"] == 0, summary
+        occupancy = re.search(r"; Occupancy: (\d+)", asm)
+        assert occupancy and summary["waves_per_simd_static"] == int(occupancy.group(1))  # isa_tools agrees with LLVM
