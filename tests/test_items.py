@@ -395,7 +395,8 @@ def test_varlen_item_times_survivors_and_the_baseline_and_resumes(tmp_path, cach
 
     db = tmp_path / "mi250.json"
     first = Varlen()
-    item = VarlenItem(context(db, first, "mi250"), problem, cache_dir, 2, 60.0, configs)
+    # the configs alone (the incumbent's job after them: tests/test_varlen_tune_incumbent.py)
+    item = VarlenItem(context(db, first, "mi250"), problem, cache_dir, 2, 60.0, configs, incumbent=False)
     drive([item], first)
     timed = [t["config"] for t in first.tasks]
     assert timed == [r["config"] for r in item.static_result.ranked] + [item.baseline["config"]]
@@ -403,7 +404,7 @@ def test_varlen_item_times_survivors_and_the_baseline_and_resumes(tmp_path, cach
     assert item.entry["best"] == min(timed, key=ms) and item.entry["counts"]["timed"] == len(timed)
     assert item.entry["baseline"]["time_ms"] == round(ms(item.baseline["config"]), 5)
     again = Varlen()
-    second = VarlenItem(context(db, again, "mi250"), problem, cache_dir, 2, 60.0, configs)
+    second = VarlenItem(context(db, again, "mi250"), problem, cache_dir, 2, 60.0, configs, incumbent=False)
     drive([second], again)
     assert again.tasks == [] and without_when(second.entry) == without_when(item.entry)
     assert D.ConfigDB.read(str(db))["entries"][problem.key()]["best"] == item.entry["best"]

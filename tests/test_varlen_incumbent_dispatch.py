@@ -35,11 +35,9 @@ def _entry(incumbent_ms: float, triton_ms: float = 0.1, train: tuple = ()) -> di
 
 
 def _write_db(tmp_path, entries: dict) -> None:
-    data = D.ConfigDB.new_data("mi250", "gfx90a", {})
-    data["entries"] = entries
-    D.atomic_write_json(str(tmp_path / "mi250.json"), data)
-    D.clear_cache()
-    selection.clear_cache()
+    from varlen_reference import write_mi250_db
+
+    write_mi250_db(tmp_path, entries)
 
 
 class StandIn:

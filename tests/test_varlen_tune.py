@@ -225,11 +225,9 @@ def test_gate_catches_a_wrong_kernel(interpret, monkeypatch):
 
 # ----------------------------------------------------------------------------- run-time selection
 def _write_db(tmp_path, entries: dict) -> None:
-    data = D.ConfigDB.new_data("mi250", "gfx90a", {})
-    data["entries"] = entries
-    D.atomic_write_json(str(tmp_path / "mi250.json"), data)
-    D.clear_cache()
-    selection.clear_cache()
+    from varlen_reference import write_mi250_db
+
+    write_mi250_db(tmp_path, entries)
 
 
 def test_flash_attn_varlen_func_serves_measured_varlen_entries_only(fake_rocm, tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""fp64 reference for packed (varlen) attention with bands and soft-capping, in plain torch."""
+"""fp64 reference for packed (varlen) attention with bands and soft-capping, in plain torch; a database writer for the varlen tests."""
 
 import torch
 
@@ -51,3 +51,15 @@ def rel_err(a, b) -> float:
     a, b = a.double(), b.double()
     scale = b.abs().max().item()
     return (a - b).abs().max().item() / scale if scale > 0 else (a - b).abs().max().item()
+
+
+def write_mi250_db(tmp_path, entries: dict) -> None:
+    """A user database for the (fake) MI250 holding ``entries``, in ``tmp_path``; every run-time cache forgotten."""
+    from rocmflash import db as D
+    from rocmflash.api import selection
+
+    data = D.ConfigDB.new_data("mi250", "gfx90a", {})
+    data["entries"] = entries
+    D.atomic_write_json(str(tmp_path / "mi250.json"), data)
+    D.clear_cache()
+    selection.clear_cache()

@@ -49,7 +49,6 @@ class DecodeItem(TaskItem):
                  configs: Optional[list] = None, on_result=None, incumbent: bool = True):
         self.cache_dir, self.workers, self.configs = cache_dir, workers, configs
         self.incumbent = incumbent  #: time the platform's SDPA beside the winner (``--no-incumbent``: not)
-        self._incumbent_asked = False
         self._incumbent: Optional[dict] = None
         super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
         #: the buckets of one compile-only problem share its static phase: the pipeline runs them one at a time,
@@ -92,16 +91,7 @@ class DecodeItem(TaskItem):
         return dict(task, splits=split_choices(self.problem, DecodeConfig.from_dict(task["config"]),
                                                compute_units(self.ctx.gpu)))
 
-    def next_batch(self) -> Optional[list]:
-        """The survivors' tasks once, then the incumbent's job (where it applies), then None."""
-        jobs = super().next_batch()
-        if jobs is not None or self._incumbent_asked:
-            return jobs
-        self._incumbent_asked = True
-        job = self._incumbent_job()
-        return [job] if job is not None else None
-
-    def _incumbent_job(self):
+    def incumbent_job(self):
         """SDPA timed beside the winner on a timing worker; None where it does not apply: ``--no-incumbent``,
         workers that run no tasks, no winner, a paged or fp8 cache (SDPA serves neither)."""
         from rocmflash.api import incumbent

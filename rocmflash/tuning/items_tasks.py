@@ -30,6 +30,7 @@ class TaskItem(StreamedTiming):
         measure, self.prewarm_fn = self.worker_functions()
         self.timing = FamilyTiming(self, self.family, measure, timeout_s, self.strategy, on_result)
         self.static_result = None
+        self._incumbent_asked = False
         self.entry: dict = {}
         self.seconds = 0.0
         self._start = None
@@ -117,7 +118,19 @@ class TaskItem(StreamedTiming):
         return self.problem_dict
 
     def next_batch(self) -> Optional[list]:
-        return self.timing.batch()
+        """The chosen configs' tasks; once they are all timed, the :meth:`incumbent_job` (where there is one); then
+        None."""
+        jobs = self.timing.batch()
+        if jobs is not None or self._incumbent_asked:
+            return jobs
+        self._incumbent_asked = True
+        job = self.incumbent_job()
+        return [job] if job is not None else None
+
+    def incumbent_job(self):
+        """A family that times the platform's attention beside its winner: that one job (on a timing worker), asked
+        once every config is timed; None (the default): nothing more."""
+        return None
 
     def record(self, job, result: dict) -> None:
         self.timing.record(job, result)

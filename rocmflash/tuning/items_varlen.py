@@ -44,20 +44,10 @@ class VarlenItem(TaskItem):
         self.cache_dir, self.workers, self.configs = cache_dir, workers, configs
         self.baseline = None
         self.incumbent = incumbent
-        self._incumbent_asked = False
         self._incumbent: Optional[dict] = None
         super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
 
-    def next_batch(self) -> Optional[list]:
-        """The configs' tasks, then the incumbent's job (where it applies), then None."""
-        jobs = super().next_batch()
-        if jobs is not None or self._incumbent_asked:
-            return jobs
-        self._incumbent_asked = True
-        job = self._incumbent_job()
-        return [job] if job is not None else None
-
-    def _incumbent_job(self):
+    def incumbent_job(self):
         """The platform's varlen attention timed on a timing worker beside the winner; None without
         ``--no-incumbent``'s opposite, on workers that run no tasks, or without a winner."""
         from rocmflash.tuning.pipeline import Job
