@@ -91,3 +91,43 @@ def test_the_shipped_rule_fuses_small_caches_only(monkeypatch, B, L, Hkv, kernel
         assert ((got.float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()).item()
         assert ((got_lse - want_lse).abs().max() < 1e-4).item()
     decode.clear_cache()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_rule_fuses_a_small_fp8_cache_and_gives_the_two_launch_answer(monkeypatch, paged):
+    """An fp8 cache of at most ``FUSED_AUTO_MAX_KV_BYTES`` (B1, 4k keys, GQA 4) under the shipped rule: one launch,
+    with a one-token append (quantised into the cache), equal to the forced two-launch call on a copy of the cache."""
+    from rocmflash import flash_attn_with_kvcache
+    from rocmflash.api import decode
+    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.launch import observe_launches
+
+    gen = torch.Generator(device="cuda").manual_seed(3 + paged)
+    B, L, Hq, Hkv, D, page = 1, 4096, 32, 8, 128, 256
+    fp8 = torch.float8_e4m3fn
+    q = torch.randn(B, 1, Hq, D, device="cuda", generator=gen).to(torch.bfloat16)
+    kn, vn = (torch.randn(B, 1, Hkv, D, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    shape = (B * L // page, page, Hkv, D) if paged else (B, L, Hkv, D)
+    kc, vc = ((torch.randn(shape, device="cuda", generator=gen) * 2).to(fp8) for _ in range(2))
+    table = torch.randperm(B * L // page, device="cuda", generator=gen).int().view(B, -1) if paged else None
+    kd, vd = (torch.rand(B, Hkv, device="cuda", generator=gen) + 0.5 for _ in range(2))
+    lens = torch.tensor([L - 700], dtype=torch.int32, device="cuda")
+
+    def call(k_cache, v_cache):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, kn, vn, cache_seqlens=lens, block_table=table,
+                                       k_descale=kd, v_descale=vd, num_splits=4, return_lse=True)
+
+    monkeypatch.setattr(KD, "FUSED_COMBINE", False)
+    decode.clear_cache()
+    want, want_lse = call(kc.clone(), vc.clone())
+    monkeypatch.setattr(KD, "FUSED_COMBINE", None)
+    decode.clear_cache()
+    assert 2 * kc.numel() * kc.element_size() <= KD.FUSED_AUTO_MAX_KV_BYTES
+    with observe_launches() as seen:
+        got, got_lse = call(kc.clone(), vc.clone())
+    assert [r["kernel"] for r in seen if r["kernel"].startswith("_decode")] == ["_decode_split"]
+    for _ in range(30):
+        got, got_lse = call(kc.clone(), vc.clone())
+        assert ((got.float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()).item()
+        assert ((got_lse - want_lse).abs().max() < 1e-4).item()
+    decode.clear_cache()
