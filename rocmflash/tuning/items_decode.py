@@ -96,8 +96,6 @@ class DecodeItem(TaskItem):
         workers that run no tasks, no winner, a paged or fp8 cache (SDPA serves neither)."""
         from rocmflash.api import incumbent
         from rocmflash.tuning.incumbents import TIMEOUT_S
-        from rocmflash.tuning.pipeline import Job
-        from rocmflash.tuning.pipeline_policy import SDPA_AFFINITY
 
         p = self.problem
         if not (self.incumbent and self.ctx.measuring and self.ctx.runs_tasks) or p.page_size or p.kv_dtype:
@@ -108,12 +106,7 @@ class DecodeItem(TaskItem):
         self.ctx.out.note(f"{self.key}: timing the platform's SDPA backends beside the winner")
         task = {"problem": self.problem_dict, "config": best, "backends": incumbent.candidates()}  # the tune's side
 
-        def run(runner, task=task):
-            if not hasattr(runner, "call"):
-                return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
-            return runner.call(measure_incumbent, task, TIMEOUT_S)
-
-        return Job(self, run, INCUMBENT, (self.key, INCUMBENT, None), payload=INCUMBENT, affinity=SDPA_AFFINITY)
+        return self.worker_task_job(measure_incumbent, task, TIMEOUT_S, INCUMBENT)
 
     def record(self, job, result: dict) -> None:
         """Journal one config's result; the incumbent's goes to the entry only (a failure is logged, no field)."""

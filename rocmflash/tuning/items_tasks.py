@@ -129,8 +129,22 @@ class TaskItem(StreamedTiming):
 
     def incumbent_job(self):
         """A family that times the platform's attention beside its winner: that one job (on a timing worker), asked
-        once every config is timed; None (the default): nothing more."""
+        once every config is timed (:meth:`worker_task_job`); None (the default): nothing more."""
         return None
+
+    def worker_task_job(self, measure, task: dict, timeout_s: float, payload):
+        """The incumbent's job: ``runner.call(measure, task, timeout_s)`` on a timing worker (a worker that runs
+        no tasks answers ``"skipped"``), labelled ``incumbent`` and kept on the worker that ran SDPA before
+        (``SDPA_AFFINITY``); ``payload`` is what :meth:`record` knows it by."""
+        from rocmflash.tuning.pipeline import Job
+        from rocmflash.tuning.pipeline_policy import SDPA_AFFINITY
+
+        def run(runner):
+            if not hasattr(runner, "call"):
+                return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
+            return runner.call(measure, task, timeout_s)
+
+        return Job(self, run, "incumbent", (self.key, "incumbent", None), payload=payload, affinity=SDPA_AFFINITY)
 
     def record(self, job, result: dict) -> None:
         self.timing.record(job, result)

@@ -48,10 +48,8 @@ class VarlenItem(TaskItem):
         super().__init__(ctx, problem.key(), problem, timeout_s, on_result)
 
     def incumbent_job(self):
-        """The platform's varlen attention timed on a timing worker beside the winner; None without
-        ``--no-incumbent``'s opposite, on workers that run no tasks, or without a winner."""
-        from rocmflash.tuning.pipeline import Job
-        from rocmflash.tuning.pipeline_policy import SDPA_AFFINITY
+        """The platform's varlen attention timed on a timing worker beside the winner; None with ``--no-incumbent``,
+        on workers that run no tasks, or without a winner."""
 
         if not (self.incumbent and self.ctx.measuring and self.ctx.runs_tasks):
             return None
@@ -61,13 +59,7 @@ class VarlenItem(TaskItem):
         self.ctx.out.note(f"{self.key}: timing the platform's varlen attention beside the winner")
         task = {"problem": self.problem_dict, "config": entry["best"]}
 
-        def run(runner, task=task):
-            if not hasattr(runner, "call"):
-                return {"status": "skipped", "error": "this timing worker runs no worker tasks"}
-            return runner.call(measure_incumbent, task, INCUMBENT_TIMEOUT_S)
-
-        return Job(self, run, INCUMBENT, (self.key, INCUMBENT, None), payload=(INCUMBENT, entry["time_ms"]),
-                   affinity=SDPA_AFFINITY)
+        return self.worker_task_job(measure_incumbent, task, INCUMBENT_TIMEOUT_S, (INCUMBENT, entry["time_ms"]))
 
     def record(self, job, result: dict) -> None:
         """Journal one config's result; the incumbent's goes to the entry only."""

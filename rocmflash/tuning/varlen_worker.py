@@ -97,6 +97,20 @@ def gate_error(inp: dict, p: VarlenProblem) -> float:
     return worst
 
 
+def gated(inp: dict, p: VarlenProblem, fill) -> tuple:
+    """NaN-poison the output, let ``fill()`` write it, gate it (:func:`gate_error`): ``(relative error, None)``, or
+    ``(relative error, why it failed)`` past the dtype's tolerance or for a non-finite output."""
+    from rocmflash.tuning.live_gate import TOLERANCE
+
+    inp["out"].fill_(float("nan"))
+    fill()
+    err = gate_error(inp, p)
+    if err <= TOLERANCE[p.dtype]:
+        return err, None
+    why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
+    return err, f"{why} against the fp32 reference"
+
+
 def measure_varlen(task: dict) -> dict:
     """Gate one config on the packed batch, then time it (runs in the live worker).
 
@@ -112,7 +126,6 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.isolated import time_flushed
     from rocmflash.tuning.live_worker import error_line
-    from rocmflash.tuning.live_gate import TOLERANCE
 
     p = VarlenProblem.from_dict(task["problem"])
     result = {"config": task["config"], "status": "failed", "error": None, "rel_err": None, "time_ms": None}
@@ -125,13 +138,9 @@ def measure_varlen(task: dict) -> dict:
         def run():
             VK.launch_forward(call, inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], cfg, inp["out"], None)
 
-        inp["out"].fill_(float("nan"))
-        run()
-        err = gate_error(inp, p)
-        result["rel_err"] = err
-        if not err <= TOLERANCE[p.dtype]:
-            why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
-            result.update(status="incorrect", error=f"{why} against the fp32 reference")
+        result["rel_err"], why = gated(inp, p, run)
+        if why is not None:
+            result.update(status="incorrect", error=why)
             return result
         ms = time_flushed(run, inp["flush"], task.get("reps", REPS))
         result.update(status="ok", time_ms=ms, tflops=p.flops() / (ms * 1e-3) / 1e12,
@@ -157,7 +166,6 @@ def measure_varlen_incumbent(task: dict) -> dict:
     from rocmflash.api import varlen_incumbent as VI
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.isolated import time_flushed
-    from rocmflash.tuning.live_gate import TOLERANCE
     from rocmflash.tuning.live_worker import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
@@ -175,13 +183,9 @@ def measure_varlen_incumbent(task: dict) -> dict:
             return VI.run(inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], p.max_seqlen, p.max_seqlen, p.causal,
                           None)
 
-        inp["out"].fill_(float("nan"))
-        inp["out"].copy_(run())
-        err = gate_error(inp, p)
-        row["rel_err"] = err
-        if not err <= TOLERANCE[p.dtype]:
-            why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
-            row.update(status="incorrect", error=f"{why} against the fp32 reference")
+        row["rel_err"], why = gated(inp, p, lambda: inp["out"].copy_(run()))
+        if why is not None:
+            row.update(status="incorrect", error=why)
             return result
         row.update(status="ok", time_ms=time_flushed(run, inp["flush"], reps))
     except Exception as err:  # this torch refuses the inputs (a dtype, a head dim, the device)
