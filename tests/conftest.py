@@ -184,3 +184,33 @@ def synthetic_task_result(task: dict, backward: bool) -> dict:
     else:
         times = {n: round(base / 10 + 0.002 * n, 5) for n in (1, 2, 4)}
     return {"config": c, "status": "ok", "times_ms": times, "rel_err": 1e-3}
+
+
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: ``compiled[grid](*args)`` records the launch."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("replay", grid, args))
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """Compiled launches on CPU tensors: the JIT launch and the replay are recorded, not run."""
+    from rocmflash.kernels import launch as L
+
+    log = []
+
+    def jit_launch(fn, grid, kwargs):
+        log.append(("jit", tuple(grid) + (1,) * (3 - len(grid)),
+                    tuple(kwargs[name] for name in fn.arg_names)))
+        return _FakeCompiled(log)
+
+    monkeypatch.setattr(L, "interpreting", lambda: False)
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    monkeypatch.setattr(L, "_jit_launch", jit_launch)
+    monkeypatch.setattr(L, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
+    monkeypatch.setattr(L, "_PLANS", {})
+    return log

@@ -54,34 +54,6 @@ def test_a_kept_key_is_equal_to_and_hashes_like_the_plain_key():
     assert kept != _key((t,), (False, 0.125))
 
 
-class _FakeCompiled:
-    """Stands in for Triton's CompiledKernel: ``compiled[grid](*args)`` records the launch."""
-
-    def __init__(self, log):
-        self.log = log
-
-    def __getitem__(self, grid):
-        return lambda *args: self.log.append(("replay", grid, args))
-
-
-@pytest.fixture
-def fake_triton(monkeypatch):
-    """Compiled launches on CPU tensors: the JIT launch and the replay are recorded, not run."""
-    log = []
-
-    def jit_launch(fn, grid, kwargs):
-        log.append(("jit", tuple(grid) + (1,) * (3 - len(grid)),
-                    tuple(kwargs[name] for name in fn.arg_names)))
-        return _FakeCompiled(log)
-
-    monkeypatch.setattr(L, "interpreting", lambda: False)
-    monkeypatch.setattr(L, "FAST_LAUNCH", True)
-    monkeypatch.setattr(L, "_jit_launch", jit_launch)
-    monkeypatch.setattr(L, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
-    monkeypatch.setattr(L, "_PLANS", {})
-    return log
-
-
 def _same_args(a, b):
     return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
 

@@ -210,6 +210,9 @@ class _LaunchPlan(NamedTuple):
     tail: tuple = ()
     loose_at: tuple = ()  #: positions of the kernel's unspecialised integers (in ``tail`` when ``pick``)
     loose: tuple = ()  #: their values in ``template`` (a call with the same values replays it unchanged)
+    compiled: Any = None  #: Triton's CompiledKernel, for a caller whose grid changes from call to call
+    grid: tuple = ()  #: ``runner``'s grid (3 dimensions)
+    runners: Any = None  #: dict: other grids -> Triton's runner for that grid (made on first use)
 
 
 def _jit_launch(fn, grid, kwargs: dict):
@@ -335,11 +338,28 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled,
         pick = operator.itemgetter(*indices) if len(indices) > 1 else (lambda ts, i=indices[0]: (ts[i],))
         loose_at = tuple(at - len(slots) for at in loose_at)
     return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots), pick, tuple(template[len(slots):]), loose_at,
-                       loose_values)
+                       loose_values, compiled, grid3, {})
+
+
+_MAX_RUNNERS = 256  #: grids kept per plan (a packed batch's grid follows its longest sequence): then started over
+
+
+def _runner(plan: _LaunchPlan, grid: tuple):
+    """Triton's runner of ``plan`` for ``grid``: the plan's own for its grid, else one per grid, kept."""
+    grid3 = (tuple(grid) + (1, 1))[:3]
+    if grid3 == plan.grid:
+        return plan.runner
+    runner = plan.runners.get(grid3)
+    if runner is None:
+        if len(plan.runners) >= _MAX_RUNNERS:
+            plan.runners.clear()
+        runner = plan.runners[grid3] = plan.compiled[grid3]
+    return runner
 
 
 def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelConfig, backend: str,
-                  key: Optional[tuple] = None, loose: tuple = (), loose_tensors: tuple = ()) -> None:
+                  key: Optional[tuple] = None, loose: tuple = (), loose_tensors: tuple = (),
+                  grid: Optional[tuple] = None) -> None:
     """Launch ``fn`` with the arguments ``build()`` returns as ``(grid, args, constexprs)``,
     building them only on the first launch of each specialisation.
 
@@ -362,6 +382,9 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     :func:`launch_key` takes them, for the key computed here): a replay puts this call's values in
     their places, so one plan serves a KV cache one key longer each call. Triton compiles one binary
     for every value of such an argument (of one integer width: the caller's scalars hold the width).
+
+    ``grid``: this call's grid, for a caller whose key leaves out what decides it (a packed varlen batch: its
+    sequence count and longest sequence); a replay then runs Triton's runner for it. None: the plan's grid.
     """
     if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
         grid, args, constexprs = build()
@@ -371,21 +394,22 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
         key = launch_key(fn, scalars, tensors, cfg, backend, loose_tensors)
     plan = _PLANS.get(key)
     if plan is not None:
+        runner = plan.runner if grid is None else _runner(plan, grid)
         if plan.pick is not None:
             if not loose or loose == plan.loose:  # (a cache a model keeps: the values the plan was made with)
-                plan.runner(*plan.pick(tensors), *plan.tail)
+                runner(*plan.pick(tensors), *plan.tail)
                 return
             tail = list(plan.tail)
             for at, value in zip(plan.loose_at, loose):
                 tail[at] = value
-            plan.runner(*plan.pick(tensors), *tail)
+            runner(*plan.pick(tensors), *tail)
             return
         call = list(plan.template)
         for position, index in plan.slots:
             call[position] = tensors[index]
         for position, value in zip(plan.loose_at, loose):
             call[position] = value
-        plan.runner(*call)
+        runner(*call)
         return
     grid, args, constexprs = build()
     compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})

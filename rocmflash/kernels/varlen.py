@@ -117,14 +117,39 @@ class _StridedPtr(C.Ptr):
         return self._strides if dim is None else self._strides[dim]
 
 
+# A packed batch's sizes change every call: the totals, the longest sequences, the sequence count. They reach the
+# kernels only as unspecialised integers (``varlen_checks.UNSPECIALISED``...) and through the grid, so a launch's
+# key leaves them out (:func:`_packed_key`) and one launch plan per kernel and layout serves every packing: its
+# replay takes this call's sizes (``loose``) and grid, never Triton's JIT launch.
+_LOOSE = {n: tuple(range(n)) for n in range(1, 12)}  #: every tensor of an n-tensor launch: rows loose
+
+
+def _packed_key(call: VarlenCall, tensors: tuple, loose: tuple) -> tuple:
+    """What decides a varlen launch beyond its packed sizes (``loose``, the grid): the call without its sizes, each
+    tensor's shape and strides but a packed tensor's rows (dim 0 of ``(total, H, D)``) and an ``(H, total)`` row
+    buffer's row stride (LSE, delta: ``stride_lh``, loose), and the sizes' integer widths."""
+    parts = [call.heads_q, call.heads_kv, call.head_dim, call.sm_scale, call.softcap, call.win_left, call.win_right,
+             call.strict_end, tuple(C.int_type(v) for v in loose)]
+    for t in tensors:
+        if t.ndim == 2:
+            parts.append((t.shape[0], t.stride(1)))
+        else:
+            parts.append((t.shape[1:], t.stride()))
+    return tuple(parts)
+
+
 def launch_forward(call: VarlenCall, q, k, v, cu_q, cu_k, cfg: KernelConfig, out, lse: Optional[torch.Tensor]):
     """Run ``_varlen_fwd`` into ``out`` (``(total_q, Hq, D)``) and, when given, ``lse`` (``(Hq, total_q)``)."""
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     err = VC.error_word(q.device)
-    C.launch_cached(_varlen_fwd, (call, lse is not None), (q, k, v, out, lse_arg, cu_q, cu_k, err),
-                    lambda: ((triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
-                             forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k, err),
-                             _fwd_constexprs(call, cfg, lse is not None)), cfg, C.torch_backend())
+    tensors = (q, k, v, out, lse_arg, cu_q, cu_k, err)
+    loose = (q.shape[0], k.shape[0], call.max_seqlen_q, call.max_seqlen_k, int(call.strict_end),
+             _lse_row_stride(lse_arg))  # in UNSPECIALISED's order
+    grid = (triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q)
+    C.launch_cached(_varlen_fwd, (_packed_key(call, tensors, loose), lse is not None), tensors,
+                    lambda: (grid, forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k, err),
+                             _fwd_constexprs(call, cfg, lse is not None)), cfg, C.torch_backend(),
+                    loose=loose, loose_tensors=_LOOSE[len(tensors)], grid=grid)
 
 
 _CHECK_CONFIG = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
@@ -134,11 +159,13 @@ def launch_length_check(cu_q, cu_k, batch: int, total_q: int, total_k: int, max_
     """OR into the varlen error word what the forward would find wrong in ``cu_q``/``cu_k`` (the same ``BAD_*``
     bits, strict end), without running attention: one tiny launch of ``batch`` programs, no host read."""
     err = VC.error_word(cu_q.device)
-    scalars = (batch, total_q, total_k, max_q, max_k)
-    C.launch_cached(VC._check_lengths, scalars, (cu_q, cu_k, err),
+    tensors = (cu_q, cu_k, err)
+    loose = (total_q, total_k, max_q, max_k, batch)  # in CHECK_UNSPECIALISED's order
+    scalars = ("check", tuple(C.int_type(v) for v in loose), cu_q.stride(), cu_k.stride())
+    C.launch_cached(VC._check_lengths, scalars, tensors,
                     lambda: ((batch,), dict(CU_Q=cu_q, CU_K=cu_k, ERR=err, TOTAL_Q=total_q, TOTAL_K=total_k,
                                             MAX_Q=max_q, MAX_K=max_k, BATCH=batch), {}),
-                    _CHECK_CONFIG, C.torch_backend())
+                    _CHECK_CONFIG, C.torch_backend(), loose=loose, loose_tensors=_LOOSE[3], grid=(batch,))
 
 
 #: entries of ``cu_seqlens`` one step of :func:`launch_sanitised_lengths`'s running maximum reads
@@ -156,12 +183,14 @@ def launch_sanitised_lengths(cu_q, cu_k, batch: int, total_q: int, total_k: int,
     err = VC.error_word(cu_q.device)
     safe_q = torch.empty(batch + 1, dtype=torch.int32, device=cu_q.device)
     safe_k = torch.empty(batch + 1, dtype=torch.int32, device=cu_q.device)
-    scalars = ("sanitise", batch, total_q, total_k, max_q, max_k)
-    C.launch_cached(VC._sanitise_lengths, scalars, (cu_q, cu_k, safe_q, safe_k, err),
+    tensors = (cu_q, cu_k, safe_q, safe_k, err)
+    loose = (total_q, total_k, max_q, max_k, batch)  # in CHECK_UNSPECIALISED's order
+    scalars = ("sanitise", tuple(C.int_type(v) for v in loose), cu_q.stride(), cu_k.stride())
+    C.launch_cached(VC._sanitise_lengths, scalars, tensors,
                     lambda: ((batch + 1,), dict(CU_Q=cu_q, CU_K=cu_k, SAFE_Q=safe_q, SAFE_K=safe_k, ERR=err,
                                                 TOTAL_Q=total_q, TOTAL_K=total_k, MAX_Q=max_q, MAX_K=max_k,
                                                 BATCH=batch), dict(BLOCK=SANITISE_BLOCK)),
-                    _CHECK_CONFIG, C.torch_backend())
+                    _CHECK_CONFIG, C.torch_backend(), loose=loose, loose_tensors=_LOOSE[5], grid=(batch + 1,))
     return safe_q, safe_k
 
 
@@ -197,18 +226,24 @@ def _dkdv_constexprs(call: VarlenCall, cfg: KernelConfig) -> dict:
 def launch_dq(call: VarlenCall, do, q, k, v, out, lse, dlse, delta, dq, cu_q, cu_k, cfg: KernelConfig):
     """Run ``_varlen_bwd_dq`` with ``cfg``: ``dq`` and, for its rows, ``delta = rowsum(dO * O) - dLSE``."""
     dlse_arg = dlse if dlse is not None else lse
-    C.launch_cached(_varlen_bwd_dq, (call, dlse is None), (q, k, v, out, do, lse, dlse_arg, delta, dq, cu_q, cu_k),
-                    lambda: ((triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q),
-                             dq_args(call, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k),
-                             _dq_constexprs(call, cfg, dlse is not None)), cfg, C.torch_backend())
+    tensors = (q, k, v, out, do, lse, dlse_arg, delta, dq, cu_q, cu_k)
+    loose = (q.shape[0], k.shape[0], _lse_row_stride(lse))  # in BWD_UNSPECIALISED's order
+    grid = (triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q)
+    C.launch_cached(_varlen_bwd_dq, (_packed_key(call, tensors, loose), dlse is None), tensors,
+                    lambda: (grid, dq_args(call, q, k, v, out, do, lse, dlse, delta, dq, cu_q, cu_k),
+                             _dq_constexprs(call, cfg, dlse is not None)), cfg, C.torch_backend(),
+                    loose=loose, loose_tensors=_LOOSE[len(tensors)], grid=grid)
 
 
 def launch_dkdv(call: VarlenCall, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, cfg: KernelConfig):
     """Run ``_varlen_bwd_dkdv`` with ``cfg`` (reads the ``delta`` the dQ kernel wrote): ``dk`` and ``dv``."""
-    C.launch_cached(_varlen_bwd_dkdv, (call,), (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
-                    lambda: ((triton_cdiv(call.max_seqlen_k, cfg.BLOCK_N), call.batch * call.heads_kv),
-                             dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
-                             _dkdv_constexprs(call, cfg)), cfg, C.torch_backend())
+    tensors = (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k)
+    loose = (q.shape[0], k.shape[0], _lse_row_stride(lse))  # in BWD_UNSPECIALISED's order
+    grid = (triton_cdiv(call.max_seqlen_k, cfg.BLOCK_N), call.batch * call.heads_kv)
+    C.launch_cached(_varlen_bwd_dkdv, (_packed_key(call, tensors, loose),), tensors,
+                    lambda: (grid, dkdv_args(call, q, k, v, do, lse, delta, dk, dv, cu_q, cu_k),
+                             _dkdv_constexprs(call, cfg)), cfg, C.torch_backend(),
+                    loose=loose, loose_tensors=_LOOSE[len(tensors)], grid=grid)
 
 
 def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from rocmflash.kernels import error_words as EW
-from rocmflash.kernels.common import kernel_jit
+from rocmflash.kernels.common import jit_unspecialised, kernel_jit
 
 #: bits of the error word for ``cu_seqlens_q``; ``cu_seqlens_k``'s are these shifted left by :data:`K_SHIFT`
 BAD_FIRST = tl.constexpr(1)  #: the first entry is not 0
@@ -27,8 +27,13 @@ BAD_ORDER = tl.constexpr(4)  #: an entry is smaller than the one before it
 BAD_LONG = tl.constexpr(8)  #: a sequence is longer than ``max_seqlen_*``
 K_SHIFT = tl.constexpr(4)
 
-#: the forward's integers Triton must not specialise; the backward kernels have the first two
-UNSPECIALISED = ("TOTAL_Q", "TOTAL_K", "MAX_Q", "MAX_K", "STRICT_END")
+#: the forward's integers Triton must not specialise (the packed sizes, and the row stride of the ``(Hq, total_q)``
+#: LSE, which is ``total_q``): one binary and one launch plan serve every packing (``varlen.launch_forward``)
+UNSPECIALISED = ("TOTAL_Q", "TOTAL_K", "MAX_Q", "MAX_K", "STRICT_END", "stride_lh")
+#: the backward kernels' (they take no ``max_seqlen``: it sizes their grids only)
+BWD_UNSPECIALISED = ("TOTAL_Q", "TOTAL_K", "stride_lh")
+#: the length check's and the safe-list kernel's
+CHECK_UNSPECIALISED = ("TOTAL_Q", "TOTAL_K", "MAX_Q", "MAX_K", "BATCH")
 #: their value in a compile-only build: ``kernels.build.compile_kernel`` specialises every integer it is
 #: given, and one that is neither 1 nor a multiple of 16 specialises as an unspecialised launch does
 AS_UNSPECIALISED = 17
@@ -67,14 +72,14 @@ def report_lengths(CU_Q, CU_K, ERR, off_b, last_b, TOTAL_Q, TOTAL_K, MAX_Q, MAX_
         tl.atomic_or(ERR, err, sem="relaxed")
 
 
-@kernel_jit
+@jit_unspecialised(CHECK_UNSPECIALISED)
 def _check_lengths(CU_Q, CU_K, ERR, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, BATCH):
     """One program per sequence: :func:`report_lengths` alone, for a call that runs no varlen kernel (an
     equal-length batch served by the dense path), so its wrong values are reported as the forward's are."""
     report_lengths(CU_Q, CU_K, ERR, tl.program_id(0), BATCH - 1, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, 1)
 
 
-@kernel_jit
+@jit_unspecialised(CHECK_UNSPECIALISED)
 def _sanitise_lengths(CU_Q, CU_K, SAFE_Q, SAFE_K, ERR, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, BATCH, BLOCK: tl.constexpr):
     """One program per entry (``BATCH + 1``): :func:`report_lengths` of its sequence, and the entry made safe for a
     kernel that trusts its ``cu_seqlens`` (the platform's varlen attention): :func:`_safe_entry` of each list."""

@@ -137,7 +137,7 @@ def _dq_step(dq, q, do, lse2, delta, K_base, V_base, start_n, offs_m, SEQ_K, lo_
     return tl.dot(ds.to(k.dtype), k, dq)
 
 
-@C.jit_unspecialised(VC.UNSPECIALISED[:2])
+@C.jit_unspecialised(VC.BWD_UNSPECIALISED)
 def _varlen_bwd_dq(Q, K, V, O, DO, LSE, DLSE, Delta, DQ, CU_Q, CU_K, sm_scale, qk_scale, softcap,
                    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
                    stride_vt, stride_vh, stride_vd, stride_ot, stride_oh, stride_od,
@@ -221,7 +221,7 @@ def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_row, Delta_row, start_m, offs_
     return tl.dot(ds_t.to(q.dtype), q, dk), dv
 
 
-@C.jit_unspecialised(VC.UNSPECIALISED[:2])
+@C.jit_unspecialised(VC.BWD_UNSPECIALISED)
 def _varlen_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, CU_Q, CU_K, sm_scale, qk_scale, softcap,
                      stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
                      stride_vt, stride_vh, stride_vd, stride_dot, stride_doh, stride_dod,
