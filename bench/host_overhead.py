@@ -36,7 +36,8 @@ import json
 import os
 import statistics
 import sys
-import time
+
+from interleaved import host_and_wall_us
 
 
 def _paths(torch, F, rf, tag=""):
@@ -150,18 +151,6 @@ def _step(torch, fn, q, k, v, causal, backward):
     return run
 
 
-def _time_loop(torch, run, n):
-    """``(host µs per call, wall µs per call)`` for n back-to-back calls."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        run()
-    enqueued = time.perf_counter()
-    torch.cuda.synchronize()
-    end = time.perf_counter()
-    return (enqueued - start) / n * 1e6, (end - start) / n * 1e6
-
-
 _SDPA: list = []  #: ``F.scaled_dot_product_attention`` as torch defines it (the patched-once rows replace it)
 
 
@@ -195,7 +184,7 @@ def _interleaved(torch, runs: dict, rounds: int, n: int) -> dict:
     samples = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
-            samples[name].append(_time_loop(torch, run, n))
+            samples[name].append(host_and_wall_us(torch, run, n))
     return {name: {"host_us": statistics.median(s[0] for s in vals), "wall_us": statistics.median(s[1] for s in vals)}
             for name, vals in samples.items()}
 

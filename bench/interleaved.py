@@ -1,5 +1,6 @@
 """Timing and table helpers shared by the public-API benchmarks run as ``python bench/<name>.py``.
 
+``host_and_wall_us`` times ``n`` back-to-back calls by the host clock: enqueue time and wall time per call.
 ``interleaved_medians`` times every path back to back between two CUDA events, path after path in
 each round (so drift hits all paths alike), and returns the median per path in µs.
 ``capture_graph`` captures calls into a CUDA/HIP graph for GPU-time-only paths.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime
 import statistics
 import sys
+import time
 
 
 def back_to_back_us(torch, fn, n: int) -> float:
@@ -22,6 +24,19 @@ def back_to_back_us(torch, fn, n: int) -> float:
     fn()
     torch.cuda.synchronize()
     return events_ms([fn], n) * 1e3
+
+
+def host_and_wall_us(torch, run, n: int) -> tuple:
+    """``(host µs per call, wall µs per call)`` of ``n`` back-to-back calls of ``run``: the host clock from a synchronised
+    start to the last call's return (what enqueueing costs), and to the GPU's end (synchronised again)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        run()
+    enqueued = time.perf_counter()
+    torch.cuda.synchronize()
+    end = time.perf_counter()
+    return (enqueued - start) / n * 1e6, (end - start) / n * 1e6
 
 
 def capture_graph(torch, fn, calls: int = 1, warmup: int = 1):

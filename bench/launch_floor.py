@@ -25,7 +25,8 @@ import argparse
 import os
 import statistics
 import sys
-import time
+
+from interleaved import host_and_wall_us
 
 
 def _record_plans(L):
@@ -74,13 +75,7 @@ def _time_rows(rows, calls: int, rounds: int, torch):
         for name, fn in rows:
             for _ in range(20):
                 fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            per_row[name].append((t1 - t0) / calls * 1e6)
+            per_row[name].append(host_and_wall_us(torch, fn, calls)[0])
     return {name: (statistics.median(v), min(v), max(v)) for name, v in per_row.items()}
 
 

@@ -25,7 +25,8 @@ import os
 import random
 import statistics
 import sys
-import time
+
+from interleaved import host_and_wall_us
 
 #: (name, total tokens, sequences, Hq, Hkv, D)
 PROBLEMS = (("small", 1024, 6, 8, 2, 64), ("large", 8192, 8, 32, 8, 128))
@@ -50,12 +51,8 @@ def _timed(torch, fn, batches, calls: int) -> float:
     """µs per call of ``fn`` over ``calls`` calls cycling through ``batches`` (GPU work included: synchronised)."""
     for i in range(3):
         fn(batches[i % len(batches)])
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        fn(batches[i % len(batches)])
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+    cycle = itertools.cycle(batches)
+    return host_and_wall_us(torch, lambda: fn(next(cycle)), calls)[1]
 
 
 def main(argv=None) -> int:

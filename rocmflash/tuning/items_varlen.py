@@ -50,7 +50,6 @@ class VarlenItem(TaskItem):
     def incumbent_job(self):
         """The platform's varlen attention timed on a timing worker beside the winner; None with ``--no-incumbent``,
         on workers that run no tasks, or without a winner."""
-
         if not (self.incumbent and self.ctx.measuring and self.ctx.runs_tasks):
             return None
         entry = self.measured_entry(self.timing.results())
@@ -58,7 +57,6 @@ class VarlenItem(TaskItem):
             return None
         self.ctx.out.note(f"{self.key}: timing the platform's varlen attention beside the winner")
         task = {"problem": self.problem_dict, "config": entry["best"]}
-
         return self.worker_task_job(measure_incumbent, task, INCUMBENT_TIMEOUT_S, (INCUMBENT, entry["time_ms"]))
 
     def record(self, job, result: dict) -> None:
