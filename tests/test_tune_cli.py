@@ -118,3 +118,52 @@ def test_replay_flag_runs_the_measured_path(env, capsys, tmp_path):
     assert code == 0 and "timed 4 config(s)" in out
     entry = D.ConfigDB.read(str(env / "configs" / "h100.json"))["entries"]["d128-bf16-full-gqa1-s2048"]
     assert entry["measured"] is True and entry["counts"]["failed"] >= 2
+
+
+def _replay_journal(path, statuses):
+    """A recorded journal of the two online configs the replay test times: ``statuses`` per BLOCK_N."""
+    from rocmflash.config import KernelConfig
+    from rocmflash.hw.roofline import Shape
+
+    shape = Shape(batch=8, heads_q=16, heads_kv=16, seqlen_q=2048, seqlen_k=2048, head_dim=128, dtype="bf16")
+    with open(path, "w") as f:
+        for bn, status in statuses.items():
+            cfg = KernelConfig(BLOCK_M=128, BLOCK_N=bn, num_warps=8, num_stages=3)
+            record = {"config": cfg.to_dict(), "shape": shape.to_dict(), "status": status}
+            record.update({"median_ms": 0.6} if status == "ok" else {"error": "CUDA error: an illegal memory access"})
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+REPLAY_ARGS = ["tune", "--gpu", "h100", "--head-dim", "128", "--dtype", "bf16", "--seqlen", "2048", "--variant",
+               "online", "--strategy", "pruned", "--top-k", "4", "--workers", "2", "--replay"]
+
+
+def test_a_tune_where_no_config_passes_fails_and_keeps_an_earlier_entry(env, capsys, tmp_path):
+    """Issue 51: a problem whose every config failed is never `"measured": true` without a best, and the tune
+    exits non-zero naming the cause; a failed re-tune keeps the earlier measured entry."""
+    failing = _replay_journal(tmp_path / "bad.jsonl", {32: "crashed", 64: "failed"})
+    key = "d128-bf16-full-gqa1-s2048"
+    fresh = str(tmp_path / "fresh" / "h100.json")
+    assert cli(REPLAY_ARGS + [str(failing), "--db", fresh]) == 1
+    captured = capsys.readouterr()
+    assert "1 problem(s) had no passing config" in captured.err and key in captured.err
+    assert "no timed config passed" in captured.err and "1 crashed" in captured.err
+    assert "FAILED" in captured.out
+    entry = D.ConfigDB.read(fresh)["entries"][key]
+    assert entry["measured"] is False and entry["best"] is None and "crashed" in entry["failed"]
+    assert D.lookup("h100", 128, "bf16", False, 1, 2048, db_path=fresh, measured_only=True) is None
+
+    good_db = str(tmp_path / "good" / "h100.json")
+    assert cli(REPLAY_ARGS + [str(_replay_journal(tmp_path / "good.jsonl", {32: "ok", 64: "ok"})), "--db", good_db]) == 0
+    good = D.ConfigDB.read(good_db)
+    earlier = good["entries"][key]
+    assert earlier["best"] is not None and earlier["measured"] is True
+    retuned = str(tmp_path / "retuned" / "h100.json")  # a database holding that entry, and no journal of it
+    db = D.ConfigDB.open(retuned, "h100", "sm_90", good["fingerprint"])
+    db.put(key, earlier)
+    db.save(good["fingerprint"])
+    capsys.readouterr()
+    assert cli(REPLAY_ARGS + [str(failing), "--db", retuned]) == 1
+    assert "the earlier entry is kept" in capsys.readouterr().err
+    assert D.ConfigDB.read(retuned)["entries"][key] == earlier

@@ -218,3 +218,19 @@ def test_static_key_on_amd_prefers_the_larger_tile_at_two_waves():
     nv = sorted([(third_wave, obs(3, 168, "sm_90")), (aiter_default, obs(2, 256, "sm_90"))],
                 key=lambda co: static_key(*co))
     assert [c for c, _ in nv] == [third_wave, aiter_default]
+
+
+def test_a_problem_no_config_passes_is_stored_as_failed(tmp_path, cache_dir):
+    """Every config crashed: the entry says why, has no best and is not measured; the failure is recorded."""
+    from rocmflash.tuning.items_base import recording_failures
+
+    def crash(cfg, shape):
+        return {"status": "crashed", "error": "worker died at start"}
+
+    with recording_failures() as failures:
+        tune(spec(tmp_path, cache_dir), runner=ReplayRunner.from_function(crash))
+    entry = D.ConfigDB.read(str(tmp_path / "h100.json"))["entries"]["d64-fp16-full-gqa1-s2048"]
+    assert entry["measured"] is False and entry["best"] is None
+    assert entry["failed"].startswith("no timed config passed") and "4 crashed" in entry["failed"]
+    assert [(f.key, f.kept_earlier) for f in failures] == [("d64-fp16-full-gqa1-s2048", False)]
+    assert D.lookup("h100", 64, "fp16", False, 1, 2048, db_path=str(tmp_path / "h100.json")) is None

@@ -5,7 +5,9 @@ Wire into the main CLI with ``add_tune_parsers(subparsers)`` and dispatch
 code). User errors (unknown GPU, bad head dim/dtype/flag, no live GPU for a tune that
 must measure, a database of another schema or GPU, a tune already running on the same
 database) are one line on stderr and exit code 2; Ctrl-C is exit code 130 with the
-journal and database left consistent.
+journal and database left consistent. A tune that ran but left a problem with no passing
+config (every config failed, crashed, timed out or was incorrect) exits 1 after its
+summary, with one line per such problem naming the cause.
 """
 
 from __future__ import annotations
@@ -40,6 +42,26 @@ from rocmflash.hw.gpus import UnknownGPUError
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    """``rocmflash tune``: its exit code (0; 1 when a problem had no passing config; 2 a user error; 130 Ctrl-C)."""
+    from rocmflash.tuning.items_base import recording_failures
+
+    with recording_failures() as failures:
+        code = _run_tune(args)
+    return failed_tune_exit(code, failures)
+
+
+def failed_tune_exit(code: int, failures: list) -> int:
+    """``code``, or 1 with one ``error:`` line per failed problem when the tune otherwise succeeded."""
+    if code != 0 or not failures:
+        return code
+    print(f"error: {len(failures)} problem(s) had no passing config, so nothing of theirs was measured:",
+          file=sys.stderr)
+    for failure in failures:
+        print(f"  {failure.line()}", file=sys.stderr)
+    return 1
+
+
+def _run_tune(args: argparse.Namespace) -> int:
     from rocmflash.db import DBError
     from rocmflash.static.report import make_console
     from rocmflash.tune import (

@@ -6,6 +6,7 @@ the worker-task families (backward, decode, varlen: the problem dict as the reco
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -51,7 +52,21 @@ class TuneContext:
     statics: SharedStatics = dataclasses.field(default_factory=SharedStatics)
 
     def store(self, key: str, entry: dict) -> None:
-        """Put ``entry`` and save the database atomically (a measured entry stamps this environment)."""
+        """Put ``entry`` and save the database atomically (a measured entry stamps this environment).
+
+        A measuring tune's entry with no best config (every config failed, crashed, timed out or was incorrect;
+        or none survived the static phase) is a failed problem: it is stored as :func:`failed_entry` (never
+        ``"measured": true`` without a best), told to the :func:`recording_failures` of this process (the CLI
+        exits non-zero on it; ``entry`` is marked in place), and an earlier entry under ``key`` that run time can serve is kept, not replaced:
+        a failed re-tune loses nothing that was measured before."""
+        if self.measuring and not entry.get("best"):
+            entry.update(failed_entry(entry))  # in place: the item's outcome and its summary row say it too
+            earlier = self.db.entries.get(key)
+            kept = isinstance(earlier, dict) and bool(earlier.get("best")) and bool(earlier.get("measured"))
+            _record_failure(key, entry["failed"], kept)
+            if kept:
+                self.out.note(f"{key}: no config passed ({entry['failed']}); the earlier entry is kept")
+                return
         self.db.put(key, entry)
         self.db.save(self.env if self.measuring else None)
 
@@ -108,6 +123,66 @@ class TuneContext:
             self.prewarmer.prewarm_tasks(tasks, fn, timeout_s)
         except Exception as err:
             self.out.note(f"pre-warm failed ({type(err).__name__}: {err}); configs compile when timed")
+
+
+# ---------------------------------------------------------------------- failed problems
+@dataclasses.dataclass(frozen=True)
+class TuneFailure:
+    """A problem of a tune that no config passed: its database key, the cause, and whether an earlier
+    servable entry under that key was kept."""
+
+    key: str
+    cause: str
+    kept_earlier: bool
+
+    def line(self) -> str:
+        kept = "; the earlier entry is kept" if self.kept_earlier else "; stored as failed (run time ignores it)"
+        return f"{self.key}: {self.cause}{kept}"
+
+
+_FAILURE_LOCK = threading.Lock()
+_FAILURE_RECORDERS: list = []  #: the lists of the open :func:`recording_failures` blocks (the store runs on any thread)
+
+
+@contextlib.contextmanager
+def recording_failures():
+    """``with recording_failures() as failures:`` -- every :class:`TuneFailure` stored by a tune of this process
+    while the block runs is appended to ``failures`` (the pipeline stores entries on its own threads)."""
+    failures: list = []
+    with _FAILURE_LOCK:
+        _FAILURE_RECORDERS.append(failures)
+    try:
+        yield failures
+    finally:
+        with _FAILURE_LOCK:
+            _FAILURE_RECORDERS.remove(failures)
+
+
+def _record_failure(key: str, cause: str, kept_earlier: bool) -> None:
+    failure = TuneFailure(key, cause, kept_earlier)
+    with _FAILURE_LOCK:
+        for failures in _FAILURE_RECORDERS:
+            failures.append(failure)
+
+
+def failure_cause(entry: dict) -> str:
+    """Why a measured problem has no best config, from its entry: the family's own reason and the timed
+    configs' outcomes (``counts``)."""
+    why = entry.get("why_unmeasured") or entry.get("note") or "no config passed"
+    counts = entry.get("counts") if isinstance(entry.get("counts"), dict) else {}
+    outcomes = [f"{counts[s]} {s}" for s in ("incorrect", "failed", "timeout", "crashed") if counts.get(s)]
+    timed = counts.get("timed")
+    if timed == 0 and not outcomes:
+        outcomes = ["nothing was timed"]
+    if outcomes:
+        why += f" ({f'{timed} timed: ' if timed else ''}{', '.join(outcomes)}; the journal has each error)"
+    return why
+
+
+def failed_entry(entry: dict) -> dict:
+    """``entry`` marked as a failed problem: ``"failed"`` holds the cause, ``"measured": false`` and no best, so
+    run time, ``explain`` and ``export`` treat it as absent."""
+    return dict(entry, measured=False, best=None, failed=failure_cause(entry))
 
 
 def open_context(gpu, db_path: str, device: Optional[str], measuring: bool, why: Optional[str] = None,
@@ -322,5 +397,6 @@ def current_device_runner(settings):
     return LiveRunner(settings, device_index=torch.cuda.current_device())
 
 
-__all__ = ["TuneContext", "SharedStatics", "open_context", "family_results", "journal_family_result",
+__all__ = ["TuneContext", "SharedStatics", "TuneFailure", "recording_failures", "failed_entry", "failure_cause",
+           "open_context", "family_results", "journal_family_result",
            "config_json", "FamilyTiming", "cached_compile_seconds", "current_device_runner"]

@@ -133,6 +133,11 @@ def _clear_lookups() -> None:
     selection.clear_cache()
 
 
+def measured_cell(entry: dict) -> str:
+    """The summary's "measured" cell: FAILED for a problem no config passed (the tune exits non-zero)."""
+    return "FAILED" if entry.get("failed") else "yes" if entry.get("measured") else "no"
+
+
 def print_model_summary(result: ModelTuneResult, console, n_gpus: int, cpu_cores: int) -> None:
     """One row per problem (pass, key, best config, time, measured) and the wall time against the plan."""
     from rich.table import Table
@@ -146,7 +151,7 @@ def print_model_summary(result: ModelTuneResult, console, n_gpus: int, cpu_cores
     for r in result.forward:
         for o in r.outcomes:
             e = o.entry or {}
-            table.add_row("fwd", o.key, "yes" if e.get("measured") else "no",
+            table.add_row("fwd", o.key, measured_cell(e),
                           _label(e["best"]) if e.get("best") else "-",
                           f"{e['time_ms']:.3f} ms" if e.get("time_ms") else "-",
                           str((e.get("counts") or {}).get("timed", "-")))
@@ -156,7 +161,7 @@ def print_model_summary(result: ModelTuneResult, console, n_gpus: int, cpu_cores
             best = e.get("best") or {}
             text = " + ".join(f"{k} {v['BLOCK_M']}x{v['BLOCK_N']} w{v['num_warps']}" for k, v in best.items()
                               if isinstance(v, dict) and "BLOCK_M" in v)
-            table.add_row("bwd", o.key, "yes" if e.get("measured") else "no", text or "-",
+            table.add_row("bwd", o.key, measured_cell(e), text or "-",
                           f"{e['time_ms']['total']:.3f} ms" if e.get("time_ms") else "-",
                           str((e.get("counts") or {}).get("timed", "-")))
     for r in result.decode:
@@ -164,7 +169,7 @@ def print_model_summary(result: ModelTuneResult, console, n_gpus: int, cpu_cores
         best = e.get("best") or {}
         text = (f"n{best['BLOCK_N']} w{best['num_warps']} s{best['num_stages']} splits {best.get('num_splits')}"
                 if best else "-")
-        table.add_row("decode", r.key, "yes" if e.get("measured") else "no", text,
+        table.add_row("decode", r.key, measured_cell(e), text,
                       f"{1e3 * e['time_ms']:.1f} µs" if e.get("time_ms") else "-",
                       str((e.get("counts") or {}).get("timed", "-")))
     console.print(table)

@@ -224,7 +224,7 @@ def print_summary(result, console) -> None:
         floor = f"{roof['floor_ms']:.3f} ({roof['compute_ms']:.3f} / {roof['memory_ms']:.3f})"
         counts = e["counts"]
         table.add_row(o.key, f"{o.shape.batch} x {o.shape.heads_q}/{o.shape.heads_kv}",
-                      "yes" if e["measured"] else "NO (static rank)",
+                      "FAILED" if e.get("failed") else "yes" if e["measured"] else "NO (static rank)",
                       _label(e["best"]) if e.get("best") else "-",
                       f"{e['tflops']:.1f}" if e.get("tflops") else "-",
                       f"{e['time_ms']:.3f}" if e.get("time_ms") else "-", floor,
