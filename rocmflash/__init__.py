@@ -4,7 +4,9 @@
 is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`` /
 ``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``.
 The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.api.ops`) work right after ``import rocmflash``
-too, whether torch was imported before or after it: their module is imported on the first lookup.
+too, whether torch was imported before or after it: their module is imported on the first lookup. So does
+the name ``"rocmflash"`` in torch's flash attention registry, where the torch has one
+(``torch.nn.attention.activate_flash_attention_impl("rocmflash")``, :mod:`rocmflash.api.sdpa_registry`).
 """
 
 import sys
@@ -65,6 +67,21 @@ def _install_op_namespace(torch) -> None:
         namespace.__class__ = _LazyOpNamespace  # someone looked before importing rocmflash: keep that object
 
 
+def _after_torch_import(torch) -> None:
+    """What ``import rocmflash`` does to torch once both are imported: the lazy op namespace, and the name
+    ``"rocmflash"`` in torch's flash attention registry (a dict entry; the kernels load on activation)."""
+    _install_op_namespace(torch)
+    from rocmflash.api.sdpa_registry import register_with_torch  # torch-free module: no import cost
+
+    try:
+        register_with_torch(torch)
+    except Exception as err:  # a registry of another shape: patch_sdpa still works; import must not fail
+        import warnings
+
+        warnings.warn(f"rocmflash: could not register with torch's flash attention registry ({err}); "
+                      "rocmflash.patch_sdpa() still routes SDPA", RuntimeWarning, stacklevel=2)
+
+
 class _AfterTorchImport:
     """A one-shot ``sys.meta_path`` finder: when ``torch`` is imported after rocmflash, install the lazy
     op namespace right after torch's module has run (Python has no post-import hook of its own)."""
@@ -83,7 +100,7 @@ class _AfterTorchImport:
 
 
 def _install_after(inner):
-    """A loader that runs ``inner`` and then :func:`_install_op_namespace`, and leaves no trace once loaded."""
+    """A loader that runs ``inner`` and then :func:`_after_torch_import`, and leaves no trace once loaded."""
     import importlib.abc
 
     class _Loader(importlib.abc.Loader):
@@ -94,7 +111,7 @@ def _install_after(inner):
             inner.exec_module(module)
             module.__loader__ = module.__spec__.loader = inner
             try:
-                _install_op_namespace(module)
+                _after_torch_import(module)
             except Exception:  # a torch whose ops look different: the ops then need `import rocmflash.api.ops`,
                 pass           # but `import torch` itself must never fail because of rocmflash
 
@@ -105,7 +122,7 @@ def _install_after(inner):
 
 
 if "torch" in sys.modules:
-    _install_op_namespace(sys.modules["torch"])
+    _after_torch_import(sys.modules["torch"])
 elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
     sys.meta_path.insert(0, _AfterTorchImport())
 
