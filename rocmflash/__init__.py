@@ -5,6 +5,9 @@ is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`
 ``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``.
 The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.api.ops`) work right after ``import rocmflash``
 too, whether torch was imported before or after it: their module is imported on the first lookup.
+
+``rocmflash.check_errors(device=None)`` (:mod:`rocmflash.api.errors`) raises one ``ValueError`` naming every
+value the varlen, decode and fp8 kernels had to clamp since the last report, and clears the reports.
 """
 
 import sys
@@ -13,7 +16,8 @@ __version__ = "0.1.0"
 
 _LAZY = {"attention": "rocmflash.api.attention", "flash_attn_func": "rocmflash.api.attention",
          "flash_attn_varlen_func": "rocmflash.api.varlen", "flash_attn_with_kvcache": "rocmflash.api.decode",
-         "patch_sdpa": "rocmflash.api.sdpa", "unpatch_sdpa": "rocmflash.api.sdpa"}
+         "patch_sdpa": "rocmflash.api.sdpa", "unpatch_sdpa": "rocmflash.api.sdpa",
+         "check_errors": "rocmflash.api.errors"}
 
 #: the modules that register ``torch.ops.rocmflash.*`` when imported
 _OP_MODULES = ("rocmflash.api.ops",)
@@ -111,4 +115,4 @@ elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
 
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-           "patch_sdpa", "unpatch_sdpa", "__version__"]
+           "patch_sdpa", "unpatch_sdpa", "check_errors", "__version__"]
