@@ -226,6 +226,15 @@ def test_cpu_poll_reads_the_word_where_the_family_says(family, raises):
 
 
 # ----------------------------------------------------------------------------- read and clear in one device op
+def _message(family: str, bits: int, device, how: str) -> str:
+    """What ``family``'s Report says of ``bits`` (the families' texts are checked whole above)."""
+    import rocmflash.api.varlen as V
+    from rocmflash.api import decode_errors as DE
+    from rocmflash.kernels import fp8_errors as FE
+
+    return {"varlen": V._REPORT, "decode": DE._REPORT, "fp8": FE._REPORT}[family].message(bits, device, how)
+
+
 def _two_bits(bits: int) -> tuple:
     """``bits`` as two disjoint non-zero parts: its lowest bit and the rest (both the one bit when it is alone)."""
     low = bits & -bits
@@ -267,11 +276,11 @@ def test_a_bit_set_after_the_poll_took_the_word_is_reported_by_the_next_read(fam
     MADE[-1].done = True
     with pytest.raises(ValueError) as earlier:
         f.poll(DEV)
-    assert str(earlier.value).startswith(f.head + "an earlier call got ")
+    assert str(earlier.value) == _message(family, first, DEV, "an earlier call")
     assert int(word) == second  # kept for the next report
     with pytest.raises(ValueError) as later:
         f.check(DEV)
-    assert str(later.value).startswith(f.head + "a call since the last check got ")
+    assert str(later.value) == _message(family, second, DEV, "a call since the last check")
     assert int(word) == 0
     f.check(DEV)  # each reported once
 
@@ -404,3 +413,29 @@ def test_the_family_check_errors_still_report_their_own_family_only(family, inte
     assert str(info.value) == f.head.replace("cuda:0", "cpu") + "a call since the last check got " + f.what + f.tail
     for other in families.values():
         assert int(other.errors.words[cpu]) == (0 if other is f else other.bits)
+
+
+# ----------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_on_a_gpu_a_bit_set_after_the_poll_copy_is_reported_next(family):
+    """The real path: the exchange kernel, the pinned copy and its event, a bit set by work queued after them."""
+    import rocmflash
+
+    f = _families()[family]
+    first, second = _two_bits(f.bits)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    word = f.errors.word(dev)
+    word.fill_(first)
+    for _ in range(f.every):
+        f.poll(dev)  # the N-th call exchanges the word and starts the copy
+    word.bitwise_or_(second)  # queued after the copy, on the same stream
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="an earlier call got"):
+        f.poll(dev)
+    with pytest.raises(ValueError, match="a call since the last check got"):
+        rocmflash.check_errors(dev)
+    assert int(word) == 0
+    rocmflash.check_errors()
+    f.check(dev)

@@ -373,7 +373,8 @@ def _arity_mismatch(compiled, runner, count: int) -> Optional[str]:
     arity = _runner_arity(compiled, runner)
     if arity is None or arity == count:
         return None
-    return f"Triton {triton.__version__}'s compiled-kernel runner takes {arity} arguments, the launch plan passes {count}"
+    return (f"Triton {triton.__version__}'s compiled-kernel runner takes {arity} arguments, the launch plan "
+            f"passes {count}")
 
 
 _WARNED: set = set()  #: ids of the kernels :func:`_jit_only` warned of (once per kernel and process)
