@@ -7,6 +7,9 @@ The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.api.ops`) work right a
 too, whether torch was imported before or after it: their module is imported on the first lookup. So does
 the name ``"rocmflash"`` in torch's flash attention registry, where the torch has one
 (``torch.nn.attention.activate_flash_attention_impl("rocmflash")``, :mod:`rocmflash.api.sdpa_registry`).
+
+``rocmflash.check_errors(device=None)`` (:mod:`rocmflash.api.errors`) raises one ``ValueError`` naming every
+value the varlen, decode and fp8 kernels had to clamp since the last report, and clears the reports.
 """
 
 import sys
@@ -15,7 +18,8 @@ __version__ = "0.1.0"
 
 _LAZY = {"attention": "rocmflash.api.attention", "flash_attn_func": "rocmflash.api.attention",
          "flash_attn_varlen_func": "rocmflash.api.varlen", "flash_attn_with_kvcache": "rocmflash.api.decode",
-         "patch_sdpa": "rocmflash.api.sdpa", "unpatch_sdpa": "rocmflash.api.sdpa"}
+         "patch_sdpa": "rocmflash.api.sdpa", "unpatch_sdpa": "rocmflash.api.sdpa",
+         "check_errors": "rocmflash.api.errors"}
 
 #: the modules that register ``torch.ops.rocmflash.*`` when imported
 _OP_MODULES = ("rocmflash.api.ops",)
@@ -128,4 +132,4 @@ elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
 
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-           "patch_sdpa", "unpatch_sdpa", "__version__"]
+           "patch_sdpa", "unpatch_sdpa", "check_errors", "__version__"]

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from test_varlen_no_sync import HostRead, no_host_reads
+from torch.utils._python_dispatch import TorchDispatchMode
 
 DEV = torch.device("cuda", 0)
 
@@ -88,6 +89,9 @@ class FakeEvent:
 
     def query(self):
         return self.done
+
+    def synchronize(self):  # check_errors waits for a copy in flight: it has completed after this
+        self.done = True
 
 
 class CapturingEvent:
@@ -219,3 +223,219 @@ def test_cpu_poll_reads_the_word_where_the_family_says(family, raises):
             f.poll(cpu)
         assert str(info.value) == f.head.replace("cuda:0", "cpu") + f"{raises} got " + f.what + f.tail
         assert int(word) == 0
+
+
+# ----------------------------------------------------------------------------- read and clear in one device op
+def _message(family: str, bits: int, device, how: str) -> str:
+    """What ``family``'s Report says of ``bits`` (the families' texts are checked whole above)."""
+    import rocmflash.api.varlen as V
+    from rocmflash.api import decode_errors as DE
+    from rocmflash.kernels import fp8_errors as FE
+
+    return {"varlen": V._REPORT, "decode": DE._REPORT, "fp8": FE._REPORT}[family].message(bits, device, how)
+
+
+def _two_bits(bits: int) -> tuple:
+    """``bits`` as two disjoint non-zero parts: its lowest bit and the rest (both the one bit when it is alone)."""
+    low = bits & -bits
+    return low, (bits & ~low) or low
+
+
+@pytest.mark.parametrize("interpreted", [True, False])
+def test_swap_moves_the_word_into_the_snapshot_and_leaves_zero(interpreted, monkeypatch):
+    """One atomic exchange (a kernel; under the interpreter on CPU tensors), or on a CPU word without the
+    interpreter two torch ops that nothing can come between."""
+    from rocmflash.kernels import launch as L
+    from rocmflash.kernels.error_swap import swap
+
+    if interpreted:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    value = int(torch.randint(1, 2**31 - 1, (1,)))
+    word = torch.tensor([value], dtype=torch.int32)
+    snapshot = torch.tensor([-1], dtype=torch.int32)  # poisoned
+    with L.observe_launches() as seen:
+        swap(word, snapshot)
+    assert int(snapshot) == value and int(word) == 0
+    assert [s["kernel"] for s in seen] == (["_swap_word"] if interpreted else [])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bit_set_after_the_poll_took_the_word_is_reported_by_the_next_read(family, monkeypatch, interpret):
+    """The poll's copy is of the word's bits exchanged out of it: a kernel queued after the copy sets its bit in
+    the word, which the report of the copy leaves alone (it used to ``zero_()`` the word then: that bit was lost)."""
+    f = _families()[family]
+    first, second = _two_bits(f.bits)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    word, watch = _gpu_word(f.errors, bits=first)
+    for _ in range(f.every):
+        f.poll(DEV)  # the N-th call exchanges the word and starts the copy of what it held
+    assert int(word) == 0 and int(watch.host) == first and watch.event is MADE[-1]
+    word.bitwise_or_(second)  # a kernel queued after the copy
+    MADE[-1].done = True
+    with pytest.raises(ValueError) as earlier:
+        f.poll(DEV)
+    assert str(earlier.value) == _message(family, first, DEV, "an earlier call")
+    assert int(word) == second  # kept for the next report
+    with pytest.raises(ValueError) as later:
+        f.check(DEV)
+    assert str(later.value) == _message(family, second, DEV, "a call since the last check")
+    assert int(word) == 0
+    f.check(DEV)  # each reported once
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_check_errors_reports_what_a_copy_in_flight_took_from_the_word(family, monkeypatch, interpret):
+    """A copy the poll started holds bits no longer in the word: check_errors waits for it and reports them with
+    the word's own, once (the copy is then dropped: the next poll reports nothing)."""
+    f = _families()[family]
+    first, second = _two_bits(f.bits)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    word, watch = _gpu_word(f.errors, bits=first)
+    for _ in range(f.every):
+        f.poll(DEV)
+    event = MADE[-1]
+    assert not event.done and int(word) == 0
+    word.bitwise_or_(second)
+    with pytest.raises(ValueError) as info:
+        f.check(DEV)
+    assert event.done and watch.event is None  # waited for, then dropped
+    assert str(info.value) == f.head + "a call since the last check got " + f.what + f.tail  # f.bits = both
+    assert int(word) == 0
+    for _ in range(f.every + 1):
+        f.poll(DEV)  # the dropped copy is not reported again; the next one shows nothing
+        if MADE[-1] is not event:
+            MADE[-1].done = True
+
+
+class _KernelBetweenReads(TorchDispatchMode):
+    """After the host's first read of a value (outside kernel launches), OR ``bits`` into ``word``: what a
+    kernel queued earlier does on a GPU while the host reads the word, before it can clear it."""
+
+    def __init__(self, word, bits):
+        super().__init__()
+        self.word, self.bits, self.fired, self.paused = word, bits, False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._local_scalar_dense.default and not self.fired and not self.paused:
+            self.fired = True
+            self.word.bitwise_or_(self.bits)
+        return out
+
+
+@pytest.mark.parametrize("family", ["varlen", "decode"])  # (fp8 has one bit: the two reports would be one text)
+def test_a_bit_set_between_the_read_and_the_clear_is_not_lost(family, monkeypatch, interpret):
+    """check_errors reads the word and clears it in one exchange: a bit a kernel sets right after the host's read
+    is in the exchange (or, if later, in the word), never cleared unread -- a read and ``zero_()`` lost it."""
+    from rocmflash.kernels import launch as L
+
+    f = _families()[family]
+    first, second = _two_bits(f.bits)
+    assert first != second
+    word, _ = _gpu_word(f.errors, bits=first)
+    mode = _KernelBetweenReads(word, second)
+    real_launch = L.launch_kernel
+
+    def launch_paused(*a, **kw):  # the interpreter's own reads are the kernel's, not the host's
+        mode.paused += 1
+        try:
+            return real_launch(*a, **kw)
+        finally:
+            mode.paused -= 1
+
+    monkeypatch.setattr(L, "launch_kernel", launch_paused)
+    reported = []
+    with mode:
+        for _ in range(3):
+            try:
+                f.check(DEV)
+            except ValueError as err:
+                reported.append(str(err))
+    assert mode.fired and int(word) == 0
+    assert reported == [f.head + "a call since the last check got " + f.what + f.tail]  # both bits, one report
+
+
+# ----------------------------------------------------------------------------- rocmflash.check_errors
+def _set_every_family(device):
+    """Each family's bits set directly in its word on ``device`` (as its kernels would); the Families."""
+    families = _families()
+    for f in families.values():
+        f.errors.word(device).fill_(f.bits)
+    return families
+
+
+def test_one_check_errors_reports_every_family_and_clears_them(interpret):
+    import rocmflash
+
+    assert "check_errors" in rocmflash.__all__
+    cpu = torch.device("cpu")
+    families = _set_every_family(cpu)
+    _gpu_word(families["decode"].errors, bits=families["decode"].bits)  # and one on a second device
+    with pytest.raises(ValueError) as info:
+        rocmflash.check_errors()
+    how = "a call since the last check got "
+    parts = [f.head.replace("cuda:0", "cpu") + how + f.what + f.tail for f in families.values()]
+    parts.insert(2, families["decode"].head + how + families["decode"].what + families["decode"].tail)
+    assert str(info.value) == "4 device-side error reports: " + " | ".join(parts)
+    assert "\n" not in str(info.value)
+    for f in families.values():
+        assert all(int(w) == 0 for w in f.errors.words.values())
+    rocmflash.check_errors()  # cleared: silent
+    rocmflash.check_errors("cpu")
+
+
+def test_one_check_errors_of_one_device_and_one_family(interpret):
+    """``device`` reads that device's words only; one report alone is the family's own message, unchanged."""
+    import rocmflash
+
+    cpu = torch.device("cpu")
+    families = _families()
+    varlen = families["varlen"]
+    _gpu_word(varlen.errors, bits=varlen.bits)
+    families["fp8"].errors.word(cpu).fill_(families["fp8"].bits)
+    with pytest.raises(ValueError) as info:
+        rocmflash.check_errors(DEV)
+    assert str(info.value) == varlen.head + "a call since the last check got " + varlen.what + varlen.tail
+    assert int(families["fp8"].errors.words[cpu]) == families["fp8"].bits  # another device: untouched
+    with pytest.raises(ValueError, match="^fp8 attention on cpu: "):
+        rocmflash.check_errors()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_family_check_errors_still_report_their_own_family_only(family, interpret):
+    cpu = torch.device("cpu")
+    families = _set_every_family(cpu)
+    f = families[family]
+    with pytest.raises(ValueError) as info:
+        f.check()
+    assert str(info.value) == f.head.replace("cuda:0", "cpu") + "a call since the last check got " + f.what + f.tail
+    for other in families.values():
+        assert int(other.errors.words[cpu]) == (0 if other is f else other.bits)
+
+
+# ----------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_on_a_gpu_a_bit_set_after_the_poll_copy_is_reported_next(family):
+    """The real path: the exchange kernel, the pinned copy and its event, a bit set by work queued after them."""
+    import rocmflash
+
+    f = _families()[family]
+    first, second = _two_bits(f.bits)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    word = f.errors.word(dev)
+    word.fill_(first)
+    for _ in range(f.every):
+        f.poll(dev)  # the N-th call exchanges the word and starts the copy
+    word.bitwise_or_(second)  # queued after the copy, on the same stream
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="an earlier call got"):
+        f.poll(dev)
+    with pytest.raises(ValueError, match="a call since the last check got"):
+        rocmflash.check_errors(dev)
+    assert int(word) == 0
+    rocmflash.check_errors()
+    f.check(dev)

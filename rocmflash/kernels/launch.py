@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import operator
 import os
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import triton
@@ -188,6 +190,8 @@ def observe_launches():
 FAST_LAUNCH = os.environ.get("ROCMFLASH_JIT_LAUNCH", "0") in ("", "0")
 _PLANS: dict = {}  # launch key -> _LaunchPlan
 _MAX_PLANS = 4096
+#: ids of kernels launched through Triton's JIT only: their runner refused a plan's arguments (:func:`_jit_only`)
+_JIT_ONLY: set = set()
 MAX_INT32 = 2**31 - 1  #: largest storage (bytes) Triton gives 32-bit buffer addressing on AMD (the 2 GiB bit of a key)
 
 
@@ -329,6 +333,11 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled,
             value = None
         template.append(value)
     grid3 = (tuple(grid) + (1, 1))[:3]  # CompiledKernel launches take all three grid dimensions
+    runner = compiled[grid3]
+    mismatch = _arity_mismatch(compiled, runner, len(template))
+    if mismatch is not None:
+        _jit_only(fn, mismatch)
+        return None
     loose_at = tuple(fn.arg_names.index(name) for name in fn.unspecialised) if loose else ()
     loose_values = tuple(template[at] for at in loose_at)
     pick = None
@@ -337,8 +346,48 @@ def _make_plan(fn, grid, args: dict, constexprs: dict, tensors: tuple, compiled,
         indices = [index for _, index in slots]
         pick = operator.itemgetter(*indices) if len(indices) > 1 else (lambda ts, i=indices[0]: (ts[i],))
         loose_at = tuple(at - len(slots) for at in loose_at)
-    return _LaunchPlan(compiled[grid3], tuple(template), tuple(slots), pick, tuple(template[len(slots):]), loose_at,
+    return _LaunchPlan(runner, tuple(template), tuple(slots), pick, tuple(template[len(slots):]), loose_at,
                        loose_values, compiled, grid3, {})
+
+
+def _runner_arity(compiled, runner) -> Optional[int]:
+    """How many kernel arguments Triton's ``runner`` of ``compiled`` takes, where the installed Triton tells:
+    the compiled source's signature (3.0-3.6: one entry per kernel argument, constexprs included, the list
+    ``JITFunction.run`` passes), else the runner's own positional parameters; None where neither says
+    (a runner of ``*args`` and no signature: the replay guard of :func:`launch_cached` is all there is)."""
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if isinstance(signature, dict):
+        return len(signature)
+    try:
+        params = inspect.signature(runner).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C runner without introspection
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+
+
+def _arity_mismatch(compiled, runner, count: int) -> Optional[str]:
+    """Why ``runner`` cannot replay a plan of ``count`` arguments (its arity differs), or None (it can, or nothing
+    says otherwise). Plans call Triton's runner directly, an internal that can move between releases."""
+    arity = _runner_arity(compiled, runner)
+    if arity is None or arity == count:
+        return None
+    return (f"Triton {triton.__version__}'s compiled-kernel runner takes {arity} arguments, the launch plan "
+            f"passes {count}")
+
+
+_WARNED: set = set()  #: ids of the kernels :func:`_jit_only` warned of (once per kernel and process)
+
+
+def _jit_only(fn, why: str) -> None:
+    """Launch ``fn`` through Triton's JIT from now on (no plan is kept for it), and warn once saying why."""
+    _JIT_ONLY.add(id(fn))
+    if id(fn) not in _WARNED:
+        _WARNED.add(id(fn))
+        name = getattr(fn, "__name__", repr(fn))
+        warnings.warn(f"rocmflash: kernel {name} is launched through Triton's JIT (slower on the host, same "
+                      f"results) instead of a kept launch plan: {why}", RuntimeWarning, stacklevel=3)
 
 
 _MAX_RUNNERS = 256  #: grids kept per plan (a packed batch's grid follows its longest sequence): then started over
@@ -385,6 +434,11 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
 
     ``grid``: this call's grid, for a caller whose key leaves out what decides it (a packed varlen batch: its
     sequence count and longest sequence); a replay then runs Triton's runner for it. None: the plan's grid.
+
+    Plans call Triton's runner, an internal that can move between releases, so they are guarded: a plan is
+    made only when the runner takes as many arguments as it passes (:func:`_arity_mismatch`), and a replay
+    that raises drops its plan and the call goes through the JIT launch. Either way the kernel is launched
+    through the JIT from then on, with one ``RuntimeWarning`` naming it and why (:func:`_jit_only`).
     """
     if not FAST_LAUNCH or _LAUNCH_OBSERVERS or interpreting():
         grid, args, constexprs = build()
@@ -393,27 +447,34 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
     if key is None:
         key = launch_key(fn, scalars, tensors, cfg, backend, loose_tensors)
     plan = _PLANS.get(key)
+    failed = None
     if plan is not None:
-        runner = plan.runner if grid is None else _runner(plan, grid)
-        if plan.pick is not None:
-            if not loose or loose == plan.loose:  # (a cache a model keeps: the values the plan was made with)
-                runner(*plan.pick(tensors), *plan.tail)
+        try:  # (free unless it raises: a Triton whose runner takes other arguments than the plan passes)
+            runner = plan.runner if grid is None else _runner(plan, grid)
+            if plan.pick is not None:
+                if not loose or loose == plan.loose:  # (a cache a model keeps: the values the plan was made with)
+                    runner(*plan.pick(tensors), *plan.tail)
+                    return
+                tail = list(plan.tail)
+                for at, value in zip(plan.loose_at, loose):
+                    tail[at] = value
+                runner(*plan.pick(tensors), *tail)
                 return
-            tail = list(plan.tail)
-            for at, value in zip(plan.loose_at, loose):
-                tail[at] = value
-            runner(*plan.pick(tensors), *tail)
+            call = list(plan.template)
+            for position, index in plan.slots:
+                call[position] = tensors[index]
+            for position, value in zip(plan.loose_at, loose):
+                call[position] = value
+            runner(*call)
             return
-        call = list(plan.template)
-        for position, index in plan.slots:
-            call[position] = tensors[index]
-        for position, value in zip(plan.loose_at, loose):
-            call[position] = value
-        runner(*call)
-        return
+        except Exception as err:  # drop the plan; this call goes through Triton's JIT below (ROCMFLASH_JIT_LAUNCH's)
+            _PLANS.pop(key, None)
+            failed = err
     grid, args, constexprs = build()
     compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})
-    if _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS:
+    if failed is not None:  # the JIT launched what the replay could not: the plan was at fault, not the call
+        _jit_only(fn, f"its plan's replay raised {type(failed).__name__}: {failed}")
+    elif _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS and id(fn) not in _JIT_ONLY:
         plan = _make_plan(fn, grid, args, constexprs, tensors, compiled, bool(loose))
         if plan is not None:
             _PLANS[key] = plan
