@@ -465,3 +465,14 @@ def test_tune_writes_through_a_symlinked_database(tmp_path):
     D.store_entry(str(dangling), type("G", (), {"name": "mi300x", "arch": "gfx942", "compute_units": 304}),
                   D.environment("test"), FWD, _fwd(), measured=True)
     assert dangling.is_symlink() and FWD in D.ConfigDB.read(str(shared / "mi300x.json"))["entries"]
+
+
+def test_tune_checks_the_folder_a_symlinked_db_writes_into(tmp_path):
+    from rocmflash.cli.tune_args import check_db_path
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    link = tmp_path / "h100.json"
+    link.symlink_to(afile / "configs" / "h100.json")
+    with pytest.raises(ValueError, match=f"--db {link}: {afile} is a file, so no directory can be made under it"):
+        check_db_path(str(link))
