@@ -29,7 +29,14 @@ Both headers must match on reload (format and ``schema_version``; the journal's 
 otherwise :class:`DBError` names the file and the mismatch. Database writes are atomic
 (temporary file + ``os.replace``) and a tune holds ``<gpu>.json.lock``
 (:mod:`filelock`) for its whole run, so a second concurrent tune of the same database
-fails at once with :class:`DBLockedError` instead of interleaving.
+fails at once with :class:`DBLockedError` instead of interleaving. A database that is a
+symlink is written through it (its target is replaced, the link stays a link), and its
+lock and journal live beside the target (:func:`~rocmflash.db_files.real_path`).
+
+Every reader (run-time lookups of each family, ``explain``, ``export``, ``tune``, ``doctor``)
+sees a file's entries checked once (:mod:`rocmflash.db_entries`, :func:`read_database`): a
+malformed entry is skipped with one warning naming the file, the key and what is wrong, and
+an entry that holds no config (``best`` null, ``failed``) is absent.
 
 Problem keys and sequence-length buckets
 ----------------------------------------
@@ -64,6 +71,7 @@ import warnings
 from typing import Any, NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, installed_triton_version
+from rocmflash.db_entries import check_entries
 from rocmflash.db_files import (  # noqa: F401  (re-exported: the code moved there)
     AFTER_SAVE,
     CONFIG_DIR_ENV,
@@ -83,6 +91,7 @@ from rocmflash.db_files import (  # noqa: F401  (re-exported: the code moved the
     now_iso,
     parse_key,
     problem_key,
+    real_path,
     seqlen_bucket,
     store_entry,
     tune_lock,
@@ -122,14 +131,35 @@ def database_paths(gpu_name: str) -> list[str]:
     return paths
 
 
+_READ: dict = {}  #: ``{path: (the file's bytes, read_database's answer)}``
+
+
+def read_database(path: str) -> dict:
+    """One database file with only the entries a reader may use (:mod:`rocmflash.db_entries`: each
+    malformed entry skipped with one warning, config-less ones absent, stored configs completed);
+    :class:`DBError` or ``OSError`` for the file as a whole, as :meth:`ConfigDB.read`.
+
+    The checked answer is kept while the file's bytes stay the same (reading them costs what it did;
+    checking every entry again does not recur). Treat it as read-only: callers share it."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    hit = _READ.get(path)
+    if hit is not None and hit[0] == raw:
+        return hit[1]
+    data = ConfigDB.parse(path, raw)
+    data = dict(data, entries=check_entries(path, data["entries"]).usable)
+    _READ[path] = (raw, data)
+    return data
+
+
 def iter_database_entries(gpu_name: str):
-    """``(order, path, key, entry)`` of every entry in the files a lookup reads for ``gpu_name`` (the
-    user's first, ``order`` 0); a missing or unreadable file is skipped."""
+    """``(order, path, key, entry)`` of every usable entry (:func:`read_database`) in the files a lookup reads
+    for ``gpu_name`` (the user's first, ``order`` 0); a missing or unreadable file is skipped."""
     for order, path in enumerate(database_paths(gpu_name)):
         if not os.path.exists(path):
             continue
         try:
-            entries = ConfigDB.read(path)["entries"]
+            entries = read_database(path)["entries"]
         except (DBError, OSError):
             continue
         for key, entry in entries.items():
@@ -137,17 +167,21 @@ def iter_database_entries(gpu_name: str):
 
 
 def database_summary(path: str) -> dict:
-    """``{"path", "exists", "entries", "measured", "error"}`` of one database file (for ``rocmflash doctor``)."""
-    info = {"path": path, "exists": os.path.exists(path), "entries": 0, "measured": 0, "error": None}
+    """``{"path", "exists", "entries", "measured", "malformed", "no_config", "error"}`` of one database file
+    (for ``rocmflash doctor``): ``entries`` counts every stored entry, ``measured`` the usable ones a GPU
+    measured, ``malformed`` is ``{key: what is wrong}`` of those every reader skips, ``no_config`` counts
+    those that hold no config (``best`` null: a tune that found nothing). No warning: the report says it."""
+    info = {"path": path, "exists": os.path.exists(path), "entries": 0, "measured": 0, "malformed": {},
+            "no_config": 0, "error": None}
     if info["exists"]:
         try:
             entries = ConfigDB.read(path)["entries"]
         except (DBError, OSError) as err:
             info["error"] = str(err)
         else:
-            info["entries"] = len(entries)
-            info["measured"] = sum(1 for e in entries.values()
-                                   if isinstance(e, dict) and e.get("measured") and e.get("timing") != "interpreter")
+            checked = check_entries(path, entries, warn=False)
+            info.update(entries=len(entries), malformed=checked.malformed, no_config=len(checked.no_config),
+                        measured=sum(1 for e in checked.usable.values() if servable(e)))
     return info
 
 
@@ -161,6 +195,7 @@ def clear_cache() -> None:
     """Forget every loaded database and cached lookup (called after every save in this process)."""
     _INDEX.clear()
     _ARCH.clear()
+    _READ.clear()
     _WARNED.clear()
     lookup_match.cache_clear()
 
@@ -175,7 +210,7 @@ def _index(path: str) -> dict:
         index = {}
         if os.path.exists(path):
             try:
-                data = ConfigDB.read(path)
+                data = read_database(path)
             except (DBError, OSError) as err:
                 warnings.warn(f"rocmflash: ignoring config database: {err}", RuntimeWarning, stacklevel=3)
                 data = {"entries": {}}
@@ -192,9 +227,13 @@ def _index(path: str) -> dict:
 
 
 def _pick(entry: dict, variant: Optional[str]) -> Optional[dict]:
-    if variant is None or entry.get("best", {}).get("variant", "online") == variant:
-        return entry.get("best")
-    per = entry.get("best_per_variant", {}).get(variant)
+    """The config of ``variant`` (None: the overall best) an entry read by :func:`read_database` holds, or None."""
+    best = entry.get("best")
+    if not best:
+        return None
+    if variant is None or best.get("variant", "online") == variant:
+        return best
+    per = (entry.get("best_per_variant") or {}).get(variant)
     return per["config"] if per else None
 
 
@@ -280,7 +319,7 @@ def entry_config(cfg: Any, arch: Optional[str], path: str = "", key: str = "") -
     except (TypeError, ValueError) as err:
         if (path, key, json.dumps(cfg, sort_keys=True, default=str)) not in _WARNED:
             _WARNED.add((path, key, json.dumps(cfg, sort_keys=True, default=str)))
-            warnings.warn(f"rocmflash: skipping entry {key or '?'} of {path or 'a config database'}: {err}",
+            warnings.warn(f"rocmflash: skipping entry {key or '?'!r} in {path or 'a config database'}: {err}",
                           RuntimeWarning, stacklevel=3)
         return None
 

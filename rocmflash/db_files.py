@@ -15,6 +15,7 @@ import threading
 from typing import Any, Optional
 
 from rocmflash.config import KernelConfig, normalize_dtype
+from rocmflash.db_entries import check_entries
 
 DB_FORMAT = "rocmflash-config-db"
 JOURNAL_FORMAT = "rocmflash-tune-journal"
@@ -82,9 +83,20 @@ def parse_key(key: str) -> dict:
             "seqlen_bucket": int(s[1:])}
 
 def journal_path(db_path: str) -> str:
-    """``configs/h100.json`` -> ``configs/h100.journal.jsonl``."""
+    """``configs/h100.json`` -> ``configs/h100.journal.jsonl``, beside the real file of a symlinked database
+    (:func:`real_path`), so every path to one database shares its journal."""
+    db_path = real_path(db_path)
     base = db_path[:-5] if db_path.endswith(".json") else db_path
     return base + ".journal.jsonl"
+
+
+def real_path(db_path: str) -> str:
+    """The file a database path names, symlinks followed (a dangling link: the file it would create).
+
+    A database is written where it really is: :func:`atomic_write_json` replaces the link's target, not
+    the link, and the tune lock and journal live beside that target, so two paths to one file (a link in
+    ``~/.config/rocmflash`` to a shared tune, say) share one lock and one journal."""
+    return os.path.realpath(db_path)
 
 
 def now_iso() -> str:
@@ -151,8 +163,12 @@ def env_id(env: dict) -> str:
 
 # ---------------------------------------------------------------------- atomic writes
 def atomic_write_json(path: str, data: Any) -> None:
-    """Write JSON to a private temporary file beside ``path``, fsync it, rename it into place."""
-    directory = os.path.dirname(os.path.abspath(path))
+    """Write JSON to a private temporary file beside ``path``, fsync it, rename it into place.
+
+    A ``path`` that is a symlink stays one: the temporary file goes beside its target, which it replaces
+    (renaming onto the link itself would turn the link into a regular file and leave the target stale)."""
+    path = real_path(path)
+    directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
@@ -187,10 +203,16 @@ class ConfigDB:
 
     @classmethod
     def read(cls, path: str) -> dict:
-        """Parse and validate a database file; :class:`DBError` on any mismatch."""
+        """Parse and validate a database file's header; :class:`DBError` on any mismatch. Its entries are
+        as stored: :func:`rocmflash.db.read_database` gives the ones a reader may use."""
+        with open(path, "rb") as f:
+            return cls.parse(path, f.read())
+
+    @classmethod
+    def parse(cls, path: str, raw: bytes) -> dict:
+        """:meth:`read` of a file's bytes (``path`` names it in errors)."""
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(raw.decode("utf-8"))
         except json.JSONDecodeError as err:
             raise DBError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}); move it away or pass --db") from None
         except UnicodeDecodeError:
@@ -217,6 +239,8 @@ class ConfigDB:
             raise DBError(f"{path} is a directory; --db takes a database file such as {gpu_name}.json")
         if os.path.exists(path):
             data = cls.read(path)
+            # one warning per malformed entry (never served; kept in the file as it is, a save rewrites it as read)
+            check_entries(path, data["entries"])
             if data.get("gpu") != gpu_name:
                 raise DBError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu_name!r}; pass --db for another file")
             recorded = data.get("compute_units")
@@ -332,15 +356,18 @@ class Journal:
 
 # ---------------------------------------------------------------------- the lock
 def tune_lock(db_path: str):
-    """Acquire ``<db>.lock`` without waiting; :class:`DBLockedError` when another tune holds it."""
+    """Acquire ``<db>.lock`` without waiting; :class:`DBLockedError` when another tune holds it.
+
+    The lock is beside the real file of a symlinked database (:func:`real_path`): every path to it shares it."""
     import filelock
 
-    os.makedirs(os.path.dirname(os.path.abspath(db_path)), exist_ok=True)
-    lock = filelock.FileLock(db_path + ".lock")
+    lock_path = real_path(db_path) + ".lock"
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    lock = filelock.FileLock(lock_path)
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
-        raise DBLockedError(f"another rocmflash tune is writing {db_path} (lock {db_path}.lock is held); "
+        raise DBLockedError(f"another rocmflash tune is writing {db_path} (lock {lock_path} is held); "
                             "wait for it or pass another --db") from None
     return lock
 

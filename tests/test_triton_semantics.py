@@ -136,7 +136,7 @@ def test_db_entry_the_arch_cannot_build_is_skipped_with_a_warning(tmp_path):
     for bucket, cfg in ((2048, bad), (4096, good)):
         store.put(D.problem_key(128, "fp16", False, 1, bucket), {"best": cfg.to_dict(), "measured": True})
     store.save()
-    with pytest.warns(RuntimeWarning, match=r"skipping entry d128-fp16-full-gqa1-s2048 .*kpack=2 is invalid on gfx950"):
+    with pytest.warns(RuntimeWarning, match=r"skipping entry 'd128-fp16-full-gqa1-s2048' in .*kpack=2 is invalid on gfx950"):
         assert D.lookup("mi355x", 128, "fp16", False, 1, 2048, db_path=path) == good
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same entry is reported once

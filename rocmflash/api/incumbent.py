@@ -270,10 +270,10 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
 def _entry_rows(gpu_name: str, db_path: Optional[str]):
     """``(order, path, key, entry)`` of every entry a decode lookup reads: ``db_path`` alone, else the GPU's
     databases (:func:`rocmflash.db.iter_database_entries`: the user's, then the shipped one)."""
-    from rocmflash.db import ConfigDB, iter_database_entries
+    from rocmflash.db import iter_database_entries, read_database
 
     if db_path:
-        return ((0, db_path, k, e) for k, e in ConfigDB.read(db_path)["entries"].items())
+        return ((0, db_path, k, e) for k, e in read_database(db_path)["entries"].items())
     return iter_database_entries(gpu_name)
 
 

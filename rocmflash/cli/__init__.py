@@ -5,6 +5,8 @@ path that cannot be written, a flag the chosen mode would ignore) is one line on
 exit code 2, never a traceback; it is found before the first compile. Argparse's own errors
 (a number out of range: the line names the allowed range) keep its usage line and exit code 2.
 A file-system failure in the middle of a run (disk full) is one line and exit code 1.
+rocmflash's own warnings (a malformed database entry skipped, a database ignored) print as
+one line each, without Python's file-and-source-line preamble.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import os
 import sys
 import tempfile
+import warnings
 from typing import Optional
 
 from isa_tools.cli import add_isa_arguments
@@ -139,6 +142,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         trace_mark("cli_main")
     parser = build_parser()
     args = parser.parse_args(argv)
+    _one_line_warnings()
     try:
         if args.command == "isa":
             return _isa(args)
@@ -188,6 +192,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     parser.error(f"unknown command {args.command!r}")
     return 2
+
+
+_PYTHON_FORMAT = warnings.formatwarning
+
+
+def _rocmflash_format(message, category, filename, lineno, line=None) -> str:
+    """A ``rocmflash: ...`` warning as its own line (it names the file and entry it is about); others as Python
+    formats them."""
+    text = str(message)
+    if text.startswith("rocmflash: "):
+        return text + "\n"
+    return _PYTHON_FORMAT(message, category, filename, lineno, line)
+
+
+def _one_line_warnings() -> None:
+    """Print rocmflash's warnings as one line each (only how a printed warning looks: filters and
+    ``warnings.catch_warnings(record=True)`` are untouched)."""
+    warnings.formatwarning = _rocmflash_format
 
 
 #: vgpr-report flags read by some (--mode, --pass) pairs only: elsewhere they are refused, never silently ignored

@@ -1,5 +1,9 @@
 """``rocmflash export``: a tuned database as JSON or as ``triton.Config`` lines, forward entries only.
 
+The database is read as every reader reads it (:func:`rocmflash.db.read_database`): a malformed entry is
+left out with one warning, an entry without a config (a tune that found none) is absent, and a stored
+config missing an optional key (``PRE_LOAD_V``, ...) exports with the config record's default.
+
 :mod:`rocmflash.cli.tune` re-exports every name here.
 """
 
@@ -25,13 +29,21 @@ def _triton_kwargs(cfg: dict, vendor: str) -> tuple[dict, dict]:
     return kwargs, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
 
 
+def _forward(key: str, entry: dict) -> bool:
+    """Whether export lists an entry: a forward key (not decode, backward or varlen) holding a config."""
+    from rocmflash.db_entries import FORWARD, family
+
+    return bool(entry.get("best")) and family(key) == FORWARD and entry.get("mode") not in NOT_FORWARD_MODES
+
+
 def export_json(data: dict, vendor: str) -> dict:
+    """The export's JSON of ``data`` (entries as :func:`rocmflash.db.read_database` gives them)."""
     entries = {}
     for key, e in data["entries"].items():
-        if not e.get("best") or e.get("mode") in NOT_FORWARD_MODES:
+        if not _forward(key, e):
             continue
-        online = e["best"] if e["best"]["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
-        item = {"measured": e["measured"], "tflops": e.get("tflops"), "best": e["best"], "when": e.get("when")}
+        online = e["best"] if e["best"]["variant"] == "online" else ((e.get("best_per_variant") or {}).get("online") or {}).get("config")
+        item = {"measured": bool(e.get("measured")), "tflops": e.get("tflops"), "best": e["best"], "when": e.get("when")}
         if online:
             kw, opts = _triton_kwargs(online, vendor)
             item["triton_config"] = {"kwargs": kw, **opts}
@@ -42,7 +54,9 @@ def export_json(data: dict, vendor: str) -> dict:
 
 
 def export_triton(data: dict, vendor: str) -> str:
-    fp = data.get("fingerprint") or {}
+    """``triton.Config`` lines of ``data``'s best online configs (entries as :func:`rocmflash.db.read_database`
+    gives them)."""
+    fp = data.get("fingerprint") if isinstance(data.get("fingerprint"), dict) else {}
     lines = [f"# rocmflash export: {data['gpu']} ({data.get('arch')}); device {fp.get('device')}, "
              f"triton {fp.get('triton')}, torch {fp.get('torch')}",
              "# the best online (FA2-style) config per problem; key = d<head_dim>-<dtype>-<causal|full>-gqa<ratio>-s<seqlen bucket>",
@@ -50,15 +64,15 @@ def export_triton(data: dict, vendor: str) -> str:
     unique = []
     for key, e in data["entries"].items():
         best = e.get("best")
-        if not best or e.get("mode") in NOT_FORWARD_MODES:
+        if not _forward(key, e):
             continue
-        cfg = best if best["variant"] == "online" else (e.get("best_per_variant", {}).get("online") or {}).get("config")
+        cfg = best if best["variant"] == "online" else ((e.get("best_per_variant") or {}).get("online") or {}).get("config")
         if not cfg:
             continue
         kw, opts = _triton_kwargs(cfg, vendor)
-        if e["measured"]:
-            tf = next((v["tflops"] for v in [{"config": e["best"], "tflops": e.get("tflops")},
-                                              *e.get("best_per_variant", {}).values()] if v["config"] == cfg), None)
+        if e.get("measured"):
+            tf = next((v.get("tflops") for v in [{"config": e["best"], "tflops": e.get("tflops")},
+                                                  *(e.get("best_per_variant") or {}).values()] if v["config"] == cfg), None)
             note = f"measured, {tf:.1f} TFLOP/s" if tf else "measured"
         else:
             note = "UNMEASURED: static ranking"
@@ -73,7 +87,7 @@ def export_triton(data: dict, vendor: str) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rocmflash.db import ConfigDB, DBError, database_paths
+    from rocmflash.db import DBError, database_paths, read_database
     from rocmflash.hw.gpus import get_gpu
 
     try:
@@ -85,7 +99,7 @@ def run_export(args: argparse.Namespace) -> int:
         if path is None:
             raise ValueError(f"no config database for {gpu.name} at {' or '.join(candidates)}; run "
                              f"`rocmflash tune --gpu {gpu.name} ...` first or pass --db")
-        data = ConfigDB.read(path)
+        data = read_database(path)
         if data.get("gpu") != gpu.name:
             raise ValueError(f"{path} holds configs for {data.get('gpu')!r}, not {gpu.name!r}")
     except (UnknownGPUError, DBError, ValueError) as err:

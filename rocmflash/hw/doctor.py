@@ -3,9 +3,11 @@
 Versions (rocmflash, Python, torch, Triton and which distribution provides it, the
 ROCm/CUDA runtime), the supported-range check, every visible GPU with its catalog
 target, arch, CU count and compute partition, the databases each GPU's lookups would
-read (user's, then shipped) with their measured-entry counts, and the environment
-variables that change rocmflash's behaviour. It ends with a one-line verdict. It never
-builds a kernel, so it runs on a CPU-only box and with an unsupported Triton.
+read (user's, then shipped) with their measured-entry counts and any malformed entry
+every reader skips, the user config directory ``rocmflash tune`` saves into (whether it
+can, and the other databases in it), and the environment variables that change
+rocmflash's behaviour. It ends with a one-line verdict. It never builds a kernel, so it
+runs on a CPU-only box and with an unsupported Triton.
 """
 
 from __future__ import annotations
@@ -45,8 +47,27 @@ def gather() -> dict:
             report["runtime"], report["gpus"] = _torch_devices()
         except Exception as err:  # a broken driver or torch build: report it, never crash the doctor
             report["gpu_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    report["config_dir"] = config_dir_report(report["gpus"])
     report["verdict"] = verdict(report)
     return report
+
+
+def config_dir_report(gpus: list) -> dict:
+    """The user config directory (``$ROCMFLASH_CONFIG_DIR`` or the platform's): ``{"path", "source", "problem"
+    (why ``rocmflash tune`` cannot save there, or None), "databases"}`` -- the databases in it that no GPU row
+    lists already. Nothing is left behind by the write check."""
+    from rocmflash.cli.tune_args import _unwritable_dir
+    from rocmflash.db import CONFIG_DIR_ENV, database_summary, user_config_dir
+
+    path = user_config_dir()
+    info = {"path": path, "source": f"${CONFIG_DIR_ENV}" if os.environ.get(CONFIG_DIR_ENV) else "default",
+            "problem": _unwritable_dir(path), "databases": []}
+    if info["problem"] is None and os.path.isdir(path):
+        listed = {os.path.realpath(d["path"]) for g in gpus for d in g["databases"]}
+        names = sorted(n for n in os.listdir(path) if n.endswith(".json"))
+        info["databases"] = [database_summary(os.path.join(path, n)) for n in names
+                             if os.path.realpath(os.path.join(path, n)) not in listed]
+    return info
 
 
 def _torch_devices() -> tuple[str, list]:
@@ -82,6 +103,11 @@ def verdict(report: dict) -> str:
         return "NOT READY: " + "; ".join(report["version_problems"])
     if report["gpu_error"]:
         return f"NOT READY: torch could not list the GPUs ({report['gpu_error']})"
+    config = report.get("config_dir") or {}
+    if config.get("problem"):
+        return (f"PARTLY READY: rocmflash tune cannot save to the config directory {config['path']} "
+                f"({config['source']}): {config['problem']}; point it at a writable directory or pass --db "
+                "(run-time selection, explain, export and vgpr-report still work)")
     gpus = report["gpus"]
     if not gpus:
         return ("READY for static work on this CPU (vgpr-report, isa, tune --gpu NAME ranks without timing); "
@@ -114,14 +140,41 @@ def render(report: dict) -> str:
                      f"{g['compute_units']} CUs -> {target}{part}")
         if g["note"]:
             lines.append(f"        note: {g['note']}")
-        for d in g["databases"]:
-            state = (f"error: {d['error']}" if d["error"] else
-                     f"{d['entries']} entries, {d['measured']} measured" if d["exists"] else "not present")
-            lines.append(f"        db {d['path']} ({state})")
+        lines += [line for d in g["databases"] for line in _db_lines(d)]
+    config = report.get("config_dir")
+    if config:
+        state = f"PROBLEM: {config['problem']}" if config["problem"] else "writable (rocmflash tune saves here)"
+        lines.append(f"config  {config['path']} ({config['source']}): {state}")
+        lines += [line for d in config["databases"] for line in _db_lines(d)]
     for key, value in report["environment"].items():
         lines.append(f"env     {key}={value}")
     lines.append(f"verdict: {report['verdict']}")
     return "\n".join(lines)
+
+
+#: malformed entries a report names one by one, per database (the rest are counted)
+MALFORMED_SHOWN = 5
+
+
+def _db_lines(d: dict) -> list:
+    """A database's report lines: its state (entries, measured ones, config-less and malformed ones), then
+    each malformed entry and what is wrong with it."""
+    malformed = d.get("malformed") or {}
+    if d["error"]:
+        state = f"error: {d['error']}"
+    elif not d["exists"]:
+        state = "not present"
+    else:
+        state = f"{d['entries']} entries, {d['measured']} measured"
+        if d.get("no_config"):
+            state += f", {d['no_config']} without a config (a tune found none)"
+        if malformed:
+            state += f", {len(malformed)} malformed (skipped by every reader)"
+    lines = [f"        db {d['path']} ({state})"]
+    lines += [f"          skipped {key!r}: {why}" for key, why in list(malformed.items())[:MALFORMED_SHOWN]]
+    if len(malformed) > MALFORMED_SHOWN:
+        lines.append(f"          ... and {len(malformed) - MALFORMED_SHOWN} more")
+    return lines
 
 
 def _version_line(info: dict, supported: str) -> str:
