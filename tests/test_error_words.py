@@ -50,9 +50,9 @@ def _families():
                     ("block_table pointing outside the cache's pages; a k_descale/v_descale not finite and > 0 "
                      "(that call appended nothing)"),
                     "flash_attn_with_kvcache on cuda:0: ",
-                    (" (kept inside the cache, so no memory outside it was touched, but those sequences' outputs "
-                     "are wrong); pass check_values=True to have each call checked on the host, with the index and "
-                     "value"))
+                    (" (those sequences' outputs are undefined; no other sequence's rows, no unused page and no "
+                     "memory outside the cache were written); pass check_values=True to have each call checked on "
+                     "the host, with the index and value"))
     fp8 = Family("fp8", FE.ERRORS, FE.poll_errors, FE.check_errors, FE.ERROR_POLL_CALLS, FE.BAD_DESCALE,
                  "a non-finite q_descale * k_descale * softmax_scale or v_descale (NaN or inf) for some (batch, kv_head)",
                  "fp8 attention on cuda:0: ", "; those rows of its output are not finite")

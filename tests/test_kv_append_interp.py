@@ -1,7 +1,8 @@
 """The one-launch append of new keys/values into a 16-bit KV cache (``rocmflash.kernels.kv_append``), in Triton's
 interpreter: the rows land where torch's index writes put them, the lengths it returns are ``cache_seqlens +
-Sk_new``, out-of-range lengths and pages are clamped into the cache (nothing outside it is written), and
-``flash_attn_with_kvcache`` answers as a reference that appends in torch does."""
+Sk_new``, a sequence with an out-of-range length or page stores nothing (nothing else in the cache, nothing outside
+it is written; the error word says so), and ``flash_attn_with_kvcache`` answers as a reference that appends in torch
+does. (Every bad value on every append path: ``test_kvcache_bad_values_interp.py``.)"""
 
 from __future__ import annotations
 
@@ -14,19 +15,25 @@ pytestmark = pytest.mark.usefixtures("interpret")
 
 
 def _reference(k_cache, v_cache, k, v, lens, block_table, page_size):
-    """Torch's own writes: row ``clamp(lens[b], 0, capacity - new) + t`` (a page outside the pool clamped)."""
+    """Torch's own writes: rows ``lens[b] + t``, none of a sequence whose length is outside ``0..capacity - new``
+    or one of whose new rows' pages is outside the pool."""
     kc, vc = k_cache.clone(), v_cache.clone()
     B, new = k.shape[:2]
     capacity = block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]
     for b in range(B):
-        start = min(max(int(lens[b]), 0), capacity - new)
-        for t in range(new):
-            pos = start + t
+        start = int(lens[b])
+        if not 0 <= start <= capacity - new:
+            continue
+        rows = range(start, start + new)
+        if block_table is not None:
+            pages = [int(block_table[b, pos // page_size]) for pos in rows]
+            if not all(0 <= p < k_cache.shape[0] for p in pages):
+                continue
+        for t, pos in enumerate(rows):
             if block_table is None:
                 kc[b, pos], vc[b, pos] = k[b, t], v[b, t]
             else:
-                page = min(max(int(block_table[b, pos // page_size]), 0), k_cache.shape[0] - 1)
-                kc[page, pos % page_size], vc[page, pos % page_size] = k[b, t], v[b, t]
+                kc[pages[t], pos % page_size], vc[pages[t], pos % page_size] = k[b, t], v[b, t]
     return kc, vc
 
 
@@ -66,10 +73,12 @@ def test_paged_append_writes_through_the_block_table():
     assert torch.equal(got_lens, lens + new)
 
 
-def test_out_of_range_lengths_and_pages_never_write_outside_the_cache():
-    """A length past the end, a negative one and a page outside the pool land inside the cache (clamped); the
-    memory right after the cache keeps its poison; the returned lengths keep the bad values for the decode
-    kernel to report."""
+def test_out_of_range_lengths_and_pages_write_nothing():
+    """A length past the end, a negative one and a page outside the pool store none of that sequence's rows (the
+    good sequence's land); the memory right after the cache keeps its poison; the returned lengths keep the bad
+    values for the decode kernel, and the error word names what was wrong."""
+    from rocmflash.kernels import kv_decode as KD
+
     B, new, hkv, d, rows = 3, 2, 2, 32, 24
     store_k = torch.full((B * rows * hkv * d + 4096,), 7.0, dtype=torch.float16)
     store_v = store_k.clone()
@@ -82,17 +91,22 @@ def test_out_of_range_lengths_and_pages_never_write_outside_the_cache():
     v = torch.randn(B, new, hkv, d, generator=g).half()
     lens = torch.tensor([rows + 50, -9, rows - new], dtype=torch.int32)
     want_k, want_v = _reference(k_cache, v_cache, k, v, lens, None, 0)
-    got_lens = kv_append.append(k_cache, v_cache, k, v, lens, None, 0, "cuda")
+    assert not torch.equal(want_k, k_cache)  # (the good sequence appends)
+    err = torch.zeros(1, dtype=torch.int32)
+    got_lens = kv_append.append(k_cache, v_cache, k, v, lens, None, 0, "cuda", err=err)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
     assert bool((store_k[B * rows * hkv * d:] == 7.0).all()) and bool((store_v[B * rows * hkv * d:] == 7.0).all())
     assert torch.equal(got_lens, lens + new)
+    assert int(err[0]) == KD.BAD_LENGTH.value | KD.NOT_STORED.value
 
-    pool_k, pool_v, k1, v1 = _inputs(2, 1, hkv, d, 8, torch.float16, seed=4)  # 2 pages of 8 rows
-    bt = torch.tensor([[1, 99], [-3, 0]], dtype=torch.int32)
-    lens = torch.tensor([9, 2], dtype=torch.int32)
+    pool_k, pool_v, k1, v1 = _inputs(3, 1, hkv, d, 8, torch.float16, seed=4)  # 3 pages of 8 rows
+    bt = torch.tensor([[1, 99], [-3, 0], [2, 0]], dtype=torch.int32)
+    lens = torch.tensor([9, 2, 3], dtype=torch.int32)
     want_k, want_v = _reference(pool_k, pool_v, k1, v1, lens, bt, 8)
-    kv_append.append(pool_k, pool_v, k1, v1, lens, bt, 8, "cuda")
+    err.zero_()
+    kv_append.append(pool_k, pool_v, k1, v1, lens, bt, 8, "cuda", err=err)
     assert torch.equal(pool_k, want_k) and torch.equal(pool_v, want_v)
+    assert int(err[0]) == KD.BAD_PAGE.value | KD.NOT_STORED.value
 
 
 def test_flash_attn_with_kvcache_appends_and_attends_as_a_torch_reference():
@@ -120,19 +134,28 @@ def test_flash_attn_with_kvcache_appends_and_attends_as_a_torch_reference():
         assert err < 2e-3, err
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm_90"])
-def test_append_kernel_cross_compiles(arch, monkeypatch):
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950", "sm_90"])
+def test_append_kernel_cross_compiles(arch, paged, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import common as C
 
     cfg = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
     P = C.Ptr
+    rows = 256 if paged else 4096
     args = dict(KN=P("*bf16"), VN=P("*bf16"), KC=P("*bf16"), VC=P("*bf16"), BT=P("*i32"), SEQLENS=P("*i32"),
-                SEQ_OUT=P("*i32"), **{f"stride_{n}": s for n, s in (
+                SEQ_OUT=P("*i32"), ERR=P("*i32"), **{f"stride_{n}": s for n, s in (
                     ("knb", 1024), ("knt", 1024), ("knh", 128), ("knd", 1), ("vnb", 1024), ("vnt", 1024),
-                    ("vnh", 128), ("vnd", 1), ("kcb", 4096 * 1024), ("kcn", 1024), ("kch", 128), ("kcd", 1),
-                    ("vcb", 4096 * 1024), ("vcn", 1024), ("vch", 128), ("vcd", 1), ("btb", 0))},
-                NEW=1, CAPACITY=4096, PAGE_SIZE=1, NUM_BLOCKS=8)
-    kernel = C.compile_kernel(kv_append._append_rows, arch, args, kv_append._constexprs(128, False), cfg)
-    assert kernel.asm
+                    ("vnh", 128), ("vnd", 1), ("kcb", rows * 1024), ("kcn", 1024), ("kch", 128), ("kcd", 1),
+                    ("vcb", rows * 1024), ("vcn", 1024), ("vch", 128), ("vcd", 1), ("btb", 16 if paged else 0))},
+                NEW=1, CAPACITY=4096, PAGE_SIZE=rows if paged else 1, NUM_BLOCKS=4112 if paged else 8)
+    kernel = C.compile_kernel(kv_append._append_rows, arch, args, kv_append._constexprs(128, paged), cfg)
+    if arch.startswith("gfx"):  # one warp per row: a few scalar integer ops more for the checks, no spill
+        from isa_tools import kernel_summary, read_code_object
+
+        (res,) = read_code_object(kernel.asm["hsaco"])
+        s = kernel_summary(res, num_warps=kernel.metadata.num_warps, asm=kernel.asm["amdgcn"])
+        assert s["arch"] == arch and s["vgpr_spill_count"] == 0 and s["scratch_bytes"] == 0, s
+    else:
+        assert kernel.asm["ptx"]

@@ -1,7 +1,8 @@
 """The default ``flash_attn_with_kvcache`` call reads no value back from the GPU: out-of-range
-``cache_seqlens``, ``cache_leftpad`` and ``block_table`` values are clamped in the kernels and the append
-(never an address outside the cache) and reported through the device's error word -- by
-``rocmflash.api.decode.check_errors()`` and by the next call on that device. Triton's interpreter (CPU).
+``cache_seqlens``, ``cache_leftpad`` and ``block_table`` values are replaced by safe ones in the kernels (never an
+address outside the cache; the append stores nothing for that sequence: ``test_kvcache_bad_values_interp.py``) and
+reported through the device's error word -- by ``rocmflash.api.decode.check_errors()`` and by the next call on
+that device. Triton's interpreter (CPU).
 
 The caches are views into larger NaN-filled buffers: a read outside the cache would put NaN into the
 output, a write outside it would overwrite a guard row."""

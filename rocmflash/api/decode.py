@@ -151,6 +151,9 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
         _int_tensor("cache_seqlens", cache_seqlens, 1, q.device, (torch.int32, torch.int64))
         if cache_seqlens.shape[0] != B:
             raise ValueError(f"cache_seqlens must be (B={B},), got shape {tuple(cache_seqlens.shape)}")
+    if new > capacity:  # metadata: no length could hold them (a tensor length's values are the kernels' to check)
+        raise ValueError(f"k has {new} new keys per sequence but the cache holds {capacity} "
+                         f"({'block_table.shape[1] * page_size' if paged else 'k_cache.shape[1]'})")
     if cache_leftpad is not None:
         _int_tensor("cache_leftpad", cache_leftpad, 1, q.device, (torch.int32, torch.int64))
         if cache_leftpad.shape[0] != B:
@@ -396,10 +399,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
 
     **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
     *values* of ``cache_seqlens``, ``cache_leftpad`` and ``block_table`` live on the GPU, and reading
-    them would make every call wait for it. So the kernels check them instead: a length outside
-    ``0..capacity - Sk_new``, a start outside its sequence or a used page outside the pool is
-    clamped into the cache (no memory outside the cache is ever read or written; that sequence's
-    output is wrong) and sets a bit of a per-device error word. The error reaches you as a
+    them would make every call wait for it. So the kernels check them instead. A sequence whose length
+    is outside ``0..capacity - Sk_new``, or one of whose new rows falls on a page outside the pool, stores
+    none of its new ``k``/``v`` (no other sequence's rows and no unused page of a shared pool change); a
+    start outside its sequence, a used page outside the pool or such a length is never used as an address
+    (nothing outside the cache is read or written). That sequence's output is undefined, and a bit of a
+    per-device error word is set (as for an int64 value outside int32). The error reaches you as a
     ``ValueError`` naming what was out of range: from :func:`check_errors` (waits for the GPU; call
     it where a step may wait, e.g. once per generated token batch or in tests), and on its own from a
     later call on that device -- every call looks at the word's last copy without waiting, and a
@@ -438,15 +443,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     # the whole cache (nothing appended: appending needs cache_seqlens) and no host check: the kernel reads no
     # lengths (WHOLE_CACHE), so no (B,) tensor is filled per call (a cache one key longer each step: a new one each)
     whole = cache_seqlens is None and cache_leftpad is None and not check_values
-    lens = None if whole else _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
     new = plan.new
-    starts = as_int32(cache_leftpad) if cache_leftpad is not None else None
-    if check_values:
+    if check_values:  # int64 values narrowed by torch: the host check reads the caller's
+        lens = _lengths(cache_seqlens, plan.call.batch, plan.capacity, device)
+        starts = as_int32(cache_leftpad) if cache_leftpad is not None else None
         _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts,
-                      (k_descale, v_descale) if fp8 else None)
+                      (k_descale, v_descale) if fp8 else None, cache_leftpad)
         check_errors(device)
     else:
-        _poll_errors(device)
+        _poll_errors(device)  # (before the narrowing, which may set a bit of this call: raised by a later one)
+        # an int64 value outside int32 saturates and sets BAD_WIDE (one launch, as torch's conversion)
+        lens = None if whole else _lengths(cache_seqlens, plan.call.batch, plan.capacity, device, plan.backend)
+        starts = as_int32(cache_leftpad, plan.backend) if cache_leftpad is not None else None
     out = torch.empty_like(q)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     with L.on_device(q):
@@ -455,7 +463,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                                           v_descale, KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
         elif new:  # one launch: the rows, and the lengths after them
             seqlens = kv_append.append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.backend,
-                                       plan.launch_keys)
+                                       plan.launch_keys, KD.error_word(device))
         else:
             seqlens = lens
         if plan.nonempty:

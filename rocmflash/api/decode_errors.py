@@ -1,7 +1,8 @@
 """The decode error word's host side: how ``flash_attn_with_kvcache`` reports values its kernels had to clamp.
 
-The decode kernels OR bits (:data:`rocmflash.kernels.kv_decode.BAD_LENGTH`, ``BAD_START``, ``BAD_PAGE``,
-``BAD_DESCALE``) into a per-device int32 word instead of the host reading tensor values (a wait per
+The decode kernels and the appends OR bits (:data:`rocmflash.kernels.kv_decode.BAD_LENGTH`, ``BAD_START``,
+``BAD_PAGE``, ``BAD_DESCALE``, ``BAD_WIDE``, ``NOT_STORED``: :mod:`rocmflash.kernels.kv_checks`) into a per-device
+int32 word instead of the host reading tensor values (a wait per
 call). :func:`check_errors` reads it (waits); every call polls an asynchronous copy (:func:`_poll_errors`).
 The word and its polling are :mod:`rocmflash.kernels.error_words`' (shared with varlen and the fp8
 forward); this module keeps what the bits say. :mod:`rocmflash.api.decode` re-exports :func:`check_errors`
@@ -15,14 +16,19 @@ from rocmflash.kernels import kv_decode as KD
 
 #: a default call starts an asynchronous copy of its device's error word every this many calls
 ERROR_POLL_CALLS = 64
+#: what each bit says; the appends set NOT_STORED with the bit of the value that kept a sequence's new k/v out of
+#: the cache (the kernels mask that sequence's stores and read only rows inside the cache in its place)
 _REPORT = EW.Report(
     "flash_attn_with_kvcache",
-    ((KD.BAD_LENGTH.value, "cache_seqlens plus the new keys outside the cache"),
+    ((KD.BAD_WIDE.value, "an int64 cache_seqlens/cache_leftpad value outside int32 (not a length)"),
+     (KD.BAD_LENGTH.value, "cache_seqlens plus the new keys outside the cache"),
      (KD.BAD_START.value, "cache_leftpad outside its sequence"),
      (KD.BAD_PAGE.value, "block_table pointing outside the cache's pages"),
-     (KD.BAD_DESCALE.value, "a k_descale/v_descale not finite and > 0 (that call appended nothing)")),
-    " (kept inside the cache, so no memory outside it was touched, but those sequences' outputs are wrong); "
-    "pass check_values=True to have each call checked on the host, with the index and value")
+     (KD.BAD_DESCALE.value, "a k_descale/v_descale not finite and > 0 (that call appended nothing)"),
+     (KD.NOT_STORED.value, "so those sequences' new k/v were not stored in the cache")),
+    " (those sequences' outputs are undefined; no other sequence's rows, no unused page and no memory outside "
+    "the cache were written); pass check_values=True to have each call checked on the host, with the index and "
+    "value")
 _ErrorWatch = EW.Watch
 _WATCHES = KD.ERRORS.watches  #: device -> _ErrorWatch
 _capturing = EW.capturing
@@ -31,8 +37,11 @@ _capturing = EW.capturing
 def check_errors(device=None) -> None:
     """Raise ``ValueError`` if a ``flash_attn_with_kvcache`` call on ``device`` (None: every device used)
     met an out-of-range ``cache_seqlens``/``cache_leftpad``/``block_table`` value or a bad fp8 descale since the
-    last report,
-    and reset the report. Waits for the GPU (reads the device-side error word)."""
+    last report, and reset the report. Waits for the GPU (reads the device-side error word).
+
+    The message names each kind of value that was bad, and says when an append therefore stored none of a
+    sequence's new k/v: those sequences' outputs are undefined; no other sequence's rows, no unused page and
+    no memory outside the cache were written."""
     for dev in KD.ERRORS.devices(device):
         _read_and_report(dev, "a call since the last check")
 

@@ -42,6 +42,7 @@ from rocmflash.kernels.decode_shape import (  # noqa: F401  (re-exported: the co
     DECODE_MIN_KEYS,
     is_decode_shaped,
 )
+from rocmflash.kernels.kv_checks import BAD_WIDE, NOT_STORED  # noqa: F401  (re-exported, as the other bits)
 from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the code moved there)
     BAD_DESCALE,
     BAD_LENGTH,
@@ -57,9 +58,10 @@ if TYPE_CHECKING:  # annotations only: torch is imported where a launch needs it
 KERNELS = ("_decode_split", "_decode_combine")
 
 
-#: the decode kernels' error word per device (:mod:`rocmflash.kernels.error_words`): they OR their
-#: :data:`BAD_LENGTH` / ``BAD_START`` / ``BAD_PAGE`` / ``BAD_DESCALE`` bits into it; zero until a launch met a
-#: value it had to clamp (read, reported and reset by :mod:`rocmflash.api.decode_errors`)
+#: the decode kernels' error word per device (:mod:`rocmflash.kernels.error_words`): they and the appends OR their
+#: :data:`BAD_LENGTH` / ``BAD_START`` / ``BAD_PAGE`` / ``BAD_DESCALE`` / ``BAD_WIDE`` / ``NOT_STORED`` bits
+#: (:mod:`rocmflash.kernels.kv_checks`) into it; zero until a launch met a value it would not use (read, reported
+#: and reset by :mod:`rocmflash.api.decode_errors`)
 ERRORS = EW.ErrorWord()
 _ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
 error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of ``device``
@@ -371,8 +373,10 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     ``backend``: :func:`rocmflash.kernels.common.torch_backend`'s answer when the caller has it.
     ``leftpads``: int32 ``(B,)`` first key of each sequence, required when ``call.leftpad``.
     ``new_keys``: keys appended to each sequence by this call (its length must be at least that).
-    Values outside the cache (lengths, starts, pages) are clamped in the kernel and raise bits of
-    :func:`error_word` for ``q``'s device instead of addressing memory outside the cache.
+    Values outside the cache (lengths, starts, pages) are replaced in the kernel by safe ones (a length clamped
+    into ``new_keys..capacity``, a start into the sequence, page 0 for a page outside the pool, as the appends
+    address the rows they then do not store) and raise bits of :func:`error_word` for ``q``'s device instead of
+    addressing memory outside the cache; that sequence's output is undefined.
     ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
     holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
 

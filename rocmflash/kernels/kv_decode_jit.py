@@ -11,6 +11,9 @@ import triton.language as tl
 
 from rocmflash.kernels import common as C
 from rocmflash.kernels import kv_quant as KQ
+# the bits of the error word the split kernel raises (``tl.atomic_or``) on values it would not use; defined with
+# the appends' (kv_checks), which the kernels here import
+from rocmflash.kernels.kv_checks import BAD_DESCALE, BAD_LENGTH, BAD_PAGE, BAD_START  # noqa: F401 (re-exported)
 from rocmflash.kernels import masks as M
 from rocmflash.kernels.common import kernel_jit
 
@@ -289,10 +292,3 @@ def _decode_combine(PO, PL, O, LSE, stride_ob, stride_ot, stride_oh, stride_od,
     if STORE_LSE:  # (B, Hq, Sq) natural log
         lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
         tl.store(LSE + (off_b.to(tl.int64) * (H_KV * GROUP) + h) * SEQ_Q + t, lse)
-
-
-#: bits of the error word the split kernel raises (``tl.atomic_or``) on values it had to clamp
-BAD_LENGTH = tl.constexpr(1)  #: a ``cache_seqlens`` value outside ``0..capacity - new``
-BAD_START = tl.constexpr(2)  #: a ``cache_leftpad`` value outside ``0..cache_seqlens + new``
-BAD_PAGE = tl.constexpr(4)  #: a used ``block_table`` entry outside the page pool
-BAD_DESCALE = tl.constexpr(8)  #: an fp8 cache's ``k_descale``/``v_descale`` not finite and > 0 (nothing appended)

@@ -17,7 +17,8 @@ types at all, so only integer rounding gives the same bytes in the CPU tests and
 **Bad scales write nothing.** Every program reads all of ``k_descale``/``v_descale`` (``B * Hkv``
 floats, from cache) and stores nothing when any is not finite and > 0, so a call with a bad scale
 leaves the cache bytes exactly as they were -- decided on the GPU, without a host read -- and sets
-``kv_decode.BAD_DESCALE`` in the decode error word.
+``kv_decode.BAD_DESCALE`` in the decode error word. **Nor do bad lengths or pages:** a sequence whose length or
+new rows' page is out of range stores none of its rows, as in the 16-bit append (:mod:`.kv_append`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rocmflash.hw import fp8 as F8
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
 from rocmflash.kernels import kv_append as KA
-from rocmflash.kernels.kv_append import append_rows
+from rocmflash.kernels.kv_append import append_rows, report_unstored
 
 
 class Fp8Layout(NamedTuple):
@@ -170,11 +171,13 @@ def _quant_append(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT, KS, VS, ERR,
         if (bt_idx == 0) & (h == 0):
             tl.atomic_or(ERR, BAD_DESCALE, sem="relaxed")
         return
-    # as the 16-bit append (kv_append): out-of-range lengths and pages clamped into the cache
-    k_row, v_row = append_rows(b, t, given, BT, stride_btb, stride_kcb, stride_kcn, stride_vcb, stride_vcn, NEW,
-                               CAPACITY, PAGE_SIZE, NUM_BLOCKS, PAGED)
+    # as the 16-bit append (kv_append): a sequence with a length or page out of range stores nothing, and says so
+    k_row, v_row, rows_bad = append_rows(b, t, given, BT, stride_btb, stride_kcb, stride_kcn, stride_vcb,
+                                         stride_vcn, NEW, CAPACITY, PAGE_SIZE, NUM_BLOCKS, PAGED)
+    report_unstored(ERR, rows_bad, (t == 0) & (h == 0))
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
+    smask = dmask & (rows_bad == 0)
     ks = tl.load(KS + b * stride_ksb + h * stride_ksh)
     vs = tl.load(VS + b * stride_vsb + h * stride_vsh)
     k = tl.load(KN + b.to(tl.int64) * stride_knb + t * stride_knt + h * stride_knh + offs_d * stride_knd,
@@ -183,8 +186,8 @@ def _quant_append(KN, VN, KC, VC, BT, SEQLENS, SEQ_OUT, KS, VS, ERR,
                 mask=dmask, other=0.0).to(tl.float32)
     kq = _fp8_bits(tl.math.div_rn(k, ks), MANT, BIAS, FNUZ, FMAX)
     vq = _fp8_bits(tl.math.div_rn(v, vs), MANT, BIAS, FNUZ, FMAX)
-    tl.store(KC + k_row + h * stride_kch + offs_d * stride_kcd, kq.to(tl.uint8), mask=dmask)
-    tl.store(VC + v_row + h * stride_vch + offs_d * stride_vcd, vq.to(tl.uint8), mask=dmask)
+    tl.store(KC + k_row + h * stride_kch + offs_d * stride_kcd, kq.to(tl.uint8), mask=smask)
+    tl.store(VC + v_row + h * stride_vch + offs_d * stride_vcd, vq.to(tl.uint8), mask=smask)
 
 
 @functools.lru_cache(maxsize=256)
@@ -201,11 +204,11 @@ def append_args(k, v, k_cache, v_cache, block_table, seqlens, k_descale, v_desca
     the scales; ``k_cache``/``v_cache`` as uint8 views (the kernel stores bytes); ``bt``: the tensor standing in
     for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch; ``seq_out``: where the lengths after
     the append go."""
-    args = KA.append_args(k, v, k_cache, v_cache, block_table, seqlens, seq_out, page_size)
+    args = KA.append_args(k, v, k_cache, v_cache, block_table, seqlens, seq_out, page_size, err=err)
     if block_table is None and bt is not None:
         args["BT"] = bt
     sks, svs = k_descale.stride(), v_descale.stride()
-    args.update(KS=k_descale, VS=v_descale, ERR=err, stride_ksb=sks[0], stride_ksh=sks[1], stride_vsb=svs[0],
+    args.update(KS=k_descale, VS=v_descale, stride_ksb=sks[0], stride_ksh=sks[1], stride_vsb=svs[0],
                 stride_vsh=svs[1], H_KV=k.shape[2], NUM_SCALES=k_descale.shape[0] * k_descale.shape[1])
     return args
 
@@ -214,8 +217,9 @@ def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, 
                      bad_bit: int, backend: str):
     """Quantise ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the fp8 caches at ``lens[b] + t`` (one launch, no host
     read); ``err``: the device's decode error word, into which ``bad_bit`` is ORed when a scale is bad
-    (nothing is written to the caches then). Returns the int32 ``(B,)`` lengths after the append
-    (``lens + Sk_new``), written by the same launch."""
+    (nothing is written to the caches then), and the bits of a sequence whose length or page is out of range
+    (its rows are not written: :func:`rocmflash.kernels.kv_append.append_rows`). Returns the int32 ``(B,)``
+    lengths after the append (``lens + Sk_new``), written by the same launch."""
     import torch
 
     B, new, hkv, d = k.shape
