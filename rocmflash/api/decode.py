@@ -422,7 +422,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     default: the exact value and index in the message, at the price of one wait per call (skipped
     while a graph is captured).
 
-    ``cache_leftpad`` (keyword only; flash-attn's argument of that name): int32 ``(B,)``, the
+    ``cache_leftpad`` (flash-attn's argument of that name): int32 ``(B,)``, the
     key each sequence starts at -- a left-padded batch, whose keys before it are ignored (not
     read). Sequence ``b`` is keys ``[cache_leftpad[b], cache_seqlens[b] + Sk_new)``; causal
     masks and windows keep counting positions in the cache, so the new tokens stay aligned to
