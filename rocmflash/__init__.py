@@ -2,7 +2,10 @@
 
 ``import rocmflash`` is cheap: the attention API (which imports torch and triton)
 is loaded on first use of ``rocmflash.attention`` / ``rocmflash.flash_attn_func`` /
-``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``.
+``rocmflash.flash_attn_varlen_func`` / ``rocmflash.flash_attn_with_kvcache`` / ``rocmflash.patch_sdpa``, and of
+flash-attn 2's packed forms (``rocmflash.flash_attn_qkvpacked_func`` and the like): flash-attn 2.8's names and
+signatures, so ``import rocmflash as flash_attn`` serves code written for it. flash-attn 3's interface is the module
+:mod:`rocmflash.flash_attn_interface`.
 The custom ops ``torch.ops.rocmflash.*`` (:mod:`rocmflash.api.ops`) work right after ``import rocmflash``
 too, whether torch was imported before or after it: their module is imported on the first lookup. So does
 the name ``"rocmflash"`` in torch's flash attention registry, where the torch has one
@@ -19,7 +22,10 @@ __version__ = "0.1.0"
 _LAZY = {"attention": "rocmflash.api.attention", "flash_attn_func": "rocmflash.api.attention",
          "flash_attn_varlen_func": "rocmflash.api.varlen", "flash_attn_with_kvcache": "rocmflash.api.decode",
          "patch_sdpa": "rocmflash.api.sdpa", "unpatch_sdpa": "rocmflash.api.sdpa",
-         "check_errors": "rocmflash.api.errors"}
+         "check_errors": "rocmflash.api.errors",
+         "flash_attn_qkvpacked_func": "rocmflash.api.packed", "flash_attn_kvpacked_func": "rocmflash.api.packed",
+         "flash_attn_varlen_qkvpacked_func": "rocmflash.api.packed",
+         "flash_attn_varlen_kvpacked_func": "rocmflash.api.packed"}
 
 #: the modules that register ``torch.ops.rocmflash.*`` when imported
 _OP_MODULES = ("rocmflash.api.ops",)
@@ -132,4 +138,5 @@ elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
 
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-           "patch_sdpa", "unpatch_sdpa", "check_errors", "__version__"]
+           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func", "patch_sdpa", "unpatch_sdpa", "check_errors", "__version__"]

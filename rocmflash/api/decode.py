@@ -385,17 +385,31 @@ def _seen_before(sig: tuple) -> bool:
     return L.seen_before(_SEEN, sig, _MAX_CALL_PLANS)
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale: Optional[float] = None, causal: bool = False,
-                            window_size: tuple = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
-                            return_lse: bool = False, *, check_values: bool = False, cache_leftpad=None,
-                            k_descale=None, v_descale=None):
+                            window_size: tuple = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
+                            alibi_slopes=None, num_splits: int = 0, return_softmax_lse: bool = False, *,
+                            return_lse: bool = False, check_values: bool = False, k_descale=None, v_descale=None):
     """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
 
-    Returns ``(B, Sq, Hq, D)`` in q's dtype, or ``(out, lse)`` with ``lse`` fp32 ``(B, Hq, Sq)``
-    (natural log; rows that see no key: output 0, LSE ``-inf``). Causal masking is bottom-right
-    aligned: new token ``t`` sits at position ``L - Sq + t`` of its sequence's ``L`` keys.
-    Not differentiable (inference).
+    flash-attn 2.8's signature: its argument order, names and defaults. Returns ``(B, Sq, Hq, D)`` in q's
+    dtype, or ``(out, lse)`` with ``return_softmax_lse=True`` (``return_lse=True``, keyword only, is the older
+    rocmflash name of the same) and ``lse`` fp32 ``(B, Hq, Sq)`` (natural log; rows that see no key: output 0,
+    LSE ``-inf``). Causal masking is bottom-right aligned: new token ``t`` sits at position ``L - Sq + t`` of its
+    sequence's ``L`` keys. Not differentiable (inference).
+
+    ``rotary_cos``/``rotary_sin`` ``(seqlen_ro, rotary_dim / 2)`` (``rotary_dim`` even, at most the head dim;
+    ``seqlen_ro`` at least the cache's capacity): the rotary embedding of q and of the new ``k`` (which must be
+    given) before the append, flash-attn's rules -- new key ``t`` of sequence ``b`` at position
+    ``cache_seqlens[b] + t``; queries at the same positions when causal or local, else all at
+    ``cache_seqlens[b]``; ``rotary_interleaved`` pairs features ``(0, 1), (2, 3), ...``, else
+    ``(i, i + rotary_dim / 2)`` (GPT-NeoX). Done with torch ops in fp32 on the device (new tensors: the caller's
+    ``q``/``k`` are unchanged). ``cache_batch_idx`` ``(B,)`` int32: the row of a ``(B_cache, S_max, Hkv, D)``
+    cache that batch row ``b`` uses (read and appended in place, as a paged cache of one ``S_max``-key page per
+    row; indices out of range are reported as bad pages are). Not implemented, each a one-line
+    ``NotImplementedError``: ``alibi_slopes``, and ``cache_batch_idx`` with ``block_table``
+    (:mod:`rocmflash.api.kvcache_compat`).
 
     **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
     *values* of ``cache_seqlens``, ``cache_leftpad`` and ``block_table`` live on the GPU, and reading
@@ -413,7 +427,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     default: the exact value and index in the message, at the price of one wait per call (skipped
     while a graph is captured).
 
-    ``cache_leftpad`` (keyword only; flash-attn's argument of that name): int32 ``(B,)``, the
+    ``cache_leftpad`` (flash-attn's argument of that name): int32 ``(B,)``, the
     key each sequence starts at -- a left-padded batch, whose keys before it are ignored (not
     read). Sequence ``b`` is keys ``[cache_leftpad[b], cache_seqlens[b] + Sk_new)``; causal
     masks and windows keep counting positions in the cache, so the new tokens stay aligned to
@@ -435,7 +449,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     The metadata checks, config and split count are worked out once per call signature
     (dtypes, shapes, strides, devices, options) and kept; :func:`clear_cache` forgets them.
     """
-    want_lse = bool(return_lse)
+    if rotary_cos is not None or rotary_sin is not None or cache_batch_idx is not None or alibi_slopes is not None:
+        q, k, cache_seqlens, block_table = _compat().prepare(q, k_cache, k, rotary_cos, rotary_sin, cache_seqlens,
+                                                             cache_batch_idx, block_table, causal, window_size,
+                                                             rotary_interleaved, alibi_slopes)
+    want_lse = bool(return_lse or return_softmax_lse)
     plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
                  num_splits, want_lse, cache_leftpad, None, k_descale, v_descale)
     device = q.device
@@ -471,6 +489,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
     return (out, lse) if want_lse else out
+
+
+_COMPAT = []
+
+
+def _compat():
+    """:mod:`rocmflash.api.kvcache_compat`, imported on first use (rotary, ``cache_batch_idx``) and then kept."""
+    if not _COMPAT:
+        from rocmflash.api import kvcache_compat
+
+        _COMPAT.append(kvcache_compat)
+    return _COMPAT[0]
 
 
 def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None, owner=None) -> None:

@@ -228,9 +228,13 @@ class _VarlenAttention(torch.autograd.Function):
 # ----------------------------------------------------------------------------- public
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                            dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
-                           window_size: tuple = (-1, -1), softcap: float = 0.0, return_lse: bool = False, *,
-                           check_values: bool = False):
+                           window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                           deterministic: bool = False, return_attn_probs: bool = False, block_table=None, *,
+                           return_lse: bool = False, check_values: bool = False):
     """Attention over packed variable-length sequences (flash-attn's ``flash_attn_varlen_func``).
+
+    flash-attn 2.8's signature: its argument order, names and defaults, then rocmflash's keyword-only
+    ``return_lse`` and ``check_values``.
 
     Args:
         q: ``(total_q, Hq, D)`` fp16/bf16; sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
@@ -244,11 +248,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         window_size: ``(left, right)`` sliding window, ``-1`` = unbounded on that side; query ``i``
             sees keys ``[i + shift - left, i + shift + right]``; ``causal`` sets ``right = 0``.
         softcap: ``> 0`` caps scores as ``softcap * tanh(scale * q·k / softcap)`` (Gemma 2).
-        return_lse: also return the fp32 natural-log LSE, ``(Hq, total_q)``.
+        alibi_slopes: must be None (ALiBi is not implemented: a one-line ``NotImplementedError``).
+        deterministic: as in :func:`rocmflash.flash_attn_func`: a call that needs gradients stays on rocmflash's
+            kernels (whose backward is deterministic) where the database would serve the platform's varlen
+            attention or SDPA (their backward accumulates with atomics).
+        return_attn_probs: also return the LSE, flash-attn's way: ``(out, softmax_lse, None)`` (the attention
+            matrix is never formed; flash-attn returns it only with dropout).
+        block_table: must be None (paged prefill is not implemented: a one-line ``NotImplementedError``;
+            :func:`rocmflash.flash_attn_with_kvcache` reads paged caches).
+        return_lse: (keyword only, rocmflash's) also return the fp32 natural-log LSE, ``(Hq, total_q)``, as
+            ``(out, lse)``.
 
     Returns:
-        ``(total_q, Hq, D)`` in q's dtype (rows that see no key are 0 with LSE ``-inf``), or
-        ``(out, lse)``. Differentiable in q, k and v (and through the LSE).
+        ``(total_q, Hq, D)`` in q's dtype (rows that see no key are 0 with LSE ``-inf``), ``(out, lse)`` with
+        ``return_lse``, or ``(out, lse, None)`` with ``return_attn_probs``. Differentiable in q, k and v (and
+        through the LSE).
 
     **The call never waits for the GPU.** Shapes, dtypes and devices are checked on the host; the
     *values* of ``cu_seqlens_q``/``cu_seqlens_k`` live on the GPU, and reading them would make every
@@ -287,8 +301,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash does not implement attention dropout; "
                                   "use dropout_p=0.0")
     left, right = check_options(softmax_scale, causal, window_size, softcap)
-    if not isinstance(check_values, bool):
-        raise TypeError(f"check_values must be a bool, got {type(check_values).__name__}")
+    _check_fa2_options(alibi_slopes, block_table, deterministic, return_attn_probs, check_values)
+    if return_attn_probs:  # flash-attn's form of the same call: (out, softmax_lse, S_dmask), no S_dmask without dropout
+        out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
+                                          softmax_scale, causal, window_size, softcap, None, deterministic,
+                                          return_lse=True, check_values=check_values)
+        return out, lse, None
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device,
                              read_values=check_values)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,
@@ -301,9 +319,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     if not return_lse and softcap == 0.0 and left == M.UNBOUNDED and right in (0, M.UNBOUNDED) \
             and _equal_lengths(batch, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k):
         return _as_dense_batch(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale,
-                               right == 0, check_values and not _capturing(device))
+                               right == 0, check_values and not _capturing(device), deterministic)
     if _incumbent_serves(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, softcap, left, right,
-                         return_lse):
+                         return_lse, deterministic):
         out = VI.run_safe(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, right == 0,
                           softmax_scale)
         if device.type != "cuda":  # Triton's interpreter ran the check: reading the word waits for nothing
@@ -313,17 +331,30 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                 (left, right), return_lse, True, device)
 
 
+def _check_fa2_options(alibi_slopes, block_table, deterministic, return_attn_probs, check_values) -> None:
+    """flash-attn 2's options rocmflash takes (bools) or refuses (one-line ``NotImplementedError``s)."""
+    if alibi_slopes is not None:
+        raise NotImplementedError("rocmflash: ALiBi (alibi_slopes) is not implemented; pass alibi_slopes=None")
+    if block_table is not None:
+        raise NotImplementedError("rocmflash: paged prefill (block_table in flash_attn_varlen_func) is not "
+                                  "implemented; pass packed k/v (flash_attn_with_kvcache reads paged caches)")
+    for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs),
+                       ("check_values", check_values)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+
+
 def _incumbent_serves(q, k, v, cu_q, cu_k, max_k: int, softmax_scale, softcap, left: int, right: int,
-                      return_lse) -> bool:
+                      return_lse, deterministic: bool = False) -> bool:
     """Whether the platform's varlen attention serves this call (:mod:`rocmflash.api.varlen_incumbent`): a plain call
     (no LSE, window or cap; causal with one ``cu_seqlens`` tensor) whose varlen entry says it won, by the forward
-    times or, when the call needs gradients, the training steps' (not in deterministic mode: its backward uses
-    atomics)."""
+    times or, when the call needs gradients, the training steps' (not in deterministic mode nor with
+    ``deterministic=True``: its backward uses atomics)."""
     if return_lse or softcap or left != M.UNBOUNDED or right not in (0, M.UNBOUNDED):
         return False
     causal = right == 0
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if train and torch.are_deterministic_algorithms_enabled():
+    if train and (deterministic or torch.are_deterministic_algorithms_enabled()):
         return False
     group = q.shape[1] // k.shape[1]
     return VI.serving(q.device, q.shape[2], q.dtype, causal, group, max(1, int(max_k)), train) and \
@@ -341,7 +372,7 @@ _DENSE = []
 
 
 def _as_dense_batch(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, softmax_scale, causal: bool,
-                    values_checked: bool):
+                    values_checked: bool, deterministic: bool = False):
     """An equal-length packed batch as the ``(batch, S, H, D)`` batch it is (views, no copy), through
     :func:`rocmflash.flash_attn_func`: the dense path, with its database entry and its incumbent (SDPA where that
     was faster), where the varlen kernel spends time on per-sequence bounds for nothing (H100, 8 x 4096 keys,
@@ -359,7 +390,7 @@ def _as_dense_batch(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, sof
 
         _DENSE.append(flash_attn_func)
     out = _DENSE[0](q.unflatten(0, (batch, max_q)), k.unflatten(0, (batch, max_k)), v.unflatten(0, (batch, max_k)),
-                    softmax_scale=softmax_scale, causal=causal)
+                    softmax_scale=softmax_scale, causal=causal, deterministic=deterministic)
     return out.flatten(0, 1)
 
 
