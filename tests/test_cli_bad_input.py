@@ -13,6 +13,7 @@ import pytest
 from rocmflash.cli import main
 from rocmflash.cli.tune import _unwritable_dir
 from rocmflash.static import compile as C
+from rocmflash.static.report_dirs import REPORTS_ENV
 from rocmflash import db as D
 
 
@@ -28,6 +29,7 @@ def _no_compile(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "_observe_all", refuse)
     monkeypatch.setenv(C.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path / "configs"))
+    monkeypatch.setenv(REPORTS_ENV, str(tmp_path / "reports-root"))
     monkeypatch.chdir(tmp_path)
 
 
@@ -75,10 +77,32 @@ def test_report_out_on_proc_is_one_line(capsys):
     assert "cannot write there" in err
 
 
-def test_report_default_out_in_an_unwritable_place(tmp_path, monkeypatch, capsys):
-    (tmp_path / "reports").write_text("a file where the default report folder goes\n")
-    err = _one_line_error(capsys, ["vgpr-report", "--gpu", "mi250"])
-    assert "--out reports: reports is a file" in err
+@pytest.mark.parametrize("mode", REPORTS, ids=["prefill", "decode", "varlen", "bwd"])
+def test_report_default_out_in_an_unwritable_place(tmp_path, monkeypatch, capsys, mode):
+    """The default folder is under $ROCMFLASH_REPORTS_DIR, else the user data dir's reports (never ./reports):
+    a file where it goes is one line naming where the default came from, before any compile."""
+    root = tmp_path / "reports-root"
+    root.write_text("a file where the default reports root goes\n")
+    err = _one_line_error(capsys, ["vgpr-report", "--gpu", "mi250", *mode])
+    assert err.startswith(f"error: ${REPORTS_ENV} {root}/vgpr-") and f"{root} is a file, so no directory" in err
+    monkeypatch.delenv(REPORTS_ENV)
+    import platformdirs
+
+    monkeypatch.setattr(platformdirs, "user_data_dir", lambda app: str(tmp_path / "data" / app))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rocmflash").write_text("a file where the user data dir goes\n")
+    err = _one_line_error(capsys, ["vgpr-report", "--gpu", "mi250", *mode])
+    assert err.startswith(f"error: --out (default) {tmp_path}/data/rocmflash/reports/vgpr-") and "is a file" in err
+    assert root.read_text().startswith("a file") and not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("mode", REPORTS, ids=["prefill", "decode", "varlen", "bwd"])
+def test_report_json_without_out_checks_and_makes_no_folder(tmp_path, mode):
+    """--json without --out writes nothing, so an unwritable reports root is no error and nothing is made."""
+    (tmp_path / "reports-root").write_text("a file where the default reports root goes\n")
+    with pytest.raises(CompileStarted):
+        main(["vgpr-report", "--gpu", "mi250", *mode, "--json"])
+    assert os.listdir(tmp_path) == ["reports-root"]  # no report folder made, here or under the root
 
 
 def test_cache_env_naming_a_file(user_file, monkeypatch, capsys):

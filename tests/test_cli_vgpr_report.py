@@ -10,9 +10,13 @@ CONTRACT = {"variant", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_p
             "verdict", "reason"}
 
 
-def _rocmflash(*args, cwd=None):
+def _rocmflash(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "rocmflash.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
+                          timeout=600, cwd=cwd, env=env)
+
+
+def _files_under(root) -> list:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
 
 
 def test_vgpr_report_json_files_and_warm_rerun(tmp_path):
@@ -39,6 +43,29 @@ def test_vgpr_report_json_files_and_warm_rerun(tmp_path):
     warm = _rocmflash(*args)
     assert warm.returncode == 0 and "0 compiled" in warm.stdout and "warm run" in warm.stdout
     assert "split_d" in warm.stdout
+    _default_folders_warm(tmp_path, args[:-2], rows)
+
+
+def _default_folders_warm(tmp_path, args, rows):
+    """Without --out (warm cache, run from an empty folder): --json writes no file anywhere; a plain run writes
+    under the user data dir (never the current folder), in a folder named by the variant subset, and says where."""
+    import pandas as pd
+
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ROCMFLASH_REPORTS_DIR"}
+    env["XDG_DATA_HOME"] = str(data)  # platformdirs' user data dir on Linux
+    quiet = _rocmflash(*args, "--json", cwd=cwd, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    contract = [{k: r[k] for k in CONTRACT} for r in rows]
+    assert [{k: r[k] for k in CONTRACT} for r in json.loads(quiet.stdout)] == contract
+    assert _files_under(tmp_path / "cwd") == [] and not data.exists()  # --json alone wrote nothing
+    plain = _rocmflash(*args, cwd=cwd, env=env)
+    assert plain.returncode == 0, plain.stderr
+    folder = data / "rocmflash" / "reports" / "vgpr-mi250-d128-fp16-two_phase-split_d"  # the subset's own name
+    assert _files_under(data) == [os.path.relpath(folder / n, data) for n in ("configs.csv", "report.md", "vgprs.png")]
+    assert f"wrote {folder / 'report.md'}" in plain.stdout.replace("\n", "")
+    assert len(pd.read_csv(folder / "configs.csv")) == len(rows) and _files_under(cwd) == []
 
 
 def test_vgpr_report_bad_input_exit_2(tmp_path):

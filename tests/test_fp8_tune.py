@@ -110,6 +110,33 @@ def test_worker_measures_an_fp8_config_in_the_interpreter(gate_on_cpu):
     assert bad["status"] == "failed" and "online kernel only" in bad["error"]
 
 
+def test_each_timed_gfx942_launch_copies_v_k_major_as_an_api_call_does(gate_on_cpu, monkeypatch):
+    """gfx942 reads V K-major and an API call copies V into that layout every call (fp8_plans.execute ->
+    fp8_forward.launch_kept -> as_kmajor_v). The timed launches must make that copy too, each one: inputs with V
+    copied once beforehand timed a cheaper call than the one served (#46). The launches stay right: relative L2
+    error against the dequantised reference within e4m3's unit roundoff, as the gate asks."""
+    import math
+
+    from rocmflash.kernels import fp8_forward
+    from rocmflash.tuning.live_worker import input_set, launch_set
+
+    copies, real = [], fp8_forward.kmajor_copy
+    monkeypatch.setattr(fp8_forward, "kmajor_copy", lambda v, keys=None: copies.append(v.data_ptr()) or real(v, keys))
+    mod, scale = live_fp8.Fp8Forward("gfx942"), 1.0 / math.sqrt(SHAPE8.head_dim)
+    assert fp8_forward.kmajor_v(mod.arch)
+    s = input_set(SHAPE8, torch.device("cpu"), mod.arch)
+    q, k, v, out, descales = s
+    assert v.dtype == torch.float8_e4m3fnuz and v.stride(2) != 1  # V as a caller passes it: row-major
+    assert copies == []  # and not copied while the inputs were made
+    ref = live_gate.reference(*(live_fp8.dequantised(x, d) for x, d in zip((q, k, v), descales)), SHAPE8.causal,
+                              scale)
+    for launches in (1, 2, 3):
+        out.fill_(float("nan"))
+        launch_set(mod, CFG, SHAPE8.causal, scale, s)
+        assert copies == [v.data_ptr()] * launches  # one copy of this V inside every timed launch
+        assert ((out.double() - ref).norm() / ref.norm()).item() <= U_E4M3
+
+
 # ====================================================================== a whole tune
 @pytest.mark.parametrize("fake_rocm", [MI300X], indirect=True)
 def test_cli_fp8_tune_on_a_fake_mi300x_end_to_end(fake_rocm, tmp_path, monkeypatch, capsys):

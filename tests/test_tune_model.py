@@ -66,6 +66,36 @@ def test_bad_configs_name_the_field(cfg, words):
         from_config(cfg, "bad")
 
 
+#: every numeric field from_config reads (hidden_size only without head_dim: the base config below has none)
+NUMERIC_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "sliding_window",
+                  "attn_logit_softcapping", "num_hidden_layers", "max_position_embeddings", "head_dim")
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "true"])
+@pytest.mark.parametrize("field", NUMERIC_FIELDS)
+def test_config_json_non_finite_or_bool_numbers_are_refused(tmp_path, field, literal):
+    """Python's json reads NaN/Infinity literals as floats (a NaN softcap passed ``< 0`` and was tuned with);
+    a bool is an int to isinstance. Each is one ModelConfigError line naming the field, for every numeric field."""
+    base = json.dumps({**LLAMA, "sliding_window": 4096, "attn_logit_softcapping": 30.0})
+    assert load_model(_write(tmp_path / "good.json", base)).softcap == 30.0  # the base itself is accepted
+    text = base[:-1] + f', "{field}": {literal}}}'  # the last key wins in json
+    with pytest.raises(ModelConfigError, match=f"{field} = ") as err:
+        load_model(_write(tmp_path / "config.json", text))
+    assert "\n" not in str(err.value)
+
+
+def _write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_cli_nan_softcap_is_one_line(env, capsys):
+    path = _write(env / "config.json", json.dumps(LLAMA)[:-1] + ', "attn_logit_softcapping": NaN}')
+    assert cli(["tune", "--gpu", "mi300x", "--model", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "attn_logit_softcapping = nan; expected a finite number >= 0" in err and err.count("\n") == 1
+
+
 def test_bad_model_paths_are_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad.json").write_text("{not json")

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "vgpr-report", help="cross-compile a GPU's config space on this CPU, prune it, and explain why",
         description="Compile every candidate attention config for the GPU's arch (no GPU needed), read the "
                     "code objects, compute occupancy and prune spills, LDS overflows, low occupancy, cliff "
-                    "victims and duplicate binaries. Writes report.md, configs.csv and vgprs.png.")
+                    "victims and duplicate binaries. Writes report.md, configs.csv and vgprs.png (not with --json "
+                    "unless --out is given).")
     report.add_argument("--gpu", required=True, help="catalog name, e.g. mi250, mi300x, mi355x (see `rocmflash gpus`)")
     report.add_argument("--head-dim", type=int, default=128, metavar="D", help="head dimension (16..256, default 128)")
     report.add_argument("--dtype", default="fp16",
@@ -59,9 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--causal", action="store_true", help="causal attention")
     report.add_argument("--variant", nargs="+", metavar="NAME", default=None,
                         help="limit to these variants: online split_kv two_phase split_d (default: all)")
-    report.add_argument("--json", action="store_true", help="print one JSON object per config to stdout")
+    report.add_argument("--json", action="store_true",
+                        help="print one JSON object per config to stdout; writes no file unless --out is given")
     report.add_argument("--out", metavar="DIR", default=None,
-                        help="where report.md/configs.csv/vgprs.png go (default reports/vgpr-<gpu>-d<D>-<dtype>)")
+                        help="the folder report.md/configs.csv/vgprs.png go to (default: a folder named by the "
+                             "options that select the report, e.g. vgpr-mi250-d128-fp16 or "
+                             "vgpr-mi250-d128-fp16-online, under $ROCMFLASH_REPORTS_DIR or the user data dir, ~/.local/share/rocmflash/reports on "
+                             "Linux; the path is printed at the end)")
     report.add_argument("--cache-dir", metavar="DIR", default=None,
                         help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
     report.add_argument("--workers", type=int_at_least(1), default=None, metavar="N",
@@ -232,7 +237,7 @@ REPORT_FLAG_SCOPE = {
 def _check_report_args(args: argparse.Namespace) -> None:
     """ValueError (one line) before any compile: a flag this mode/pass would ignore, an occupancy floor past the
     arch's maximum, an ``--out``/``--cache-dir`` that cannot be written. Fills ``--cliff-margin``'s default."""
-    from rocmflash.cli.tune import check_cache_dir, check_writable_dir
+    from rocmflash.cli.tune import check_cache_dir
 
     if args.mode == "decode" and args.pass_ == "bwd":
         raise ValueError("--pass bwd is for --mode prefill or varlen (decode has no backward)")
@@ -250,8 +255,22 @@ def _check_report_args(args: argparse.Namespace) -> None:
         from rocmflash.static.prune import PruneSettings
 
         args.cliff_margin = PruneSettings().cliff_margin
-    check_writable_dir("--out", args.out or "reports")  # the default goes under ./reports
+    _check_report_out(args)
     check_cache_dir(args.cache_dir)
+
+
+def _check_report_out(args: argparse.Namespace) -> None:
+    """``--out``, else the report's default folder (:mod:`rocmflash.static.report_dirs`: named by the options that
+    select the report, under the reports root), must be a directory that can be written; ``--json`` without
+    ``--out`` writes nothing, so there is nothing to check."""
+    from rocmflash.cli.tune import check_writable_dir
+    from rocmflash.static import report_dirs
+
+    if args.out:
+        check_writable_dir("--out", args.out)
+    elif not args.json:
+        folder = os.path.join(report_dirs.reports_root(), report_dirs.default_folder_name(args))
+        check_writable_dir(report_dirs.root_flag(), folder)
 
 
 def _check_report_dtype(args: argparse.Namespace) -> None:

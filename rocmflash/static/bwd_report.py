@@ -9,12 +9,13 @@ that training runs with until a tune on the live GPU writes measured entries.
 
 from __future__ import annotations
 
-import os
-
+from rocmflash.static import report_dirs as R
 from rocmflash.static.family_report import REGISTER_COLUMNS, publish, register_values
 from rocmflash.tuning.backward import KERNELS, BwdStatic, owned_and_looped, space_point, static_phase
 
 COLUMNS = ("kernel", "config", *REGISTER_COLUMNS, "verdict", "rank", "default", "reason")
+#: the query heads of the report's problem without ``--heads`` (key/value heads: as many)
+DEFAULT_HEADS = 16
 
 
 def label(cfg: dict) -> str:
@@ -39,15 +40,28 @@ def row_values(defaults: list):
     return values
 
 
-def main(args, command: str) -> int:
+def problem_of(args):
+    """The report's problem: ``--head-dim``, ``--dtype``, ``--causal``, ``--heads`` (default 16), ``--kv-heads``."""
     from rocmflash.config import Problem
+
+    return Problem(head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
+                   heads_q=args.heads or DEFAULT_HEADS, heads_kv=args.kv_heads or args.heads or DEFAULT_HEADS)
+
+
+def default_name(gpu, problem) -> str:
+    """The report folder's name (:mod:`rocmflash.static.report_dirs`): ``vgpr-bwd-<gpu>-d<D>-<dtype>``, then
+    ``-causal`` and the heads when not the defaults (``-heads32-kvheads8``)."""
+    return R.folder_name("vgpr-bwd", gpu, problem.head_dim, problem.dtype, R.flag_suffix(problem.causal, "causal"),
+                         *R.heads_suffixes(problem.heads_q, problem.heads_kv, DEFAULT_HEADS, problem.heads_q))
+
+
+def main(args, command: str) -> int:
     from rocmflash.hw.gpus import get_gpu
     from rocmflash.kernels.backward import check_head_dim, default_bwd_config
 
     gpu = get_gpu(args.gpu)
     check_head_dim(args.head_dim)
-    problem = Problem(head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
-                      heads_q=args.heads or 16, heads_kv=args.kv_heads or args.heads or 16)
+    problem = problem_of(args)
     static = static_phase(gpu, problem, args.cache_dir, args.workers)
     default = default_bwd_config(gpu.arch, problem.head_dim)
     defaults = [space_point("dkdv", default.dkdv), space_point("dq", default.dq)]
@@ -59,8 +73,7 @@ def main(args, command: str) -> int:
               f"{kept['dq']}, dK/dV {kept['dkdv']}; registers and occupancy read from the code objects "
               "(`isa_tools`), verdicts from `rocmflash.static.prune`; 'own'/'loop' = the block a program owns / loops over",
               "default = the per-arch default run-time selection uses without a measured entry"]
-    causal = "-causal" if problem.causal else ""
-    out = args.out or os.path.join("reports", f"vgpr-bwd-{gpu.name}-d{problem.head_dim}-{problem.dtype}{causal}")
+    out = R.out_dir(args, default_name(gpu, problem))
     publish(out, f"backward kernels on {gpu.name} ({gpu.arch}), cross-compiled", header, COLUMNS, ordered(static),
             row_values(defaults), command, args.json, f"kept {kept['dq']} dQ and {kept['dkdv']} dK/dV configs of "
             f"{len(static.rows)}", max_rows=100)

@@ -1,7 +1,8 @@
 """The report shared by ``vgpr-report --mode decode`` and ``--pass bwd``: one row per compiled config.
 
 Each caller gives its column names, a row -> values function and the header lines; this
-module writes ``report.md`` under the output directory and prints the table (or JSON).
+module writes ``report.md`` under the output directory (none: ``--json`` without ``--out``,
+:func:`rocmflash.static.report_dirs.out_dir`) and prints the table (or JSON).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from typing import Optional
 
 
 def output_dir(path: str) -> str:
@@ -26,15 +28,17 @@ def markdown(title: str, header: list, columns: tuple, rows: list, row_values, c
     return "\n".join(lines) + "\n"
 
 
-def publish(out_dir: str, title: str, header: list, columns: tuple, rows: list, row_values, command: str,
+def publish(out_dir: Optional[str], title: str, header: list, columns: tuple, rows: list, row_values, command: str,
             as_json: bool, footer: str, max_rows: int = 60) -> None:
-    """Write ``report.md`` and print the rows as a rich table (dimmed when pruned) or as JSON."""
+    """Write ``report.md`` under ``out_dir`` (None: no file) and print the rows as a rich table (dimmed when
+    pruned) or as JSON."""
     from rich.table import Table
 
     from rocmflash.static.report import make_console
 
-    with open(os.path.join(output_dir(out_dir), "report.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(title, header, columns, rows, row_values, command))
+    if out_dir is not None:
+        with open(os.path.join(output_dir(out_dir), "report.md"), "w", encoding="utf-8") as f:
+            f.write(markdown(title, header, columns, rows, row_values, command))
     if as_json:
         print(json.dumps(rows, indent=1, default=str))
         return
@@ -45,7 +49,7 @@ def publish(out_dir: str, title: str, header: list, columns: tuple, rows: list, 
     for r in rows[:max_rows]:
         table.add_row(*["" if v is None else str(v) for v in row_values(r)], style=None if r["kept"] else "dim")
     console.print(table)
-    console.print(f"{footer}; report: {os.path.join(out_dir, 'report.md')}")
+    console.print(footer + (f"; report: {os.path.join(out_dir, 'report.md')}" if out_dir is not None else ""))
 
 
 def register_values(kernel: dict) -> list:

@@ -10,6 +10,7 @@ import sys
 from typing import Optional
 
 from isa_tools import amd_arch, waves_from_vgprs
+from rocmflash.static import report_dirs as R
 from rocmflash.static.compile import SweepStats, sweep
 from rocmflash.config import FP8, KernelConfig, Problem
 from rocmflash.hw.gpus import GPU, get_gpu
@@ -114,9 +115,41 @@ def seed_case_study(cache_dir=None, workers=None) -> list[dict]:
     return out
 
 
-def default_out_dir(gpu: GPU, problem: Problem) -> str:
-    name = f"vgpr-{gpu.name}-d{problem.head_dim}-{problem.dtype}" + ("-causal" if problem.causal else "")
-    return os.path.join("reports", name)
+def default_name(gpu: GPU, problem: Problem, variants=None, settings: PruneSettings = PruneSettings(),
+                 reference: bool = False, reference_file: Optional[str] = None) -> str:
+    """The report folder's name: ``vgpr-<gpu>-d<D>-<dtype>`` for the default sweep, then a suffix per option that
+    changes what the report holds (:mod:`rocmflash.static.report_dirs`): ``-causal``, a ``--variant`` subset
+    (``-online``), a floor or cliff margin other than the default (``-floor1``, ``-margin8``), ``--reference``."""
+    every = list(default_space(gpu, None, problem.dtype).knobs)  # the variants of the default sweep (fp8: online)
+    base = PruneSettings()
+    return R.folder_name("vgpr", gpu, problem.head_dim, problem.dtype, R.flag_suffix(problem.causal, "causal"),
+                         R.variants_suffix(variants, every),
+                         # any floor given: an explicit one applies to every config (prune.py), the default not
+                         R.number_suffix("floor", settings.occupancy_floor, base.occupancy_floor),
+                         R.number_suffix("margin", settings.cliff_margin, base.cliff_margin),
+                         R.reference_suffix(reference, reference_file))
+
+
+def problem_of(args) -> Problem:
+    """The report's problem: ``--head-dim``, ``--dtype``, ``--causal``."""
+    return Problem(head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
+
+
+def settings_of(args) -> PruneSettings:
+    """The pruner's settings: ``--occupancy-floor``, ``--cliff-margin`` (the CLI fills its default)."""
+    return PruneSettings(occupancy_floor=args.occupancy_floor, cliff_margin=args.cliff_margin)
+
+
+def default_name_of(args, gpu: GPU) -> str:
+    """:func:`default_name` of the report the flags ``args`` select."""
+    reference_file = getattr(args, "reference_file", None)
+    return default_name(gpu, problem_of(args), args.variant, settings_of(args),
+                        bool(getattr(args, "reference", False) or reference_file), reference_file)
+
+
+def default_out_dir(gpu: GPU, problem: Problem, **name_options) -> str:
+    """:func:`default_name`'s folder under the reports root (:func:`rocmflash.static.report_dirs.reports_root`)."""
+    return os.path.join(R.reports_root(), default_name(gpu, problem, **name_options))
 
 
 def write_report(rows, stats, seed, gpu, problem, settings, out_dir, command, extra_sections=()) -> None:
@@ -271,11 +304,10 @@ def main(args, command: str) -> int:
     from rocmflash.static.report import make_console
 
     gpu = get_gpu(args.gpu)
-    problem = Problem(head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
-    settings = PruneSettings(occupancy_floor=args.occupancy_floor, cliff_margin=args.cliff_margin)
+    problem, settings = problem_of(args), settings_of(args)
     console = make_console(stderr=args.json)
-    out_dir = args.out or default_out_dir(gpu, problem)
     reference = bool(getattr(args, "reference", False) or getattr(args, "reference_file", None))
+    out_dir = R.out_dir(args, default_name_of(args, gpu))  # None with --json and no --out: nothing written
     result = run(gpu, problem, args.variant, out_dir, args.cache_dir, args.workers, settings, console,
                  progress=sys.stderr.isatty() or not args.json, command=command, reference=reference,
                  reference_file=getattr(args, "reference_file", None))

@@ -10,8 +10,11 @@
   activation's are, so ``1/sqrt(D)`` gives scores of the size real ones have.
 * **The kernel** is :mod:`rocmflash.kernels.fp8_forward` behind the variants' interface
   (:class:`Fp8Forward`: ``launch(q, k, v, cfg, causal, scale, out, descales)``, ``compile_for``).
-  Timed inputs hold V K-major where the arch reads it so (:func:`timed_v`): the timing is the kernel's,
-  without the per-call copy the public API makes of a row-major V.
+  Timed inputs hold V as a caller passes it (row-major ``(B, Hkv, Sk, D)``), so where the arch reads V
+  K-major (:func:`rocmflash.kernels.fp8_forward.kmajor_v`: gfx942, sm_89/sm_90/sm_12x) every timed launch
+  makes the copy the public API makes on every call (:func:`rocmflash.kernels.fp8_forward.launch_kept`, the
+  function :func:`rocmflash.api.fp8_plans.execute` runs): the tune times the call that is served, not the
+  kernel alone on a V copied once beforehand (that measured a cheaper call than the API's).
 * **The gate** compares with fp32 attention of the *dequantised* inputs; the tolerance on the relative L2
   error is V's unit roundoff ``u`` (e4m3: ``2**-4``, :func:`tolerance`), the bound that
   ``tests/test_fp8_forward.py`` holds every interpreted and compiled (H100) run to: P is rounded to fp8 at
@@ -82,14 +85,6 @@ def dequantised(x, descale):
     return x.float() * descale.repeat_interleave(group, 1)[:, :, None, None]
 
 
-def timed_v(v, arch: Optional[str]):
-    """V as the timed launches read it: K-major (keys contiguous) where the kernel reads it so on ``arch``
-    (:func:`rocmflash.kernels.fp8_forward.kmajor_v`: one copy here instead of one per launch), else ``v``."""
-    from rocmflash.kernels import fp8_forward
-
-    return fp8_forward.as_kmajor_v(v)[0] if fp8_forward.kmajor_v(arch) else v
-
-
 @dataclasses.dataclass(frozen=True)
 class Fp8Forward:
     """:mod:`rocmflash.kernels.fp8_forward` with the interface the live runner gives a variant's module."""
@@ -118,7 +113,9 @@ def kernel() -> Fp8Forward:
 
 
 def inputs(shape, dev, generator=None, arch: Optional[str] = None) -> tuple:
-    """``(q, k, v, out, descales)``: one timed input set of an fp8 ``shape`` (V laid out as :func:`timed_v`)."""
+    """``(q, k, v, out, descales)``: one timed input set of an fp8 ``shape``, every tensor row-major as a caller's
+    (V too: each launch copies it K-major where the arch reads it so, as an API call does; ``arch`` picks the
+    format)."""
     import torch
 
     dtype = input_dtype(arch)
@@ -127,8 +124,8 @@ def inputs(shape, dev, generator=None, arch: Optional[str] = None) -> tuple:
     k, v = (fill(torch.empty(shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim, device=dev, dtype=dtype),
                  generator) for _ in range(2))
     out = torch.empty(q.shape, device=dev, dtype=torch.bfloat16)
-    return q, k, timed_v(v, arch), out, descales(shape.batch, shape.heads_kv, dtype, dev, generator)
+    return q, k, v, out, descales(shape.batch, shape.heads_kv, dtype, dev, generator)
 
 
-__all__ = ["Fp8Forward", "kernel", "inputs", "fill", "descales", "dequantised", "timed_v", "tolerance",
+__all__ = ["Fp8Forward", "kernel", "inputs", "fill", "descales", "dequantised", "tolerance",
            "input_dtype", "worker_arch", "DIVISOR"]

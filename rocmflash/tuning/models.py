@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Optional
 
@@ -84,12 +85,26 @@ def _config_path(path: str) -> str:
 
 
 def _positive_int(cfg: dict, key: str, path: str) -> Optional[int]:
+    """``cfg[key]`` as a positive int, None when absent or null. ``type(...) is int`` refuses bools, floats
+    (``4096.0``) and the ``NaN``/``Infinity`` literals Python's ``json`` reads as floats."""
     value = cfg.get(key)
     if value is None:
         return None
     if type(value) is not int or value < 1:
         raise ModelConfigError(f"{path}: {key} = {value!r}; expected a positive integer")
     return value
+
+
+def _finite_number(cfg: dict, key: str, path: str) -> float:
+    """``cfg[key]`` as a finite float >= 0, 0.0 when absent or null. Python's ``json`` reads ``NaN`` and
+    ``Infinity`` as floats, and a bool is an int to ``isinstance``: all three are refused (a NaN cap would
+    pass ``< 0`` and make every score NaN; ``true`` is no cap value)."""
+    value = cfg.get(key)
+    if value is None:
+        return 0.0
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise ModelConfigError(f"{path}: {key} = {value!r}; expected a finite number >= 0")
+    return float(value)
 
 
 def from_config(cfg: dict, name: str, path: str = "config.json") -> ModelAttention:
@@ -115,13 +130,11 @@ def from_config(cfg: dict, name: str, path: str = "config.json") -> ModelAttenti
         window = None
     if window is not None and (type(window) is not int or window < 1):
         raise ModelConfigError(f"{path}: sliding_window = {window!r}; expected a positive integer or null")
-    softcap = cfg.get("attn_logit_softcapping") or 0.0
-    if not isinstance(softcap, (int, float)) or softcap < 0:
-        raise ModelConfigError(f"{path}: attn_logit_softcapping = {softcap!r}; expected a number >= 0")
+    softcap = _finite_number(cfg, "attn_logit_softcapping", path)
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(cfg.get("torch_dtype") or cfg.get("dtype")))
     return ModelAttention(name=name, head_dim=head_dim, heads_q=heads, heads_kv=kv,
                           layers=_positive_int(cfg, "num_hidden_layers", path) or 0, sliding_window=window,
-                          softcap=float(softcap), max_positions=_positive_int(cfg, "max_position_embeddings", path),
+                          softcap=softcap, max_positions=_positive_int(cfg, "max_position_embeddings", path),
                           dtype=dtype, source=path)
 
 
