@@ -323,3 +323,22 @@ def test_a_generate_step_whose_backend_refuses_falls_back_to_the_decode_kernel(i
     ref = torch.cat([_ref(q[b:b + 1], k[b:b + 1, :, :63], v[b:b + 1, :, :63]) for b in range(2)])  # (B, Hq, 1, D)
     assert out.shape == (2, 1, 4, 32) and rel_err(out.transpose(1, 2), ref) < 1e-2
     assert hf._served_step(q, k, v, 32 ** -0.5) is None and tried == [1]  # the next step: the decode kernel
+
+
+def test_the_tunes_pinned_route_raises_where_the_backend_refuses(interpret, monkeypatch):
+    """The tune's timing routes pin a side (:meth:`rocmflash.api.ops._Call.pin`): a backend torch refuses must fail
+    its gate, never be timed as rocmflash's kernel under its name -- no fallback, nothing recorded."""
+    import rocmflash
+    from rocmflash.api import ops
+    from rocmflash.tuning.incumbent_worker import measure_decode
+
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    q, k, v = _qkv()
+    ops._call_plan(q, k, False).pin("cudnn")  # cuDNN has no CPU kernel
+    with pytest.raises(RuntimeError):
+        rocmflash.attention(q, k, v)
+    problem = {"head_dim": 32, "dtype": "fp16", "heads_q": 4, "heads_kv": 2, "batch": 1, "seqlen_k": 300}
+    res = measure_decode(problem, None, ["cudnn"])
+    assert res["backends"]["cudnn"]["status"] == "failed", res["backends"]
+    assert incumbent.sdpa_fallbacks() == {}
