@@ -382,3 +382,178 @@ def test_dispatch_chooses_between_the_rocm_backends_and_rocmflash(fake_rocm, tmp
     else:
         assert calls == [] and launches and {r["backend"] for r in launches} == {"hip"}
         assert any("decode" in r["kernel"] for r in launches) == (shape == "decode")
+
+
+# ====================================================================== the served backend always exists
+CUDA_RECORD = {"platform": "cuda", "torch": "2.11.0+cu130", "cuda": "13.0", "hip": None, "cudnn": 91002}
+
+
+def _served_db(tmp_path, monkeypatch, runtime: str, record, backend: str = "cudnn", Sk: int = 64) -> dict:
+    """A measured ``mi250.json`` last saved under ``runtime`` (the fingerprint's ``"cuda 13.0"`` or ``"hip ..."``)
+    whose forward (d32 fp16 GQA 4 s64) and decode (B2, 512 keys) entries say SDPA ``backend`` beat rocmflash,
+    each field timed on ``record`` (None: a field written before incumbents recorded it). Returns the fields."""
+    from rocmflash.api import decode, incumbent
+    from rocmflash.tuning.decode import decode_key
+
+    backends = {"default": {"status": "ok", "time_ms": 0.05, "train_ms": 0.5},
+                backend: {"status": "ok", "time_ms": 0.01, "train_ms": 0.1}}
+    fwd = {"backend": backend, "time_ms": 0.01, "triton_ms": 0.02, "backends": backends,
+           "train": {"backend": backend, "time_ms": 0.1, "triton_ms": 0.2}}
+    dec = {"backend": backend, "time_ms": 0.01, "triton_ms": 0.02, "backends": backends,
+           "timing": incumbent.DECODE_TIMING}
+    for field in (fwd, dec):
+        if record is not None:
+            field["timed_on"] = dict(record)
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
+    monkeypatch.delenv(selection.NO_INCUMBENT_ENV, raising=False)
+    store = D.ConfigDB.open(str(tmp_path / "mi250.json"), "mi250", "gfx90a",
+                            dict(D.environment("AMD Instinct MI250X / MI250"), runtime=runtime))
+    store.put(D.problem_key(32, "fp16", False, 4, Sk),
+              {"best": KernelConfig(BLOCK_M=32, BLOCK_N=16, num_warps=2, num_stages=1, waves_per_eu=3).to_dict(),
+               "measured": True, "incumbent": fwd})
+    store.put(decode_key(32, "fp16", 4, 512, 2), {"best": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
+                                                          "waves_per_eu": 2, "num_splits": 0},
+                                                 "measured": True, "incumbent": dec})
+    store.save()
+    D.clear_cache()
+    selection.clear_cache()
+    decode.clear_cache()
+    return {"forward": fwd, "decode": dec}
+
+
+def _fresh_qkv(B, Hq, Hkv, Sq, Sk, D, seed, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, Sq, D, generator=g).half()
+    k, v = (torch.randn(B, Hkv, Sk, D, generator=g).half() for _ in range(2))
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def _rel_err_to_fp64(out, q, k, v):
+    group = q.shape[1] // k.shape[1]
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(group, 1),
+                                                           v.double().repeat_interleave(group, 1))
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("case, runtime, record, says", [
+    # the field's record says where it was timed (the fingerprint of a database re-saved on ROCm does not matter)
+    ("cuda record", "hip 6.4.43482", CUDA_RECORD, "timed on CUDA (its record)"),
+    # a field written before the record: the database's fingerprint says it was tuned under CUDA
+    ("cuda fingerprint", "cuda 13.0", None, "timed on CUDA (its database's fingerprint)"),
+    # nothing says CUDA, but ROCm has no cuDNN
+    ("no record", "hip 6.4.43482", None, "names cudnn, which this platform (ROCm) does not offer"),
+])
+def test_a_cuda_tuned_entry_naming_cudnn_runs_rocmflash_on_rocm(fake_rocm, tmp_path, monkeypatch, case, runtime,
+                                                                record, says):
+    """A database tuned on CUDA names cuDNN (which ROCm has not): every call runs rocmflash's kernel -- forward,
+    training step, decode -- none raises, and ``explain`` says why."""
+    import warnings
+
+    import rocmflash
+    from rocmflash.api.explain import explain
+    from rocmflash.kernels.launch import observe_launches
+
+    _served_db(tmp_path, monkeypatch, runtime, record)
+    calls = spy_on_incumbent(monkeypatch)
+    for Sq, Sk, grad, seed in ((64, 64, False, 1), (64, 64, True, 2), (1, 512, False, 3)):
+        q, k, v = _fresh_qkv(2, 8, 2, Sq, Sk, 32, seed, grad)
+        with warnings.catch_warnings(record=True) as warned, observe_launches() as launches:
+            warnings.simplefilter("always")
+            out = rocmflash.attention(q, k, v)
+            if grad:
+                out.float().sum().backward()
+        assert not [str(w.message) for w in warned if "rocmflash" in str(w.message)]  # nothing was tried
+        assert launches and {r["backend"] for r in launches} == {"hip"}, (Sq, grad)
+        assert any("decode" in r["kernel"] for r in launches) == (Sq == 1)
+        assert _rel_err_to_fp64(out.detach(), q.detach(), k, v) < 1e-2
+        assert not grad or torch.isfinite(q.grad).all()
+    assert calls == []  # SDPA never ran
+    forward = explain("mi250", 32, "fp16", False, 64, gqa_ratio=4, check=False)["runs"]
+    assert [forward[s]["runs"] for s in ("forward", "forward+backward")] == ["rocmflash", "rocmflash"]
+    assert says in forward["forward"]["why"] and says in forward["forward+backward"]["why"], forward
+    assert forward["forward"]["sdpa_backend"] == "cudnn"  # the times are still shown
+    dec = explain("mi250", 32, "fp16", False, 1, seqlen_k=512, gqa_ratio=4, batch=2, check=False)["runs"]
+    assert dec["forward"]["runs"].startswith("rocmflash") and says in dec["forward"]["why"], dec["forward"]
+    from rich.console import Console
+
+    from rocmflash.api.explain import print_explanation
+
+    console = Console(record=True, width=400)
+    print_explanation(explain("mi250", 32, "fp16", False, 64, gqa_ratio=4, check=False), console)
+    text = console.export_text()
+    assert "forward runs: rocmflash (SDPA cudnn 0.01 ms vs rocmflash 0.02 ms): " in text and says in text, text
+    note = forward["timed_on"]["note"]
+    assert ("timed on torch 2.11.0+cu130 (CUDA 13.0, cuDNN 91002)" in note) == (record is not None), note
+    assert forward["timed_on"]["this_torch"]["platform"] == "hip"
+
+
+def test_the_record_of_a_rocm_entry_serves_and_keeps_another_torch_version(fake_rocm, tmp_path, monkeypatch):
+    """The same entries timed on ROCm (an older torch) serve ROCm's flash backend: a torch upgrade keeps them, and
+    ``explain`` says both versions."""
+    import rocmflash
+    from rocmflash.api.explain import explain
+
+    record = {"platform": "hip", "torch": "2.9.0+rocm6.4", "cuda": None, "hip": "6.4.1", "rocm_fa_library": "AOTriton"}
+    _served_db(tmp_path, monkeypatch, "hip 6.4.1", record, backend="flash")
+    calls = spy_on_incumbent(monkeypatch)
+    q, k, v = _fresh_qkv(2, 8, 2, 64, 64, 32, 5)
+    out = rocmflash.attention(q, k, v)
+    assert calls == ["flash"] and _rel_err_to_fp64(out, q, k, v) < 1e-2
+    runs = explain("mi250", 32, "fp16", False, 64, gqa_ratio=4, check=False)["runs"]
+    assert runs["forward"]["runs"] == "SDPA (flash)", runs["forward"]
+    assert "another torch version of the same platform, its times are kept" in runs["timed_on"]["note"]
+    assert "torch 2.9.0+rocm6.4 (ROCm 6.4.1, flash library AOTriton)" in runs["timed_on"]["note"]
+
+
+class RefusingSdpa:
+    """torch's SDPA where this torch refuses the backend for every input (as ``No available kernel`` reads)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+
+@pytest.mark.parametrize("entry_point", ["attention", "flash_attn_func", "patch_sdpa"])
+def test_a_backend_that_refuses_its_first_call_falls_back_once(fake_rocm, tmp_path, monkeypatch, entry_point):
+    """SDPA's flash backend is offered (ROCm has it) but refuses the problem: the first call is served by
+    rocmflash's kernel with one warning; later calls of the problem -- the same shapes, another length of the same
+    bucket, and after the plans are forgotten -- go straight to rocmflash's kernel, never trying SDPA again."""
+    import warnings
+
+    import rocmflash
+    from rocmflash.api import incumbent, sdpa
+    from rocmflash.kernels.launch import observe_launches
+
+    record = {"platform": "hip", "torch": torch.__version__, "cuda": None, "hip": fake_rocm.hip_version}
+    _served_db(tmp_path, monkeypatch, "hip 6.4.43482", record, backend="flash")
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    refusing = RefusingSdpa()
+    monkeypatch.setattr(incumbent, "_SDPA", [refusing])
+
+    def call(q, k, v):
+        if entry_point == "attention":
+            return rocmflash.attention(q, k, v)
+        if entry_point == "flash_attn_func":
+            return rocmflash.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        with sdpa.patch_sdpa():
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    for i, S in enumerate((64, 64, 48, 64)):  # 48: another length of the s64 bucket
+        if i == 3:
+            selection.clear_cache()  # the plans forgotten: the refusal is not
+        q, k, v = _fresh_qkv(2, 8, 2, S, S, 32, 10 + i)
+        with warnings.catch_warnings(record=True) as warned, observe_launches() as launches:
+            warnings.simplefilter("always")
+            out = call(q, k, v)
+        fell = [w for w in warned if "raised on the first call" in str(w.message)]
+        assert len(fell) == (1 if i == 0 else 0), [str(w.message) for w in warned]
+        assert launches and {r["backend"] for r in launches} == {"hip"}  # rocmflash's kernel, every time
+        assert _rel_err_to_fp64(out, q, k, v) < 1e-2, i
+    assert refusing.calls == 1  # tried once: the first call
+    (error,) = incumbent.sdpa_fallbacks().values()
+    assert error == "RuntimeError: No available kernel. Aborting execution."

@@ -185,3 +185,160 @@ def test_explain_says_what_runs_and_why(tmp_path, monkeypatch):
     assert far["runs"] == "rocmflash" and "buckets away" in far["why"]
     decode = explain("h100", 32, "fp16", False, 1, seqlen_k=4096, gqa_ratio=2, db_path=path, check=False)
     assert "decode" in decode["runs"]["forward"]["why"]
+
+
+# ----------------------------------------------------------------------------- the served backend always exists
+def test_serving_refusal_per_platform_and_record(monkeypatch):
+    """The one check every served incumbent passes: the field's record (else its database's fingerprint) names this
+    platform, and this platform offers the backend. Another torch version of the same platform does not refuse."""
+    from rocmflash.hw import platform
+
+    cuda = {"platform": "cuda", "torch": "2.11.0+cu130", "cuda": "13.0", "hip": None}
+    field = {"backend": "cudnn", "time_ms": 0.1, "triton_ms": 0.2, "timed_on": cuda}
+    monkeypatch.setattr(platform, "torch_platform", lambda: "cuda")
+    monkeypatch.setattr(platform, "is_rocm", lambda: False)
+    assert incumbent.serving_refusal("cudnn", field) is None and incumbent.winner(field, False) == "cudnn"
+    assert incumbent.serving_refusal("cudnn", dict(field, timed_on=dict(cuda, torch="2.7.0"))) is None
+    assert "rocmflash does not know" in incumbent.serving_refusal("math", field)
+    monkeypatch.setattr(platform, "torch_platform", lambda: "hip")
+    monkeypatch.setattr(platform, "is_rocm", lambda: True)
+    assert "timed on CUDA (its record) and this torch is ROCm" in incumbent.serving_refusal("default", field)
+    assert incumbent.winner(field, False) is None and incumbent.winner(field, False, check=False) == "cudnn"
+    bare = {k: v for k, v in field.items() if k != "timed_on"}
+    assert "its database's fingerprint" in incumbent.serving_refusal("default", bare, "cuda")
+    assert "does not offer" in incumbent.serving_refusal("cudnn", bare, None)  # no record, no fingerprint: ROCm's
+    assert incumbent.serving_refusal("flash", bare, "hip") is None and incumbent.serving_refusal(None, field) is None
+    assert incumbent.decode_winner(dict(field, timing=incumbent.DECODE_TIMING), None)[0] is None
+
+
+def test_fields_record_what_they_were_timed_on():
+    from rocmflash.hw.platform import sdpa_record
+
+    result = {"backends": {"default": {"status": "ok", "time_ms": 1.0}}, "timed_on": {"platform": "hip", "hip": "6.4"}}
+    assert incumbent.incumbent_field(result, 2.0)["timed_on"] == {"platform": "hip", "hip": "6.4"}  # the worker's
+    mine = incumbent.incumbent_field({"backends": result["backends"]}, 2.0)["timed_on"]
+    assert mine == sdpa_record() and mine["torch"] == torch.__version__ and mine["platform"] == "cpu"
+    decode = incumbent.decode_field({"status": "ok", "triton_ms": 2.0, **result})
+    assert decode["timed_on"] == result["timed_on"] and decode["timing"] == incumbent.DECODE_TIMING
+
+
+def test_first_call_falls_back_on_a_refusal_only(monkeypatch):
+    """A refusal is recorded with one warning; out of memory, a refusal while a CUDA graph captures, and other
+    errors propagate and record nothing."""
+    import warnings
+
+    from rocmflash.kernels import error_words
+
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    q = torch.randn(1, 2, 4, 8)
+
+    def raising(err):
+        def sdpa(*args):
+            raise err
+        return sdpa
+
+    for err in (torch.OutOfMemoryError("out of memory"), ValueError("not a refusal")):
+        with pytest.raises(type(err)):
+            incumbent.first_call(raising(err), "flash", False, ("p",), q)
+    monkeypatch.setattr(error_words, "capturing", lambda device: True)
+    with pytest.raises(RuntimeError, match="No available kernel"):
+        incumbent.first_call(raising(RuntimeError("No available kernel")), "flash", False, ("p",), q)
+    assert incumbent.sdpa_fallbacks() == {}
+    monkeypatch.setattr(error_words, "capturing", lambda device: False)
+    with pytest.warns(RuntimeWarning, match="SDPA backend flash raised on the first call of this problem"):
+        assert incumbent.first_call(raising(RuntimeError("No available kernel")), "flash", False, ("p", 6), q) is None
+    assert incumbent.fell_back("flash", False, ("p", 6)) and not incumbent.fell_back("flash", True, ("p", 6))
+    assert not incumbent.fell_back("flash", False, ("p", 7))  # another length bucket: tried on its own
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ... and not warned of again
+        assert incumbent.first_call(raising(RuntimeError("No available kernel")), "flash", False, ("p", 7), q) is None
+    assert incumbent.fell_back("flash", False, ("p", 7))
+    assert incumbent.first_call(lambda q, x: q + x, "flash", False, ("p", 8), q, 1.0).equal(q + 1.0)
+
+
+def test_a_training_step_whose_backend_refuses_falls_back_once(interpret, tmp_path, monkeypatch):
+    """An entry whose training step SDPA won, where this torch refuses the backend: the first step runs rocmflash's
+    forward and backward (gradients right) with one warning; the next step does not try SDPA."""
+    import warnings
+
+    import rocmflash
+
+    field = dict(FASTER_FWD, time_ms=0.3, train={"backend": "default", "time_ms": 0.3, "triton_ms": 0.5})
+    _entry_db(tmp_path, monkeypatch, field)
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    tried = []
+
+    def refusing(*args, **kwargs):
+        tried.append(1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+    monkeypatch.setattr(incumbent, "_SDPA", [refusing])
+    for seed in (3, 4):
+        q, k, v = _qkv(grad=True, seed=seed)
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 10)).half()
+        with warnings.catch_warnings(record=True) as warned, observe_launches() as seen:
+            warnings.simplefilter("always")
+            out = rocmflash.attention(q, k, v)
+            out.backward(dout)
+        fell = [w for w in warned if "raised on the first training call" in str(w.message)]
+        assert len(fell) == (seed == 3) and any("bwd" in r["kernel"] for r in seen)
+        assert rel_err(out, _ref(q, k, v)) < 1e-2
+        q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+        ref = _ref(q64, k64, v64)
+        ref.backward(dout.double())
+        assert all(rel_err(t.grad, r.grad) < 2e-2 for t, r in ((q, q64), (k, k64), (v, v64)))
+    assert tried == [1]
+
+
+def test_a_generate_step_whose_backend_refuses_falls_back_to_the_decode_kernel(interpret, monkeypatch):
+    """transformers' one-token step served by SDPA (its decode entry said so) where this torch refuses the backend:
+    the step runs the decode kernel with one warning, its kept route is dropped, and the next step (one key
+    longer) is not given to SDPA again."""
+    import warnings
+
+    from rocmflash.integrations import hf
+
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    tried = []
+
+    def refusing(*args, **kwargs):
+        tried.append(1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+    monkeypatch.setattr(incumbent, "_SDPA", [refusing])
+    # the decode entry says flash (decode_incumbent), the switch is off, the real ready call
+    monkeypatch.setattr(hf, "_INCUMBENT_FNS", [lambda *problem: "flash", lambda: False, incumbent.sdpa_server])
+    monkeypatch.setattr(hf, "_KEPT_STEPS", {})
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 1, 4, 32, generator=g).half().transpose(1, 2)  # (B, Hq, 1, D) of (B, 1, Hq, D), as HF's
+    k, v = (torch.randn(2, 64, 2, 32, generator=g).half().transpose(1, 2) for _ in range(2))
+    run = hf._served_step(q, k[:, :, :63], v[:, :, :63], 32 ** -0.5)
+    hf._keep_step("step", run)
+    with warnings.catch_warnings(record=True) as warned, observe_launches() as seen:
+        warnings.simplefilter("always")
+        out, _ = run(None, q, k[:, :, :63], v[:, :, :63], None, False, {})
+    assert len([w for w in warned if "raised on the first call" in str(w.message)]) == 1
+    assert any("decode" in r["kernel"] for r in seen) and hf._KEPT_STEPS == {}
+    ref = torch.cat([_ref(q[b:b + 1], k[b:b + 1, :, :63], v[b:b + 1, :, :63]) for b in range(2)])  # (B, Hq, 1, D)
+    assert out.shape == (2, 1, 4, 32) and rel_err(out.transpose(1, 2), ref) < 1e-2
+    assert hf._served_step(q, k, v, 32 ** -0.5) is None and tried == [1]  # the next step: the decode kernel
+
+
+def test_the_tunes_pinned_route_raises_where_the_backend_refuses(interpret, monkeypatch):
+    """The tune's timing routes pin a side (:meth:`rocmflash.api.ops._Call.pin`): a backend torch refuses must fail
+    its gate, never be timed as rocmflash's kernel under its name -- no fallback, nothing recorded."""
+    import rocmflash
+    from rocmflash.api import ops
+    from rocmflash.tuning.incumbent_worker import measure_decode
+
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    q, k, v = _qkv()
+    ops._call_plan(q, k, False).pin("cudnn")  # cuDNN has no CPU kernel
+    with pytest.raises(RuntimeError):
+        rocmflash.attention(q, k, v)
+    problem = {"head_dim": 32, "dtype": "fp16", "heads_q": 4, "heads_kv": 2, "batch": 1, "seqlen_k": 300}
+    res = measure_decode(problem, None, ["cudnn"])
+    assert res["backends"]["cudnn"]["status"] == "failed", res["backends"]
+    assert incumbent.sdpa_fallbacks() == {}

@@ -257,3 +257,50 @@ def test_the_safe_list_kernel_cross_compiles_without_scratch(arch, monkeypatch):
         assert summary["vgpr_spill_count"] == 0 and summary["scratch_bytes"] == 0, summary
         occupancy = re.search(r"; Occupancy: (\d+)", asm)
         assert occupancy and summary["waves_per_simd_static"] == int(occupancy.group(1))  # isa_tools agrees with LLVM
+
+
+def test_an_entry_timed_on_cuda_keeps_the_triton_kernel(stand_in, tmp_path, monkeypatch):
+    """torch's varlen_attn won on a CUDA box: on ROCm that timing says nothing, rocmflash's kernel serves and the
+    verdict says why."""
+    import rocmflash
+
+    entry = _entry(0.05)
+    entry["incumbent"]["timed_on"] = {"platform": "cuda", "torch": "2.11.0+cu130", "cuda": "13.0", "hip": None}
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): entry})
+    launched = _triton_launches(monkeypatch)
+    q, k, v, cu = _inputs()
+    rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 40, 40, causal=True)
+    assert launched == [TUNED] and stand_in.calls == []
+    assert "timed on CUDA (its record) and this torch is ROCm" in VI.lookup(q.device, 32, q.dtype, True, 2, 40)[2]
+
+
+def test_a_varlen_attn_that_refuses_its_first_call_falls_back_once(stand_in, tmp_path, monkeypatch):
+    """torch's function raises on the first served call: that call and every later one of the problem run
+    rocmflash's varlen kernel (right results), one warning, no second try -- also after the caches are cleared."""
+    import warnings
+
+    import rocmflash
+    from rocmflash.api import incumbent
+    from varlen_reference import rel_err, varlen_fp64
+
+    monkeypatch.setattr(incumbent, "_FELL_BACK", {})
+    monkeypatch.setattr(incumbent, "_WARNED", set())
+    tried = []
+
+    def refusing(*args, **kwargs):
+        tried.append(1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+    monkeypatch.setattr(VI, "_FN", [refusing, VI._FN[1]])  # the stand-in's keywords
+    _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): _entry(0.05)})
+    launched = _triton_launches(monkeypatch)
+    for i, lens in enumerate(((7, 40, 23), (7, 40, 23), (33, 5))):
+        if i == 2:
+            selection.clear_cache()
+        q, k, v, cu = _inputs(lens, seed=20 + i)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+        assert len([w for w in warned if "raised on the first call" in str(w.message)]) == (i == 0)
+        ref, _ = varlen_fp64(q, k, v, cu, cu, 1 / math.sqrt(32), causal=True)
+        assert rel_err(out, ref) < 1e-2 and len(launched) == i + 1
+    assert tried == [1]

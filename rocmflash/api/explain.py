@@ -114,7 +114,7 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
     -- decided by the functions run-time dispatch uses. A decode-shaped call: its ``decode-`` entry's eager
     timing (:func:`_what_decode_runs`)."""
     from rocmflash.api.host_bound import expected_ms, side_winner, work_scale
-    from rocmflash.api.incumbent import is_decode, shape_excludes
+    from rocmflash.api.incumbent import is_decode, serving_refusal, shape_excludes
     from rocmflash.api.selection import incumbent_timing
 
     if variant == "online" and is_decode(seqlen_q, seqlen_k, gqa_ratio):
@@ -124,19 +124,22 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
         why = f"variant {variant} asked for: rocmflash's kernel"
     else:
         why = shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) or why
-    out = {"incumbent": field}
+    out = {"incumbent": field, "timed_on": _timed_on(field, match.path if match is not None else None)}
     heads = heads or 8 * gqa_ratio
     shape, floors = _host_model(gpu_name, head_dim, dtype, causal, gqa_ratio, match, field, db_path)
     for side, train in (("forward", False), ("forward+backward", True)):
         times = (field.get("train") if train else field) if field else None
-        backend = None if why else side_winner(field, shape, floors, train, batch, heads, seqlen_q, seqlen_k, causal)
+        backend = None if why else side_winner(field, shape, floors, train, batch, heads, seqlen_q, seqlen_k, causal,
+                                               check=False)
+        refused = serving_refusal(backend, field)  # what the times chose, where it may not serve here
+        backend = None if refused else backend
         out[side] = {"runs": f"SDPA ({backend})" if backend else "rocmflash",
                      "sdpa_ms": times.get("time_ms") if times else None,
                      "sdpa_backend": times.get("backend") if times else None,
                      "rocmflash_ms": times.get("triton_ms") if times else None,
-                     "why": why or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
+                     "why": why or refused or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
         floor = (floors.get("train") if train else floors) if floors else None
-        if not why and shape is not None and times and floor and times.get("time_ms") is not None \
+        if not why and not refused and shape is not None and times and floor and times.get("time_ms") is not None \
                 and floor.get("time_ms") is not None:
             scale = work_scale(shape, batch, heads, seqlen_q, seqlen_k, causal)
             sdpa_ms, triton_ms = expected_ms(times, floor, scale)
@@ -145,6 +148,41 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
                                  f"its kernel time scaled to this call, x{scale:.3g} of the entry's work): "
                                  + ("SDPA faster" if backend else "rocmflash as fast or faster"))
     return out
+
+
+def _timed_on(field: Optional[dict], path: Optional[str]) -> Optional[dict]:
+    """What an incumbent ``field`` was timed on against this torch: ``{"record"`` (the field's ``timed_on``, None
+    for a field written before it existed), ``"database_platform"`` (its database's fingerprint, which judges
+    such a field), ``"this_torch"`` (:func:`rocmflash.hw.platform.sdpa_record`), ``"note"}``; None without a field.
+    Another torch version of the same platform keeps the times (the note says so)."""
+    if not field:
+        return None
+    from rocmflash.api.incumbent import database_platform
+    from rocmflash.hw.platform import PLATFORM_NAMES, record_platform, sdpa_record
+
+    record, here, db_platform = field.get("timed_on"), sdpa_record(), database_platform(path)
+    if not isinstance(record, dict):
+        judged = PLATFORM_NAMES.get(db_platform, "no GPU runtime named: only backends this platform offers serve")
+        note = f"timed before incumbents recorded their platform; judged by the database's fingerprint ({judged})"
+    else:
+        note = f"timed on {_describe_record(record)}; this is {_describe_record(here)}"
+        if record_platform(record) == here["platform"] and record.get("torch") != here["torch"]:
+            note += ": another torch version of the same platform, its times are kept (re-tune to refresh them)"
+    return {"record": record if isinstance(record, dict) else None, "database_platform": db_platform,
+            "this_torch": here, "note": note}
+
+
+def _describe_record(record: dict) -> str:
+    """``torch 2.11.0+cu130 (CUDA 13.0, cuDNN 91002)`` of an :func:`rocmflash.hw.platform.sdpa_record`."""
+    from rocmflash.hw.platform import PLATFORM_NAMES, record_platform
+
+    parts = [PLATFORM_NAMES.get(record_platform(record), "an unknown platform").split(" (")[0]
+             + (f" {record.get('hip') or record.get('cuda')}" if record.get("hip") or record.get("cuda") else "")]
+    if record.get("cudnn"):
+        parts.append(f"cuDNN {record['cudnn']}")
+    if record.get("rocm_fa_library"):
+        parts.append(f"flash library {record['rocm_fa_library']}")
+    return f"torch {record.get('torch')} ({', '.join(parts)})"
 
 
 def _host_model(gpu_name, head_dim, dtype, causal, gqa_ratio, match, field, db_path) -> tuple:
@@ -184,7 +222,23 @@ def _what_decode_runs(gpu_name, head_dim, dtype, causal, seqlen_q, seqlen_k, gqa
     train = {"runs": DECODE_KERNEL + " and the Triton backward", "sdpa_ms": None, "sdpa_backend": None,
              "rocmflash_ms": None, "why": "decode-shaped: decode entries time inference only"}
     return {"incumbent": field, "decode_entry": key, "batch": batch, "timing": times.get("timing"),
-            "kvcache": KVCACHE_NOTE, "forward": fwd, "forward+backward": train}
+            "kvcache": KVCACHE_NOTE, "forward": fwd, "forward+backward": train,
+            "timed_on": _timed_on(field, _decode_path(gpu_name, key, db_path))}
+
+
+def _decode_path(gpu_name, key: Optional[str], db_path: Optional[str]) -> Optional[str]:
+    """The file the decode entry ``key`` was read from (the first that holds it, as the lookup reads them)."""
+    from rocmflash import db
+
+    if key is None:
+        return None
+    for path in ([db_path] if db_path else db.database_paths(gpu_name)):
+        try:
+            if key in db.ConfigDB.read(path)["entries"]:
+                return path
+        except (db.DBError, OSError):
+            continue
+    return None
 
 
 def _verdict(gpu: GPU, problem: Problem, cfg: KernelConfig, cache_dir: Optional[str]) -> dict:
@@ -244,6 +298,8 @@ def print_explanation(result: dict, console) -> None:
         if r["sdpa_ms"] is not None and r["rocmflash_ms"] is not None:
             times = f" (SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
         console.print(f"{side} runs: {r['runs']}{times}: {r['why']}", highlight=False)
+    if (result["runs"].get("timed_on") or {}).get("note"):
+        console.print(f"incumbent: {result['runs']['timed_on']['note']}", highlight=False)
     if "decode_entry" in result["runs"]:
         runs = result["runs"]
         console.print(f"decode-shaped (batch {runs['batch']}): decided by decode entry {runs['decode_entry'] or '-'}"

@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Optional
 
 from rocmflash.api import selection as S  # read through the module: tests (and users) may swap its functions
-from rocmflash.api.incumbent import EAGER_TIMING, preferred_backend, winner
+from rocmflash.api.incumbent import (EAGER_TIMING, database_platform, offered, platform_refusal, preferred_backend,
+                                     winner)
 
 _FIELDS: dict = {}  #: (device, problem, bucket) -> (the entry's incumbent field, its shape, the host floors field)
 S.register_clear(_FIELDS.clear)
@@ -37,13 +38,21 @@ def call_incumbents(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
 
 
 def side_winner(field, shape, floors, train: bool, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
-                causal: bool) -> Optional[str]:
+                causal: bool, check: bool = True) -> Optional[str]:
     """The backend that serves one side (forward, or forward+backward with ``train``) of a call, from the entry's
-    incumbent ``field``, its ``shape`` and the host ``floors`` (:func:`fields_for`); None: rocmflash."""
+    incumbent ``field``, its ``shape`` and the host ``floors`` (:func:`fields_for`); None: rocmflash. Only a backend
+    that may serve here (:func:`rocmflash.api.incumbent.serving_refusal`; ``check=False``: the times' verdict alone,
+    for ``rocmflash explain`` to say why it does not serve)."""
+    backend = _side_verdict(field, shape, floors, train, batch, heads_q, seqlen_q, seqlen_k, causal)
+    return offered(backend, field) if check else backend
+
+
+def _side_verdict(field, shape, floors, train: bool, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
+                  causal: bool) -> Optional[str]:
     if field is None:
         return None
     if field.get("timing") == EAGER_TIMING or shape is None or floors is None:
-        return winner(field, train)
+        return winner(field, train, check=False)
     side, floor = (field.get("train"), floors.get("train")) if train else (field, floors)
     backend = expected_winner(side, floor, work_scale(shape, batch, heads_q, seqlen_q, seqlen_k, causal))
     if backend != (side or {}).get("backend"):
@@ -122,15 +131,17 @@ def shape_and_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: in
 def host_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int,
                 db_path: Optional[str] = None) -> Optional[dict]:
     """The eager-timed incumbent field of the shortest short entry (:data:`EAGER_TIMING`) of this head dim, dtype
-    and mask -- GQA ratio ``gqa_ratio``, else 4, else 1 -- in ``db_path`` or the GPU's databases, or None."""
+    and mask -- GQA ratio ``gqa_ratio``, else 4, else 1 -- timed on this platform
+    (:func:`rocmflash.api.incumbent.platform_refusal`), in ``db_path`` or the GPU's databases, or None."""
     if gpu_name is None:
         return None
     from rocmflash import db
 
     for ratio in dict.fromkeys((gqa_ratio, 4, 1)):
-        timed = sorted(((b, e["incumbent"]) for _, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, ratio, db_path)
+        timed = sorted(((b, e["incumbent"]) for p, b, e in db.entries_for(gpu_name, head_dim, dtype, causal, ratio, db_path)
                         if isinstance(e, dict) and db.servable(e) and isinstance(e.get("incumbent"), dict)
-                        and e["incumbent"].get("timing") == EAGER_TIMING and e["incumbent"].get("backend")),
+                        and e["incumbent"].get("timing") == EAGER_TIMING and e["incumbent"].get("backend")
+                        and platform_refusal(e["incumbent"], database_platform(p)) is None),
                        key=lambda item: item[0])
         if timed:
             return timed[0][1]

@@ -28,6 +28,19 @@ small batch and short caches a decode step is host-bound and the GPU time alone 
 One query token with ``causal=True`` is SDPA's non-causal call (bottom-right: the token sees every key).
 ``flash_attn_with_kvcache`` always runs the decode kernel: SDPA cannot take ``cache_seqlens``, ``cache_leftpad``,
 a block table or the in-place append without copies.
+
+The served backend always exists. Every field records what it was timed on (``"timed_on"``,
+:func:`rocmflash.hw.platform.sdpa_record`: the platform, torch's version, ``torch.version.cuda``/``hip``, cuDNN's
+version or ROCm's flash library where torch says). At run time a backend serves only where
+:func:`serving_refusal` finds nothing against it: the field was timed on this platform (CUDA, ROCm or CPU: another
+platform's times say nothing of this one; a field without the record is judged by its database's fingerprint
+where that names a GPU runtime, :func:`database_platform`), and this torch offers the backend here (``cudnn``
+never on ROCm, :func:`rocmflash.hw.platform.missing_sdpa_backend`). Another torch *version* of the same platform
+does not refuse: the backend still exists, and refusing would leave every shipped entry unused after a torch
+upgrade; ``rocmflash explain`` shows both versions. Where it refuses, rocmflash's kernel serves and ``explain``
+says why. A backend torch offers may still refuse a call's shape (``RuntimeError: No available kernel``): the
+first served call of each problem is guarded (:func:`first_call`): where SDPA raises, that problem falls back to
+rocmflash's kernel with one warning, and later calls do not try SDPA again.
 """
 
 from __future__ import annotations
@@ -177,15 +190,18 @@ class SdpaKernel:
 
 def incumbent_field(result: dict, triton_ms: Optional[float]) -> Optional[dict]:
     """The entry's ``incumbent`` from a :func:`rocmflash.tuning.incumbent_worker.measure` result and the Triton winner's forward time: the
-    fastest gated backend forward and forward+backward, with every backend's outcome; None when none ran."""
+    fastest gated backend forward and forward+backward, with every backend's outcome and what they were timed on
+    (``timed_on``: the result's, :func:`rocmflash.hw.platform.sdpa_record`, else this process's)."""
     backends = result.get("backends") or {}
     ok = {name: r for name, r in backends.items() if r.get("status") == "ok" and r.get("time_ms")}
     summary = {name: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if v is not None}
                for name, r in backends.items()}
+    timed_on = result.get("timed_on") or _sdpa_record()  # the worker's (same environment as this process)
     if not ok:
-        return {"backend": None, "time_ms": None, "triton_ms": triton_ms, "backends": summary}
+        return {"backend": None, "time_ms": None, "triton_ms": triton_ms, "backends": summary, "timed_on": timed_on}
     fwd = min(ok, key=lambda n: ok[n]["time_ms"])
-    field = {"backend": fwd, "time_ms": round(ok[fwd]["time_ms"], 5), "triton_ms": triton_ms, "backends": summary}
+    field = {"backend": fwd, "time_ms": round(ok[fwd]["time_ms"], 5), "triton_ms": triton_ms, "backends": summary,
+             "timed_on": timed_on}
     trained = {n: r for n, r in ok.items() if r.get("train_ms")}
     if trained:
         best = min(trained, key=lambda n: trained[n]["train_ms"])
@@ -218,9 +234,11 @@ def preferred_backend(incumbent: Optional[dict], backend: Optional[str], train: 
     return backend
 
 
-def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
+def winner(incumbent: Optional[dict], train: bool, check: bool = True) -> Optional[str]:
     """The backend an entry's ``incumbent`` field says to serve (None: rocmflash's kernel is as fast or faster;
-    a named backend within :data:`NAMED_BACKEND_MARGIN` of SDPA's own choice: ``default``)."""
+    a named backend within :data:`NAMED_BACKEND_MARGIN` of SDPA's own choice: ``default``), and only one that may
+    serve here (:func:`serving_refusal` of the field's record; ``check=False``: the times' verdict alone, for
+    ``rocmflash explain`` to say why it does not serve)."""
     if not incumbent:
         return None
     side = incumbent.get("train") if train else incumbent
@@ -228,7 +246,164 @@ def winner(incumbent: Optional[dict], train: bool) -> Optional[str]:
         return None
     if side["time_ms"] >= side["triton_ms"]:
         return None
-    return preferred_backend(incumbent, side["backend"], train, side["triton_ms"])
+    backend = preferred_backend(incumbent, side["backend"], train, side["triton_ms"])
+    return offered(backend, incumbent) if check else backend
+
+
+# ----------------------------------------------------------------------------- the served backend always exists
+def platform_refusal(field: Optional[dict], db_platform: Optional[str] = None) -> Optional[str]:
+    """Why an incumbent ``field``'s times do not decide on this torch's platform, or None: its record
+    (``timed_on``) -- or, for a field written before the record existed, ``db_platform`` (its database's
+    fingerprint, :func:`database_platform`) -- names another platform (CUDA, ROCm, CPU) than this torch's.
+    Neither known: nothing against it (:func:`backend_refusal` still keeps a backend this platform lacks away).
+    The torch version is not compared: the same platform's backends survive an upgrade (``explain`` shows both)."""
+    from rocmflash.hw.platform import PLATFORM_NAMES, record_platform, torch_platform
+
+    timed, source = record_platform(field.get("timed_on")) if isinstance(field, dict) else None, "its record"
+    if timed is None:
+        timed, source = db_platform, "its database's fingerprint"
+    here = torch_platform()
+    if timed is None or timed == here:
+        return None
+    return (f"the incumbent was timed on {PLATFORM_NAMES[timed]} ({source}) and this torch is "
+            f"{PLATFORM_NAMES[here]}: its times say nothing here, rocmflash's kernel serves")
+
+
+def backend_refusal(backend: Optional[str]) -> Optional[str]:
+    """Why this torch does not offer ``backend`` on this platform, or None (None and ``default``, SDPA's own choice,
+    always exist): a named SDPA backend the platform lacks (``cudnn`` on ROCm) or this torch's ``SDPBackend`` does
+    not define, torch's ``varlen_attn`` where this torch has none, a name rocmflash does not know."""
+    if backend is None or backend == DEFAULT:
+        return None
+    from rocmflash.hw.platform import PLATFORM_NAMES, SDPA_BACKENDS, missing_sdpa_backend, torch_platform
+
+    if backend == _VARLEN_NAME:
+        from rocmflash.api.varlen_incumbent import _function
+
+        return None if _function()[0] is not None else \
+            f"the entry names {backend}, which this torch does not have: rocmflash's kernel serves"
+    if backend not in SDPA_BACKENDS:
+        return f"the entry names SDPA backend {backend!r}, which rocmflash does not know: rocmflash's kernel serves"
+    why = missing_sdpa_backend(backend)
+    if why is None:
+        return None
+    return (f"the entry names {backend}, which this platform ({PLATFORM_NAMES[torch_platform()]}) does not offer "
+            f"({why}): rocmflash's kernel serves")
+
+
+_VARLEN_NAME = "varlen_attn"  #: :data:`rocmflash.api.varlen_incumbent.NAME` (that module imports this one)
+
+
+def serving_refusal(backend: Optional[str], field: Optional[dict] = None,
+                    db_platform: Optional[str] = None) -> Optional[str]:
+    """Why ``backend`` -- what ``field``'s times chose -- may not serve here, or None (also for no backend): the
+    one check every served incumbent passes (:func:`platform_refusal`, then :func:`backend_refusal`)."""
+    if backend is None:
+        return None
+    return platform_refusal(field, db_platform) or backend_refusal(backend)
+
+
+def offered(backend: Optional[str], field: Optional[dict] = None) -> Optional[str]:
+    """``backend`` where :func:`serving_refusal` finds nothing against it, else None (rocmflash's kernel)."""
+    return backend if serving_refusal(backend, field) is None else None
+
+
+_DB_PLATFORM: dict = {}  #: database path -> the GPU platform its fingerprint names (None: unknown)
+
+
+def database_platform(path: Optional[str]) -> Optional[str]:
+    """The GPU platform (``"cuda"``, ``"hip"``) the database at ``path`` was last saved on
+    (:func:`rocmflash.hw.platform.runtime_platform` of its fingerprint), or None: no path, unreadable, or no GPU
+    runtime named. What judges the entries written before incumbent fields recorded where they were timed.
+    Read once per file (forgotten after a save and by ``rocmflash.clear_cache``)."""
+    if not path:
+        return None
+    try:
+        return _DB_PLATFORM[path]
+    except KeyError:
+        pass
+    from rocmflash.db_files import ConfigDB, DBError
+    from rocmflash.hw.platform import runtime_platform
+
+    try:
+        fingerprint = ConfigDB.read(path).get("fingerprint")
+    except (DBError, OSError, ValueError):
+        fingerprint = None
+    platform = _DB_PLATFORM[path] = runtime_platform(fingerprint.get("runtime")) \
+        if isinstance(fingerprint, dict) else None
+    return platform
+
+
+def _forget_db_platforms() -> None:
+    _DB_PLATFORM.clear()
+
+
+def _sdpa_record() -> dict:
+    from rocmflash.hw.platform import sdpa_record
+
+    return sdpa_record()
+
+
+# ----------------------------------------------------------------------------- a refusal on the first call
+#: ``(backend, train, problem)`` -> the error of a served first call that raised: the problem is rocmflash's from
+#: then on, in this process. Not forgotten by ``rocmflash.clear_cache``: whether this torch runs a backend for a
+#: problem does not depend on the database (a database naming another backend tries that one).
+_FELL_BACK: dict = {}
+
+
+_WARNED: set = set()  #: ``(backend, train, problem[0])`` already warned of: one warning whatever the lengths
+
+
+def refusal_problem(q, k, causal: bool) -> tuple:
+    """What a first-call refusal of SDPA falls back for (with the backend and the side), ``(what, lengths)``: the
+    device, dtype, head counts, head dim and SDPA's causal flag, and the powers of two of the query and key
+    lengths -- not the exact lengths, so a cache one key longer each step is tried once, not once per step (and a
+    refusal at one length bucket leaves the others to try; only the first is warned of)."""
+    B, Hq, Sq, D = q.shape
+    return ((q.device, q.dtype, Hq, k.shape[1], D, bool(causal)),
+            (int(Sq - 1).bit_length(), int(k.shape[2] - 1).bit_length()))
+
+
+def fell_back(backend: Optional[str], train: bool, problem: tuple) -> bool:
+    """Whether ``backend`` raised on the first served call of ``problem`` (:func:`first_call`) in this process."""
+    return (backend, bool(train), problem) in _FELL_BACK
+
+
+def sdpa_fallbacks() -> dict:
+    """``{(backend, train, problem): error}`` of every problem that fell back to rocmflash's kernel in this process
+    (:func:`first_call`)."""
+    return dict(_FELL_BACK)
+
+
+def first_call(sdpa, backend: str, train: bool, problem: tuple, q, *args):
+    """``sdpa(q, *args)`` -- the first served call of ``problem`` (``(what, lengths)``, :func:`refusal_problem`) by
+    ``backend`` -- or None where it raised a refusal: torch's ``RuntimeError`` (``No available kernel``) or
+    ``NotImplementedError`` for inputs this torch does not run with that backend. Then the problem is recorded
+    (:func:`fell_back`) and one warning says so (one per backend, side and ``what``, whatever the lengths); the
+    caller serves this call and the later ones by rocmflash's kernel. Out of memory is not a refusal (it passes);
+    nor is anything raised while a CUDA graph captures: the capture may be broken by the failed call, and a
+    fallback launched into it would hide why (it propagates, and the next eager call decides)."""
+    try:
+        return sdpa(q, *args)
+    except (RuntimeError, NotImplementedError) as err:
+        import torch
+
+        from rocmflash.kernels.error_words import capturing
+
+        if isinstance(err, torch.OutOfMemoryError) or capturing(q.device):
+            raise
+        key = (backend, bool(train), problem)
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        _FELL_BACK[key] = f"{type(err).__name__}: {line}"
+        if (backend, bool(train), problem[0]) not in _WARNED:
+            _WARNED.add((backend, bool(train), problem[0]))
+            import warnings
+
+            warnings.warn(f"rocmflash: SDPA backend {backend} raised on the first {'training ' if train else ''}call "
+                          f"of this problem (q {tuple(q.shape)} {q.dtype} on {q.device}): {_FELL_BACK[key]}; "
+                          "rocmflash's kernel serves it from now on (other lengths that raise too: no warning)",
+                          RuntimeWarning, stacklevel=4)
+        return None
 
 
 #: what a decode entry's incumbent times are (the field's ``timing``): what a user's eager call pays
@@ -253,8 +428,8 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
 
     if gpu_name is None:
         return None, None, "no GPU in the catalog: no decode entry (the decode kernel's per-arch default)"
-    found = nearest_decode_entry(_entry_rows(gpu_name, db_path), int(head_dim), dtype, int(group), seqlen_k, batch,
-                                 same_page_size=True)
+    rows = list(_entry_rows(gpu_name, db_path))
+    found = nearest_decode_entry(rows, int(head_dim), dtype, int(group), seqlen_k, batch, same_page_size=True)
     if found is None:
         return None, None, "no measured decode entry: the decode kernel (no incumbent timed)"
     distance, key, entry, _ = found
@@ -264,7 +439,8 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
     if field is None:
         return key, None, (f"the decode entry {key} has no incumbent timing "
                            "(bench/refresh_incumbents.py --decode adds it)")
-    return key, field, None
+    path = next((p for _, p, k, e in rows if k == key and e is entry), None)
+    return key, field, platform_refusal(field, database_platform(path))
 
 
 def _entry_rows(gpu_name: str, db_path: Optional[str]):
@@ -290,7 +466,8 @@ def decode_host_floor(gpu_name: Optional[str], head_dim: int, dtype, db_path: Op
     SDPA, ``triton_ms`` rocmflash's route, eager, host included) of the smallest problem (batch bucket times KV
     bucket; ties: the least ``triton_ms``) among the servable 16-bit, unpaged ``decode-`` entries of this head dim
     and dtype, any GQA ratio -- the one whose time is nearly all host (B1 at 2k keys: the kernel runs ~8 µs of its
-    ~75) -- read from ``db_path`` or the GPU's databases; None without one."""
+    ~75) -- read from ``db_path`` or the GPU's databases, timed on this platform (:func:`platform_refusal`); None
+    without one."""
     from rocmflash.config import normalize_dtype
     from rocmflash.db import servable
     from rocmflash.tuning.decode_lookup import parse_decode_key
@@ -298,14 +475,14 @@ def decode_host_floor(gpu_name: Optional[str], head_dim: int, dtype, db_path: Op
     if gpu_name is None:
         return None
     want, floor = (int(head_dim), normalize_dtype(dtype)), None
-    for _, _, key, entry in _entry_rows(gpu_name, db_path):
+    for _, path, key, entry in _entry_rows(gpu_name, db_path):
         p = parse_decode_key(key)
         if p is None or (p["head_dim"], p["dtype"]) != want or p["page_size"] or p.get("kv_dtype") \
                 or not isinstance(entry, dict) or not servable(entry):
             continue
         field = entry.get("incumbent")
         if isinstance(field, dict) and field.get("timing") == DECODE_TIMING and _positive(field.get("triton_ms")) \
-                and _positive(field.get("time_ms")):
+                and _positive(field.get("time_ms")) and platform_refusal(field, database_platform(path)) is None:
             rank = (p["batch_bucket"] * p["kv_bucket"], field["triton_ms"])
             if floor is None or rank < floor[0]:
                 floor = (rank, field)
@@ -317,13 +494,21 @@ def _positive(x) -> bool:
 
 
 def decode_winner(field: Optional[dict], floor: Optional[dict]) -> tuple:
+    """:func:`decode_verdict`, and only a backend that may serve here: one :func:`serving_refusal` refuses gives
+    ``(None, the refusal)`` -- rocmflash's decode kernel, and why."""
+    backend, why = decode_verdict(field, floor)
+    refusal = serving_refusal(backend, field)
+    return (None, refusal) if refusal else (backend, why)
+
+
+def decode_verdict(field: Optional[dict], floor: Optional[dict]) -> tuple:
     """``(backend or None, why)`` for a dense decode-shaped call from its ``decode-`` entry's eager ``field``: the
     entry's own verdict (:func:`winner`), except that the decode kernel keeps a call only where it would still be
     ahead on a host :data:`DECODE_HOST_SLOWDOWN` times slower: each side's expected time there is the longer of
     its eager time and its host floor (``floor``, :func:`decode_host_floor`) times the slowdown, as in
     :func:`rocmflash.api.host_bound.expected_ms`. Without a floor the verdict stands. ``why`` says which rule
     decided."""
-    backend = winner(field, False)
+    backend = winner(field, False, check=False)
     if backend is not None:
         return backend, "SDPA was faster (eager per call, host time included)"
     kept = None, "the decode kernel was as fast or faster (eager per call, host time included)"
@@ -349,7 +534,8 @@ def decode_field(result: dict) -> dict:
     if result.get("status") != "ok" or triton_ms is None:
         return {"backend": None, "time_ms": None, "triton_ms": triton_ms, "timing": DECODE_TIMING,
                 "error": f"{result.get('status')}: {result.get('error')}"}
-    field = incumbent_field({"backends": result.get("backends")}, round(triton_ms, 5))
+    field = incumbent_field({"backends": result.get("backends"), "timed_on": result.get("timed_on")},
+                            round(triton_ms, 5))
     field["timing"] = DECODE_TIMING
     return field
 
@@ -367,7 +553,19 @@ def eager_field(result: dict) -> dict:
     return field
 
 
+def _register() -> None:
+    """Forget the databases' platforms when a database is saved in this process or ``rocmflash.clear_cache`` runs."""
+    from rocmflash.api.selection import register_clear
+    from rocmflash.db_files import AFTER_SAVE
+
+    AFTER_SAVE.append(_forget_db_platforms)
+    register_clear(_forget_db_platforms)
+
+
+_register()
+
 __all__ = ["DEFAULT", "NAMED_BACKEND_MARGIN", "preferred_backend", "DECODE_TIMING", "EAGER_TIMING", "eager_field", "DECODE_MAX_BUCKET_DISTANCE", "decode_timing", "decode_field", "is_decode",
-           "DECODE_HOST_SLOWDOWN", "decode_host_floor", "decode_winner",
+           "DECODE_HOST_SLOWDOWN", "decode_host_floor", "decode_winner", "decode_verdict",
            "sdpa_causal", "candidates", "applies", "shape_excludes", "sdpa_attention", "SdpaKernel", "incumbent_field",
-           "winner"]
+           "winner", "platform_refusal", "backend_refusal", "serving_refusal", "offered", "database_platform",
+           "refusal_problem", "fell_back", "sdpa_fallbacks", "first_call"]

@@ -43,8 +43,8 @@ from rocmflash.api.decode import attend_whole_cache
 from rocmflash.kernels.kv_decode import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api import selection as _selection
-from rocmflash.api.incumbent import (decode_host_floor, decode_timing, decode_winner, sdpa_causal, sdpa_server,
-                                     shape_excludes)
+from rocmflash.api.incumbent import (decode_host_floor, decode_timing, decode_winner, fell_back, first_call,
+                                     refusal_problem, sdpa_causal, sdpa_server, shape_excludes)
 from rocmflash.api.host_bound import call_incumbents
 from rocmflash.api.selection import incumbent_disabled, register_clear, select_bwd_config, select_config
 
@@ -68,17 +68,25 @@ class _Call:
     """Everything a default call (``variant="online"``, no config) decides from its shapes, dtype, device and
     causal flag, made once per such signature (:func:`_call_plan`) so that a repeat call pays one dict lookup
     between its arguments and its launch (or the incumbent SDPA). ``cfg`` and ``bwd_cfg`` are filled on the
-    first launch and the first backward (:func:`select_config` is never asked for a call SDPA serves)."""
+    first launch and the first backward (:func:`select_config` is never asked for a call SDPA serves).
+
+    The first served call of each side is guarded (:func:`rocmflash.api.incumbent.first_call`): where SDPA
+    refuses it, the side falls back to rocmflash's kernels for good (one warning); once it ran, the unguarded call
+    is swapped in. :meth:`pin` (the tune's timing routes) serves a backend unguarded: a refusal raises."""
 
     __slots__ = ("device", "out_stride", "lse_shape", "lse_stride", "empty", "decode", "gqa", "_incumbent",
                  "_incumbent_train", "sdpa_causal", "cfg", "bwd_cfg", "kv_layout", "scale", "serve", "serve_train",
-                 "serving")
+                 "serving", "causal", "problem", "pinned")
 
     def __init__(self, device, out_stride: tuple, lse_shape: tuple, empty: bool, decode: bool, gqa: bool,
-                 incumbent: Optional[str], incumbent_train: Optional[str], sdpa_causal: bool = False):
+                 incumbent: Optional[str], incumbent_train: Optional[str], sdpa_causal: bool = False,
+                 causal: bool = False, problem: tuple = ()):
         self.device = device
         self.gqa = gqa
         self.sdpa_causal = sdpa_causal  #: SDPA's ``is_causal`` for this call (one query token: False)
+        self.causal = causal  #: rocmflash's causal flag (a fallback from SDPA runs rocmflash's kernel with it)
+        self.problem = problem  #: what a refusal of SDPA falls back for (:func:`refusal_problem`)
+        self.pinned = False  #: :meth:`pin` set the sides: SDPA unguarded
         self.out_stride = out_stride  #: the strides of ``empty_like_layout(q)``, allocated by ``torch.empty_strided``
         self.lse_shape, self.lse_stride = lse_shape, (lse_shape[1] * lse_shape[2], lse_shape[2], 1)
         self.empty = empty  #: no output rows or no keys: nothing to launch
@@ -130,12 +138,46 @@ class _Call:
             return None
         return serve
 
+    def pin(self, backend: Optional[str]) -> None:
+        """Serve ``backend`` on both sides (None: rocmflash's kernels) exactly: no first-call fallback, a refusal
+        raises. For the tune's timing routes (:mod:`rocmflash.tuning.incumbent_worker`), which must time what they
+        name or fail; a repeat call with the same backend changes nothing."""
+        if self.pinned and backend == self._incumbent and backend == self._incumbent_train:
+            return
+        self.pinned = True
+        serve = sdpa_server(backend, self.sdpa_causal, self.gqa)
+        self._incumbent = self._incumbent_train = backend
+        self.serve = self.serve_train = serve
+        self.serving = serve is not None
+
     def _serve_side(self, side: str, backend: Optional[str]) -> None:
-        """Set ``_incumbent{side}`` and its ready call ``serve{side}`` (``side``: "" forward, "_train")."""
+        """Set ``_incumbent{side}`` and its ready call ``serve{side}`` (``side``: "" forward, "_train"), the first
+        call guarded unless :meth:`pin` set it."""
         if backend != getattr(self, "_incumbent" + side):
             setattr(self, "_incumbent" + side, backend)
-            setattr(self, "serve" + side, sdpa_server(backend, self.sdpa_causal, self.gqa))
+            serve = sdpa_server(backend, self.sdpa_causal, self.gqa)
+            if serve is not None and not self.pinned:
+                serve = self._first_call_guarded(side, backend, serve)
+            setattr(self, "serve" + side, serve)
             self.serving = self.serve is not None or self.serve_train is not None
+
+    def _first_call_guarded(self, side: str, backend: str, sdpa):
+        """``sdpa`` (a ready call) whose first call falls back to rocmflash's kernels where SDPA refuses it
+        (:func:`rocmflash.api.incumbent.first_call`): that side of the plan then serves rocmflash for good;
+        where it ran, the plan's ``serve{side}`` becomes ``sdpa`` itself (later calls pay nothing for the guard)."""
+        train = side == "_train"
+
+        def first_sdpa_call(q, k, v, scale):
+            out = first_call(sdpa, backend, train, self.problem, q, k, v, scale)
+            if out is None:  # refused: this side is rocmflash's from now on
+                if getattr(self, "_incumbent" + side) == backend:
+                    setattr(self, "incumbent" + side, None)
+                return attention_forward(q, k, v, self.causal, self.scale if scale is None else scale, "online",
+                                         None, False, self)[0]
+            if getattr(self, "serve" + side) is first_sdpa_call:
+                setattr(self, "serve" + side, sdpa)
+            return out
+        return first_sdpa_call
 
 
 _CALLS: dict = {}  #: :func:`_call_plan`'s key -> _Call; cleared with the selection caches (register_clear)
@@ -197,13 +239,17 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
     group = 0 if empty else Hq // Hkv
     decode = not empty and is_decode_shaped(Sq, Sk, group)
     fwd = train = None
+    problem = () if empty else refusal_problem(q, k, sdpa_causal(causal, Sq))
     if not empty and shape_excludes(causal, Sq, Sk, group) is None:
         if decode:  # the decode entry's eager timing decides; forward only (no training timing for decode)
             fwd = decode_incumbent(q.device, D, q.dtype, group, Sk, B)
         else:  # the entry's kernel times scaled to this call, against the eager host floors (host-bound calls)
             fwd, train = call_incumbents(q.device, D, q.dtype, causal, group, B, Hq, Sq, Sk)
+        # a backend that refused this problem's first call here before: rocmflash's kernels (no second try)
+        fwd = None if fwd is not None and fell_back(fwd, False, problem) else fwd
+        train = None if train is not None and fell_back(train, True, problem) else train
     call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
-                 sdpa_causal(causal, Sq))
+                 sdpa_causal(causal, Sq), bool(causal), problem)
     if D > 0:
         call.scale = 1.0 / math.sqrt(D)  # what the API computes for softmax_scale=None
     if len(_CALLS) >= _MAX_CALLS:  # a new shape every call (a growing cache): start over, never grow unbounded

@@ -227,8 +227,9 @@ INCUMBENT_MAX_BUCKET_DISTANCE = 1
 def incumbent_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, match) -> tuple:
     """``(the served entry's incumbent field or None, why that timing does not decide or None)`` for the entry
     ``match`` (a :class:`rocmflash.db.DBMatch`): it does not when the switch is set, when there is no measured
-    entry or no timing in it, or when the entry is more than :data:`INCUMBENT_MAX_BUCKET_DISTANCE` buckets away
-    (an incumbent timed at S=8192 says little about S=256). Run-time dispatch and ``rocmflash explain`` both
+    entry or no timing in it, when the entry is more than :data:`INCUMBENT_MAX_BUCKET_DISTANCE` buckets away
+    (an incumbent timed at S=8192 says little about S=256), or when it was timed on another platform than this
+    torch's (:func:`rocmflash.api.incumbent.platform_refusal`). Run-time dispatch and ``rocmflash explain`` both
     ask this."""
     field, why_not = _entry_timing(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
     if incumbent_disabled():
@@ -255,7 +256,9 @@ def _entry_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
         return field, f"the entry is {match.bucket_distance} buckets away: its incumbent timing is not used"
     if field is None:
         return None, "the entry has no incumbent timing (tuned with --no-incumbent or before it existed)"
-    return field, None
+    from rocmflash.api.incumbent import database_platform, platform_refusal
+
+    return field, platform_refusal(field, database_platform(match.path))  # timed on another platform: not here
 
 
 def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:

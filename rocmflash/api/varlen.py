@@ -320,13 +320,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             and _equal_lengths(batch, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k):
         return _as_dense_batch(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale,
                                right == 0, check_values and not _capturing(device), deterministic)
-    if _incumbent_serves(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, softcap, left, right,
-                         return_lse, deterministic):
-        out = VI.run_safe(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, right == 0,
-                          softmax_scale)
-        if device.type != "cuda":  # Triton's interpreter ran the check: reading the word waits for nothing
-            _read_and_report(device, "this call")
-        return out
+    served = _incumbent_serves(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softmax_scale, softcap, left,
+                               right, return_lse, deterministic)
+    if served is not None:
+        out = VI.run_served(served, q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k,
+                            right == 0, softmax_scale)
+        if out is not None:  # (None: torch's function refused this problem's first call; rocmflash's kernel below)
+            if device.type != "cuda":  # Triton's interpreter ran the check: reading the word waits for nothing
+                _read_and_report(device, "this call")
+            return out
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
                 (left, right), return_lse, True, device)
 
@@ -345,20 +347,22 @@ def _check_fa2_options(alibi_slopes, block_table, deterministic, return_attn_pro
 
 
 def _incumbent_serves(q, k, v, cu_q, cu_k, max_k: int, softmax_scale, softcap, left: int, right: int,
-                      return_lse, deterministic: bool = False) -> bool:
-    """Whether the platform's varlen attention serves this call (:mod:`rocmflash.api.varlen_incumbent`): a plain call
+                      return_lse, deterministic: bool = False) -> Optional[tuple]:
+    """Whether the platform's varlen attention serves this call (:mod:`rocmflash.api.varlen_incumbent`), as the
+    problem's key for :func:`rocmflash.api.varlen_incumbent.run_served` (None: it does not): a plain call
     (no LSE, window or cap; causal with one ``cu_seqlens`` tensor) whose varlen entry says it won, by the forward
     times or, when the call needs gradients, the training steps' (not in deterministic mode nor with
     ``deterministic=True``: its backward uses atomics)."""
     if return_lse or softcap or left != M.UNBOUNDED or right not in (0, M.UNBOUNDED):
-        return False
+        return None
     causal = right == 0
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if train and (deterministic or torch.are_deterministic_algorithms_enabled()):
-        return False
+        return None
     group = q.shape[1] // k.shape[1]
-    return VI.serving(q.device, q.shape[2], q.dtype, causal, group, max(1, int(max_k)), train) and \
-        VI.excludes(causal, cu_q is cu_k, group, q.shape[2], softmax_scale) is None
+    key = VI.served_key(q.device, q.shape[2], q.dtype, causal, group, max(1, int(max_k)), train)
+    return key if key is not None and VI.excludes(causal, cu_q is cu_k, group, q.shape[2], softmax_scale) is None \
+        else None
 
 
 def _equal_lengths(batch: int, total_q: int, total_k: int, max_q: int, max_k: int) -> bool:

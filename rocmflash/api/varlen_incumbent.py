@@ -23,7 +23,10 @@ rocmflash's function (:func:`excludes`): no LSE, no window, no soft cap, and cau
 tensor for queries and keys (each sequence attends to itself, so the two conventions of the causal diagonal agree).
 ``ROCMFLASH_NO_INCUMBENT=1`` turns it off. The names of this
 torch's function and keywords are read from its signature, never assumed: a torch without it (or without
-``enable_gqa`` for a GQA call, or ``scale``) has no incumbent for that call.
+``enable_gqa`` for a GQA call, or ``scale``) has no incumbent for that call. An entry timed on another platform
+(CUDA, ROCm) never serves here (:func:`rocmflash.api.incumbent.serving_refusal`), and where torch's function raises
+on the first served call of a problem (:func:`run_served`), that problem falls back to rocmflash's varlen kernel
+with one warning and is not tried again.
 """
 
 from __future__ import annotations
@@ -97,22 +100,57 @@ def run_safe(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, causal: bo
     return run(q, k, v, safe_q, safe_k, max_q, max_k, causal, scale)
 
 
-_SERVING: dict = {}  #: (device, head dim, dtype, causal, group, bucket) -> whether the incumbent serves
+_SERVING: dict = {}  #: ((device, head dim, dtype, causal, group, bucket), train) -> whether the incumbent serves
+_RAN: set = set()  #: the :data:`_SERVING` keys whose first served call ran (:func:`run_served`)
 
 
 def serving(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, train: bool = False) -> bool:
     """Whether the live GPU's nearest measured varlen entry says the incumbent was faster (:func:`lookup`; ``train``:
     by the training steps' times). Cached per problem, length bucket and pass; :func:`rocmflash.api.selection.clear_cache`
     forgets."""
+    return served_key(device, head_dim, dtype, causal, group, max_seqlen_k, train) is not None
+
+
+def served_key(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int,
+               train: bool = False) -> Optional[tuple]:
+    """:func:`serving` as the problem's key for :func:`run_served` (None: rocmflash's kernel serves): the nearest
+    measured entry says the incumbent was faster and it did not raise on this problem's first call here
+    (:func:`rocmflash.api.incumbent.fell_back`)."""
     from rocmflash.api import selection
 
     if selection.incumbent_disabled():
-        return False
+        return None
     key = (selection._varlen_key(device, head_dim, dtype, causal, group, max_seqlen_k), train)
     served = _SERVING.get(key)
     if served is None:
-        served = _SERVING[key] = lookup(device, head_dim, dtype, causal, group, max_seqlen_k, train)[0] is not None
-    return served
+        from rocmflash.api.incumbent import fell_back
+
+        served = _SERVING[key] = lookup(device, head_dim, dtype, causal, group, max_seqlen_k, train)[0] is not None \
+            and not fell_back(NAME, train, _problem(key))
+    return key if served else None
+
+
+def _problem(key: tuple) -> tuple:
+    """A :func:`served_key` as :func:`rocmflash.api.incumbent.first_call`'s ``(what, lengths)``: the length bucket
+    last in the selection's key."""
+    return key[0][:-1], key[0][-1:]
+
+
+def run_served(key: tuple, q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, causal: bool,
+               scale: Optional[float]):
+    """:func:`run_safe` for a call :func:`served_key` gave ``key``, or None: torch's function raised on the first
+    served call of this problem (:func:`rocmflash.api.incumbent.first_call`: one warning), and rocmflash's kernel
+    serves it and every later call of it. Only the first call is guarded; later ones pay one set lookup."""
+    if key in _RAN:
+        return run_safe(q, k, v, cu_q, cu_k, batch, max_q, max_k, causal, scale)
+    from rocmflash.api.incumbent import first_call
+
+    out = first_call(run_safe, NAME, key[1], _problem(key), q, k, v, cu_q, cu_k, batch, max_q, max_k, causal, scale)
+    if out is None:
+        _SERVING[key] = False
+    else:
+        _RAN.add(key)
+    return out
 
 
 def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int, train: bool = False) -> tuple:
@@ -135,7 +173,7 @@ def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_se
     (:data:`NAME` or None), "why" (None when it serves)}``. It serves when the entry is at most
     ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its ``incumbent`` beat rocmflash
     (:func:`rocmflash.api.incumbent.winner`). ``rocmflash explain`` prints both."""
-    from rocmflash.api.incumbent import winner
+    from rocmflash.api.incumbent import database_platform, serving_refusal, winner
     from rocmflash.api.selection import INCUMBENT_MAX_BUCKET_DISTANCE
     from rocmflash.config import normalize_dtype
     from rocmflash.tuning.varlen import PREFIX, nearest_entry
@@ -160,16 +198,20 @@ def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_se
     elif train and not side:
         out["why"] = f"no training step of {NAME} was timed" + (f" ({row['train_error']})" if row.get("train_error")
                                                                  else "")
-    elif winner(field, train=train) != NAME:
+    elif winner(field, train=train, check=False) != NAME:
         out["why"] = "rocmflash's kernels were as fast or faster" if train else "rocmflash's kernel was as fast or faster"
     else:
         out.update(serves=NAME, why=None)
+        refusal = serving_refusal(NAME, field, database_platform(match.path))  # timed elsewhere, or absent here
+        if refusal:
+            out.update(serves=None, why=refusal)
     return out
 
 
 def clear() -> None:
     """Forget the cached verdicts (``selection.clear_cache`` calls this)."""
     _SERVING.clear()
+    _RAN.clear()
 
 
 def _register() -> None:
@@ -180,4 +222,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["NAME", "excludes", "run", "run_safe", "serving", "lookup", "decide", "clear"]
+__all__ = ["NAME", "excludes", "run", "run_safe", "serving", "served_key", "run_served", "lookup", "decide", "clear"]

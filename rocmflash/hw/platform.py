@@ -5,6 +5,8 @@
   of this process (the live tuner's timing and pre-warm workers).
 * :func:`visible_device_ids`: the devices a launcher pinned this process to, as the node names them.
 * :func:`sdpa_backends`: the PyTorch SDPA backends a benchmark can compare against here.
+* :func:`sdpa_record`: what an SDPA timing ran on (torch, CUDA or HIP version, the library behind SDPA where
+  torch says), kept with an entry's incumbent; :func:`torch_platform` and :func:`record_platform` compare it.
 
 Device visibility. CUDA reads ``CUDA_VISIBLE_DEVICES``. ROCm has three layers: the ROCr
 runtime applies ``ROCR_VISIBLE_DEVICES`` first, then HIP indexes into what ROCr left with
@@ -121,6 +123,64 @@ def sdpa_backend_enum(name: str):
     return getattr(SDPBackend, _SDPA_ENUM[name], None)
 
 
+#: the platforms a torch build runs SDPA on, as people name them
+PLATFORM_NAMES = {"hip": "ROCm", "cuda": "CUDA", "cpu": "CPU (a torch without CUDA or HIP)"}
+
+
+def torch_platform() -> str:
+    """``"hip"`` (a ROCm build of torch), ``"cuda"`` or ``"cpu"`` (neither): the platform this torch runs SDPA on."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        return "hip"
+    return "cuda" if getattr(torch.version, "cuda", None) else "cpu"
+
+
+def sdpa_record() -> dict:
+    """What an SDPA timing in this process runs on: ``{"platform"`` (:func:`torch_platform`), ``"torch"``,
+    ``"cuda"``, ``"hip"`` (``torch.version``'s, None where not that build), and the library behind SDPA where
+    torch says: ``"cudnn"`` (``torch.backends.cudnn.version()``, CUDA builds: cuDNN's attention), ``"rocm_fa_library"``
+    (``torch.backends.cuda.preferred_rocm_fa_library()``, ROCm builds: AOTriton or CK behind flash and efficient)}``.
+    A library torch does not report is left out; nothing here initialises a device."""
+    import torch
+
+    platform = torch_platform()
+    record = {"platform": platform, "torch": torch.__version__, "cuda": getattr(torch.version, "cuda", None),
+              "hip": getattr(torch.version, "hip", None)}
+    try:
+        if platform == "cuda":  # on ROCm torch.backends.cudnn is MIOpen, which SDPA does not use
+            cudnn = torch.backends.cudnn.version()
+            if cudnn is not None:
+                record["cudnn"] = cudnn
+        elif platform == "hip":
+            library = torch.backends.cuda.preferred_rocm_fa_library()
+            record["rocm_fa_library"] = getattr(library, "name", str(library))
+    except Exception:  # noqa: BLE001 - an older torch without the query: the record goes without it
+        pass
+    return record
+
+
+def record_platform(record) -> Optional[str]:
+    """The platform (``"hip"``, ``"cuda"``, ``"cpu"``) an :func:`sdpa_record` names, or None for no record."""
+    if not isinstance(record, dict):
+        return None
+    if record.get("platform") in PLATFORM_NAMES:
+        return record["platform"]
+    if record.get("hip"):
+        return "hip"
+    return "cuda" if record.get("cuda") else None
+
+
+def runtime_platform(runtime) -> Optional[str]:
+    """The GPU platform a database fingerprint's ``runtime`` (``"cuda 13.0"``, ``"hip 6.4.43482"``,
+    :func:`rocmflash.db_files.environment`) names, or None: ``"cpu"`` (the last save was on a machine without a
+    GPU runtime, e.g. a static tune: it says nothing of where entries were timed), missing, or unknown."""
+    if not isinstance(runtime, str):
+        return None
+    name = runtime.split(" ", 1)[0].lower()
+    return name if name in ("cuda", "hip") else None
+
+
 def lower_priority(increment: int) -> None:
     """Raise this process's niceness by ``increment`` (what it spawns inherits it): the helper processes of a tune
     (compile and pre-warm workers) yield the CPU to its timing workers and scheduler. A no-op where the OS has no
@@ -134,4 +194,5 @@ def lower_priority(increment: int) -> None:
 
 
 __all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "visible_device_ids", "sdpa_backends",
-           "missing_sdpa_backend", "sdpa_backend_enum", "lower_priority"]
+           "missing_sdpa_backend", "sdpa_backend_enum", "lower_priority", "PLATFORM_NAMES", "torch_platform",
+           "sdpa_record", "record_platform", "runtime_platform"]

@@ -350,17 +350,33 @@ def _served_step(query, key, value, scale):
     of its KV-length and batch buckets says SDPA was faster (eager, host time included); else None (the decode
     kernel, or not a decode step). No copies: SDPA reads the cache views (``enable_gqa`` for GQA). Callers keep it
     per shapes, dtypes, device and ``scaling`` (:data:`_KEPT_STEPS`): a step's other layers then run it after one
-    dict lookup."""
+    dict lookup. Its first call is guarded (:func:`rocmflash.api.incumbent.first_call`): where SDPA refuses it, the
+    decode kernel serves that step and, with one warning, every later step of the problem."""
     if query.shape[2] != 1 or key.shape[2] <= 1 or torch.compiler.is_compiling():
         return None
     backend = _decode_backend(query, key)
     if backend is None:
         return None
+    from rocmflash.api.incumbent import fell_back, first_call, refusal_problem
+
+    problem = refusal_problem(query, key, False)  # what the dispatch plans key a refusal by, too
+    if fell_back(backend, False, problem):  # this torch refused the backend for this problem before: the decode kernel
+        return None
     sdpa = _INCUMBENT_FNS[2](backend, False, query.shape[1] != key.shape[1])
+    tried = []  #: non-empty once the first call ran: later calls run SDPA unguarded
 
     def served_step(module, q, k, v, attention_mask, is_causal, kwargs):
+        if tried:
+            out = sdpa(q, k, v, scale)
+        else:  # the first call: where SDPA refuses it, the decode kernel serves this problem from now on
+            out = first_call(sdpa, backend, False, problem, q, k, v, scale)
+            if out is None:
+                for step in [s for s, run in _KEPT_STEPS.items() if run is served_step]:
+                    del _KEPT_STEPS[step]
+                return _decode_step(q, k, v, None, scale, 0.0, -1), None
+            tried.append(True)
         _STATS["incumbent"] += 1
-        return sdpa(q, k, v, scale).transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).contiguous(), None
     return served_step
 
 

@@ -9,12 +9,14 @@ import math
 import time
 
 from rocmflash.api.incumbent import SdpaKernel, sdpa_attention
+from rocmflash.hw.platform import sdpa_record  # what the times were taken on: kept in the entry's incumbent field
 
 
 def measure(task: dict) -> dict:
     """Worker entry (:meth:`rocmflash.tuning.live.LiveRunner.call`): every backend of ``task["backends"]`` gated and
     timed on ``task["shape"]`` with ``task["settings"]``, forward and forward+backward, and rocmflash's served
-    forward+backward with ``task["config"]`` beside them. Never raises for a backend that refuses the shape."""
+    forward+backward with ``task["config"]`` beside them, and what they ran on (``timed_on``,
+    :func:`rocmflash.hw.platform.sdpa_record`). Never raises for a backend that refuses the shape."""
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape
     from rocmflash.tuning.live_gate import gate, interpreting
@@ -46,7 +48,7 @@ def measure(task: dict) -> dict:
 
         triton_train = _train_ms(lambda q, k, v: rocmflash.attention(q, k, v, causal=shape.causal, config=cfg),
                                  shape, settings)
-    return {"status": "ok", "backends": results, "triton_train_ms": triton_train,
+    return {"status": "ok", "backends": results, "triton_train_ms": triton_train, "timed_on": sdpa_record(),
             "worker_s": round(time.perf_counter() - start, 3)}
 
 
@@ -120,7 +122,7 @@ def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, i
         route = _route(held, None)
         r = _gated(route, ref, tol, error_line)
         result = {"status": r["status"], "error": r["error"], "triton_rel_err": r["rel_err"], "triton_ms": None,
-                  "config": served(p), "timing": DECODE_TIMING, "backends": results}
+                  "config": served(p), "timing": DECODE_TIMING, "backends": results, "timed_on": sdpa_record()}
         if r["status"] == "ok":
             paths["rocmflash"] = route
         for name in backends or candidates():
@@ -185,7 +187,7 @@ def measure_eager(problem: dict, backends=None, rounds: int = 3, iters: int = 20
     with _served_decode(None):  # ROCMFLASH_NO_INCUMBENT unset within; the dispatch plans forgotten on exit
         r = _gated(_dense_route(held, None, causal, False), held[3], tol, error_line)
         result = {"status": r["status"], "error": r["error"], "triton_rel_err": r["rel_err"], "triton_ms": None,
-                  "triton_train_ms": None, "backends": results}
+                  "triton_train_ms": None, "backends": results, "timed_on": sdpa_record()}
         if r["status"] == "ok":
             paths["rocmflash"] = _dense_route(held, None, causal, False)
             paths["rocmflash train"] = _dense_route(held, None, causal, True)
@@ -233,8 +235,7 @@ def _dense_route(held: list, backend, causal: bool, train: bool):
 
     def call():
         q, k, v = held[0], held[1], held[2]
-        plan = ops._call_plan(q, k, causal)
-        plan.incumbent = plan.incumbent_train = backend
+        ops._call_plan(q, k, causal).pin(backend)  # exactly this side: a backend that refuses fails its gate
         if not train:
             with torch.no_grad():
                 return rocmflash.attention(q, k, v, causal=causal)
@@ -287,7 +288,7 @@ def _route(held: list, backend):
 
     def call():
         q, k, v = held[0], held[1], held[2]
-        ops._call_plan(q, k, False).incumbent = backend
+        ops._call_plan(q, k, False).pin(backend)  # exactly this side: a backend that refuses fails its gate
         return rocmflash.attention(q, k, v)
 
     return call

@@ -158,9 +158,9 @@ def measure_varlen_incumbent(task: dict) -> dict:
     and timed the same way): torch's function, and rocmflash's varlen forward with ``task["config"]`` (the
     winner) and the backward this process selects -- a backend's backward needs its own forward, so training
     compares whole steps. ``{"status": "ok", "backends": {name: {"status", "time_ms", "train_ms", "rel_err",
-    "error"}}, "triton_train_ms"}`` (:func:`rocmflash.api.incumbent.incumbent_field` reads it); a torch without
-    the function, or a problem it does not compute, is ``"skipped"`` with the reason; a step whose backward
-    torch refuses leaves ``train_ms`` None and says why in ``train_error``."""
+    "error"}}, "triton_train_ms", "timed_on"}`` (:func:`rocmflash.api.incumbent.incumbent_field` reads it;
+    ``timed_on``: :func:`rocmflash.hw.platform.sdpa_record`); a torch without the function, or a problem it does
+    not compute, is ``"skipped"`` with the reason; a step whose backward torch refuses leaves ``train_ms`` None and says why in ``train_error``."""
     import torch
 
     from rocmflash.api import varlen_incumbent as VI
@@ -170,7 +170,9 @@ def measure_varlen_incumbent(task: dict) -> dict:
 
     p = VarlenProblem.from_dict(task["problem"])
     row = {"status": "failed", "time_ms": None, "train_ms": None, "rel_err": None, "error": None}
-    result = {"status": "ok", "backends": {VI.NAME: row}, "triton_train_ms": None}
+    from rocmflash.hw.platform import sdpa_record
+
+    result = {"status": "ok", "backends": {VI.NAME: row}, "triton_train_ms": None, "timed_on": sdpa_record()}
     why = VI.excludes(p.causal, True, p.group, p.head_dim, None)
     if why is not None:
         row.update(status="skipped", error=why)
