@@ -269,8 +269,11 @@ def _check_report_out(args: argparse.Namespace) -> None:
     if args.out:
         check_writable_dir("--out", args.out)
     elif not args.json:
-        folder = os.path.join(report_dirs.reports_root(), report_dirs.default_folder_name(args))
-        check_writable_dir(report_dirs.root_flag(), folder)
+        try:
+            name = report_dirs.default_folder_name(args)
+        except ValueError:  # a bad head dim, dtype, ...: the mode's own check says it, in its words, next
+            return
+        check_writable_dir(report_dirs.root_flag(), os.path.join(report_dirs.reports_root(), name))
 
 
 def _check_report_dtype(args: argparse.Namespace) -> None:
