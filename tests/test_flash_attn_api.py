@@ -207,7 +207,7 @@ def test_varlen_deterministic_keeps_rocmflash_kernels(interpret, monkeypatch):
     from rocmflash.api import varlen as VA
 
     asked = []
-    monkeypatch.setattr(VA.VI, "serving", lambda *a: asked.append(a) or True)
+    monkeypatch.setattr(VA.VI, "served_key", lambda *a: asked.append(a) or ("problem",))
     monkeypatch.setattr(VA.VI, "excludes", lambda *a: None)
     gen = torch.Generator().manual_seed(8)
     cu = torch.tensor([0, 6, 16], dtype=torch.int32)
