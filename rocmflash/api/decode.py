@@ -17,6 +17,9 @@ database (``rocmflash tune --mode decode``) or a CU-count heuristic.
 An fp8 cache (the arch's format) takes fp32 ``k_descale``/``v_descale`` ``(B, Hkv)`` (flash-attn 3's
 names): new keys are quantised into it, the kernel reads half the bytes (:mod:`rocmflash.api.decode_fp8`).
 
+Attention sinks (``s_aux``, vLLM's name; gpt-oss's per-head ``sinks``): one logit per query head joined to each
+row's softmax denominator, read by the decode kernel itself (never by SDPA, which has none).
+
 Bad input raises ``ValueError``/``TypeError`` naming the argument before any kernel runs or anything is written to
 the cache; bad *values* (lengths, starts, pages, scales) are caught on the GPU (:func:`flash_attn_with_kvcache`).
 """
@@ -39,7 +42,12 @@ from rocmflash.api.decode_cache import (  # noqa: E402,F401  (re-exported: the c
     as_int32,
 )
 from rocmflash.api.decode_choice import _DECODE_CONFIGS, decode_config  # noqa: E402,F401 (re-exported)
-from rocmflash.api.decode_errors import ERROR_POLL_CALLS, _poll_errors, check_errors  # noqa: E402,F401 (re-exported)
+from rocmflash.api.decode_errors import (  # noqa: E402,F401 (re-exported)
+    ERROR_POLL_CALLS,
+    _capturing,
+    _poll_errors,
+    check_errors,
+)
 from rocmflash.api.varlen import check_options  # noqa: E402
 from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels import kv_append  # noqa: E402
@@ -81,13 +89,46 @@ def _int_tensor(name: str, t, ndim: int, device, dtypes=(torch.int32,)) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}; all must share a device")
 
 
+_SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_sinks(s_aux, heads_q: int, device) -> None:
+    """``s_aux`` (attention sinks) is a ``(Hq,)`` fp32/bf16/fp16 tensor on q's device (any stride), or None;
+    else a one-line ``ValueError`` saying what was expected (``TypeError`` for a non-tensor, as every argument)."""
+    if s_aux is None:
+        return
+    if not isinstance(s_aux, torch.Tensor):
+        raise TypeError(f"s_aux (attention sinks) must be a torch.Tensor of shape (Hq={heads_q},) or None, "
+                        f"got {type(s_aux).__name__}")
+    if s_aux.dtype not in _SINK_DTYPES:
+        raise ValueError(f"s_aux (attention sinks) must be a float32, bfloat16 or float16 tensor (one logit per "
+                         f"query head), got {s_aux.dtype}")
+    if s_aux.shape != (heads_q,):
+        raise ValueError(f"s_aux (attention sinks) must have shape (Hq={heads_q},), one logit per query head, got "
+                         f"{tuple(s_aux.shape)}")
+    if s_aux.device != device:
+        raise ValueError(f"s_aux (attention sinks) is on {s_aux.device} but q is on {device}; all must share a device")
+
+
+def _check_sink_values(s_aux, device) -> None:
+    """``check_values=True``'s host check of the sinks (one wait): NaN or ``+inf`` raises (``-inf``: no sink);
+    on the default path the kernel raises ``BAD_SINK`` in the error word instead. Skipped while a graph is
+    captured."""
+    if s_aux is None or _capturing(device):
+        return
+    bad = torch.isnan(s_aux) | (s_aux == float("inf"))
+    if bool(bad.any()):
+        h = int(bad.nonzero()[0, 0])
+        raise ValueError(f"s_aux[{h}] = {float(s_aux[h])}: attention sinks must be finite or -inf (no sink)")
+
+
 def _interpreting() -> bool:
     """Whether CPU tensors are accepted (Triton's interpreter); a hook ``bench/host_profile.py --cpu-stub`` replaces."""
     return C.interpreting()
 
 
 def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, cache_leftpad=None,
-              k_descale=None, v_descale=None) -> tuple:
+              k_descale=None, v_descale=None, s_aux=None) -> tuple:
     """Every check but the options' and those of tensor values; returns ``(paged, page_size, capacity, new, fp8)``.
 
     It reads only metadata (types, dtypes, shapes, devices) and the value of an int
@@ -114,6 +155,7 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"number of query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     F8D.check_descales(fp8, q, B, Hkv, k_descale, v_descale)
+    _check_sinks(s_aux, Hq, q.device)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (new keys and values to append), or both None")
     new = 0
@@ -247,12 +289,12 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
 
 def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
                num_splits, want_lse: bool, backend: str, keep: bool = False, cache_leftpad=None, k_descale=None,
-               v_descale=None, per_length: bool = False) -> _Plan:
+               v_descale=None, per_length: bool = False, s_aux=None) -> _Plan:
     """Check every input's metadata and the options (raising before anything runs), choose the config and
     split count. ``keep``: the plan will be kept, so it gets a dict for its launch keys. ``per_length``: see
     :func:`_per_length` (the plan records the caches' :func:`_geometry`)."""
     paged, page_size, capacity, new, fp8 = _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                                     num_splits, cache_leftpad, k_descale, v_descale)
+                                                     num_splits, cache_leftpad, k_descale, v_descale, s_aux)
     if fp8:
         F8D.check_arch(q.device, k_cache.dtype)
     left, right = check_options(softmax_scale, causal, window_size, softcap)
@@ -260,7 +302,7 @@ def _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_sc
     Hkv = k_cache.shape[2]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     call = _interned(KD.DecodeCall(B, Sq, Hkv, Hq // Hkv, D, paged, page_size, scale, float(softcap), left, right,
-                                   cache_leftpad is not None, fp8))
+                                   cache_leftpad is not None, fp8, s_aux is not None))
     cfg = decode_config(q.device, D, q.dtype, Hq // Hkv, capacity, B, page_size, k_cache.dtype if fp8 else False)
     return _Plan(backend, q.device.type == "cuda", paged, page_size, capacity, new, (B, Hq, Sq) if want_lse else None,
                  q.numel() > 0, call, cfg, _split_count(num_splits, cfg, call, capacity, q.device),
@@ -276,14 +318,14 @@ def _geometry(k_cache, v_cache) -> tuple:
 def _length_free(sig: Optional[tuple]) -> Optional[tuple]:
     """``sig`` (:func:`_signature`) without the caches' length and the strides that follow it (dims 1, and 0 and 2,
     of their (B, L, Hkv, D) view): one key for every length of a ``per_length`` call (None: not 4-D tensors).
-    The caches are the signature's 10th and 9th entries from the end (the tensors close it, k_cache second)."""
+    The caches are the signature's 11th and 10th entries from the end (the tensors close it, k_cache second)."""
     if sig is None:
         return None
-    k, v = sig[-10], sig[-9]
+    k, v = sig[-11], sig[-10]
     if len(k) != 5 or len(v) != 5 or len(k[1]) != 4 or len(v[1]) != 4:
         return None
-    return sig[:-10] + ((k[0], k[1][0], k[1][2:], k[2][1], k[2][3], k[3], k[4]),
-                        (v[0], v[1][0], v[1][2:], v[2][1], v[2][3], v[3], v[4])) + sig[-8:]
+    return sig[:-11] + ((k[0], k[1][0], k[1][2:], k[2][1], k[2][3], k[3], k[4]),
+                        (v[0], v[1][0], v[1][2:], v[2][1], v[2][3], v[3], v[4])) + sig[-9:]
 
 
 def _per_length(block_table, k, cache_seqlens) -> bool:
@@ -338,12 +380,15 @@ def _interned(call: "KD.DecodeCall") -> "KD.DecodeCall":
 
 
 def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-          num_splits, want_lse: bool, cache_leftpad=None, out=None, k_descale=None, v_descale=None) -> _Plan:
+          num_splits, want_lse: bool, cache_leftpad=None, out=None, k_descale=None, v_descale=None,
+          s_aux=None) -> _Plan:
     """The kept plan of this call's signature, or a new one (checked; kept when the signature is known).
-    ``out``: the caller's output buffer when it is not ``empty_like(q)`` (its layout joins the signature)."""
+    ``out``: the caller's output buffer when it is not ``empty_like(q)`` (its layout joins the signature).
+    ``s_aux`` joins the signature as the tensors do (None or its dtype, shape, stride, device): a plan made
+    without sinks never serves a call with them, nor the other way round."""
     backend = C.torch_backend()
     sig = _signature(backend, (q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, out, k_descale,
-                               v_descale),
+                               v_descale, s_aux),
                      (softmax_scale, causal, softcap, num_splits, want_lse), window_size)
     plan = _CALL_PLANS.get(sig) if sig is not None else None
     if plan is not None and _replayable(plan):
@@ -361,7 +406,7 @@ def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, 
     keep_loose = loose is not None and _seen_before(loose)
     plan = _make_plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size,
                       softcap, num_splits, want_lse, backend, keep or keep_loose, cache_leftpad, k_descale, v_descale,
-                      per_length)
+                      per_length, s_aux)
     for kept, key in ((keep, sig), (keep_loose, loose)):
         if kept:
             if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
@@ -370,11 +415,13 @@ def _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, 
     return plan
 
 
-def _whole_cache_key(owner, q, k, v, softmax_scale, want_lse: bool) -> tuple:
+def _whole_cache_key(owner, q, k, v, softmax_scale, want_lse: bool, sinks=None) -> tuple:
     """What :func:`_signature` holds of a dense decode call beyond its ``owner``'s key (ROCm: the 2 GiB bits of
-    q, k and v, which can be views of larger buffers; ``out`` is allocated whole from the owner's layout)."""
+    q, k and v, which can be views of larger buffers; ``out`` is allocated whole from the owner's layout), and
+    the ``sinks``' layout (None: no sinks; the owner's key does not know them)."""
+    sink_key = None if sinks is None else (sinks.dtype, sinks.shape, sinks.stride(), sinks.get_device())
     key = (owner, k.stride(), v.shape, v.stride(), k.dtype, v.dtype, k.get_device(), v.get_device(),
-           type(softmax_scale), softmax_scale, want_lse)
+           type(softmax_scale), softmax_scale, want_lse, sink_key)
     if C.torch_backend() == "hip":
         key += tuple(L.fits_buffer_addressing(t) for t in (q, k, v))
     return key
@@ -390,7 +437,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             softmax_scale: Optional[float] = None, causal: bool = False,
                             window_size: tuple = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
                             alibi_slopes=None, num_splits: int = 0, return_softmax_lse: bool = False, *,
-                            return_lse: bool = False, check_values: bool = False, k_descale=None, v_descale=None):
+                            return_lse: bool = False, check_values: bool = False, k_descale=None, v_descale=None,
+                            s_aux=None):
     """Decode attention over a KV cache (flash-attn's ``flash_attn_with_kvcache``); see the module docstring.
 
     flash-attn 2.8's signature: its argument order, names and defaults. Returns ``(B, Sq, Hq, D)`` in q's
@@ -446,6 +494,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     writes nothing to the cache) or on the host with ``check_values=True`` (raises before anything is
     written).
 
+    **Attention sinks** (keyword-only ``s_aux``, vLLM's name; gpt-oss's ``module.sinks``): a ``(Hq,)`` fp32/bf16/fp16
+    tensor, one logit per query head in the scaled-score domain (natural log, after ``softmax_scale`` and
+    ``softcap``, which it is not put through), joined to each row's softmax denominator as a key whose value is
+    zero: ``softmax([q·k * scale ..., s_aux[h]])`` with the sink's column dropped -- transformers' eager gpt-oss
+    attention. ``softmax_lse`` then holds the sink (a row that sees no key: output 0, LSE ``s_aux[h]``).
+    ``-inf`` is no sink for that head; NaN or ``+inf`` makes the head's rows NaN and is reported as the values
+    above are (``check_values=True``: a ``ValueError`` before anything runs). Any cache (paged, fp8), window and
+    split count. Not differentiable (no gradient reaches ``s_aux``).
+
     The metadata checks, config and split count are worked out once per call signature
     (dtypes, shapes, strides, devices, options) and kept; :func:`clear_cache` forgets them.
     """
@@ -455,7 +512,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                              rotary_interleaved, alibi_slopes)
     want_lse = bool(return_lse or return_softmax_lse)
     plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                 num_splits, want_lse, cache_leftpad, None, k_descale, v_descale)
+                 num_splits, want_lse, cache_leftpad, None, k_descale, v_descale, s_aux)
     device = q.device
     fp8 = plan.call.kv_fp8
     # the whole cache (nothing appended: appending needs cache_seqlens) and no host check: the kernel reads no
@@ -467,6 +524,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         starts = as_int32(cache_leftpad) if cache_leftpad is not None else None
         _check_values(cache_seqlens, lens, block_table, k_cache, new, plan.capacity, plan.page_size, device, starts,
                       (k_descale, v_descale) if fp8 else None, cache_leftpad)
+        _check_sink_values(s_aux, device)
         check_errors(device)
     else:
         _poll_errors(device)  # (before the narrowing, which may set a bit of this call: raised by a later one)
@@ -487,7 +545,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if plan.nonempty:
             KD.launch(plan.call, q, k_cache, v_cache, block_table if plan.paged else None, seqlens, plan.cfg,
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
-                      new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None)
+                      new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None,
+                      sinks=s_aux)
     return (out, lse) if want_lse else out
 
 
@@ -503,25 +562,26 @@ def _compat():
     return _COMPAT[0]
 
 
-def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None, owner=None) -> None:
+def attend_whole_cache(q, k, v, softmax_scale: float, causal: bool, out, lse=None, owner=None, sinks=None) -> None:
     """Attention of ``q (B, Sq, Hq, D)`` over every key of ``k``/``v`` ``(B, Sk, Hkv, D)`` into ``out``
     (``q``'s shape) and, when given, ``lse`` ``(B, Hq, Sq)`` fp32: the decode kernel serving a dense call
     (``rocmflash.attention``, ``flash_attn_func``, the torch op and ``patch_sdpa`` route decode-shaped
     calls here, :func:`is_decode_shaped`). Any strides; inputs validated by the caller (checked again
     once per signature); no host read, no copy. ``owner``: the caller's plan of the call (``ops._Call``), whose
-    key fixes q, k's shape, causal and ``out``'s layout: a kept plan is then found by :func:`_whole_cache_key`."""
-    key = None if owner is None else _whole_cache_key(owner, q, k, v, softmax_scale, lse is not None)
+    key fixes q, k's shape, causal and ``out``'s layout: a kept plan is then found by :func:`_whole_cache_key`.
+    ``sinks``: ``(Hq,)`` attention sinks, as :func:`flash_attn_with_kvcache`'s ``s_aux`` (checked with the plan)."""
+    key = None if owner is None else _whole_cache_key(owner, q, k, v, softmax_scale, lse is not None, sinks)
     plan = _WHOLE_PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan(q, k, v, None, None, None, None, softmax_scale, causal, (-1, -1), 0.0, 0, lse is not None, None,
-                     out)
+                     out, s_aux=sinks)
         if key is not None and plan.launch_keys is not None and _replayable(plan):
             if len(_WHOLE_PLANS) >= _MAX_CALL_PLANS:
                 _WHOLE_PLANS.clear()
             _WHOLE_PLANS[key] = plan  # only a kept plan: its signature passed the checks and was seen before
     with L.on_device(q):  # no lengths: every sequence is the whole cache (the kernel reads none)
         KD.launch(plan.call, q, k, v, None, None, plan.cfg, plan.splits, out, lse, keys=plan.launch_keys,
-                  backend=plan.backend)
+                  backend=plan.backend, sinks=sinks)
 
 
 __all__ = ["flash_attn_with_kvcache", "decode_config", "clear_cache", "check_errors", "attend_whole_cache",

@@ -1,9 +1,9 @@
 """The decode error word's host side: how ``flash_attn_with_kvcache`` reports values its kernels had to clamp.
 
 The decode kernels and the appends OR bits (:data:`rocmflash.kernels.kv_decode.BAD_LENGTH`, ``BAD_START``,
-``BAD_PAGE``, ``BAD_DESCALE``, ``BAD_WIDE``, ``NOT_STORED``: :mod:`rocmflash.kernels.kv_checks`) into a per-device
-int32 word instead of the host reading tensor values (a wait per
-call). :func:`check_errors` reads it (waits); every call polls an asynchronous copy (:func:`_poll_errors`).
+``BAD_PAGE``, ``BAD_DESCALE``, ``BAD_WIDE``, ``BAD_SINK``, ``NOT_STORED``: :mod:`rocmflash.kernels.kv_checks`) into a
+per-device int32 word instead of the host reading tensor values (a wait per call). :func:`check_errors` reads it
+(waits); every call polls an asynchronous copy (:func:`_poll_errors`).
 The word and its polling are :mod:`rocmflash.kernels.error_words`' (shared with varlen and the fp8
 forward); this module keeps what the bits say. :mod:`rocmflash.api.decode` re-exports :func:`check_errors`
 and :data:`ERROR_POLL_CALLS`.
@@ -25,6 +25,7 @@ _REPORT = EW.Report(
      (KD.BAD_START.value, "cache_leftpad outside its sequence"),
      (KD.BAD_PAGE.value, "block_table pointing outside the cache's pages"),
      (KD.BAD_DESCALE.value, "a k_descale/v_descale not finite and > 0 (that call appended nothing)"),
+     (KD.BAD_SINK.value, "an s_aux (attention sink) NaN or +inf (its head's rows are NaN)"),
      (KD.NOT_STORED.value, "so those sequences' new k/v were not stored in the cache")),
     " (those sequences' outputs are undefined; no other sequence's rows, no unused page and no memory outside "
     "the cache were written); pass check_values=True to have each call checked on the host, with the index and "

@@ -29,6 +29,7 @@ BAD_PAGE = tl.constexpr(4)  #: a used ``block_table`` entry outside the page poo
 BAD_DESCALE = tl.constexpr(8)  #: an fp8 cache's ``k_descale``/``v_descale`` not finite and > 0 (nothing appended)
 BAD_WIDE = tl.constexpr(16)  #: an int64 ``cache_seqlens``/``cache_leftpad`` value outside int32
 NOT_STORED = tl.constexpr(32)  #: an append stored none of some sequence's new keys (with the bit saying why)
+BAD_SINK = tl.constexpr(64)  #: an attention sink (``s_aux``) NaN or +inf: its head's rows are NaN (-inf: no sink)
 
 INT32_MAX = tl.constexpr(2**31 - 1)
 INT32_MIN = tl.constexpr(-(2**31))
@@ -77,4 +78,5 @@ def narrow_int32(t, err, backend: str, bit: int = BAD_WIDE.value):
     return out
 
 
-__all__ = ["BAD_DESCALE", "BAD_LENGTH", "BAD_PAGE", "BAD_START", "BAD_WIDE", "NOT_STORED", "narrow_int32"]
+__all__ = ["BAD_DESCALE", "BAD_LENGTH", "BAD_PAGE", "BAD_SINK", "BAD_START", "BAD_WIDE", "NOT_STORED",
+           "narrow_int32"]

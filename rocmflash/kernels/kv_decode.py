@@ -22,6 +22,10 @@ row (bottom-right: token ``t`` sits at position ``L - Sq + t``). A left-padded c
 ``cache_leftpad``: sequence ``b`` starts at key ``leftpad[b]``, as transformers' left-padded batches do) is one
 more lower bound: the key range starts at the block holding ``leftpad[b]`` and that block's keys before it are
 masked (and not loaded).
+
+Attention sinks (gpt-oss's ``s_aux``: one logit per query head joined to the softmax's denominator, a key whose
+value row is zero) join once per row, in split 0's running max and sum (:func:`~.kv_decode_jit._join_sink`); the
+combine and the fused merge then need nothing of their own, and a row's LSE holds the sink.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the c
     BAD_DESCALE,
     BAD_LENGTH,
     BAD_PAGE,
+    BAD_SINK,
     BAD_START,
     LENGTH_ARGS,
     _decode_combine,
@@ -232,6 +237,7 @@ class DecodeCall:
     win_right: int
     leftpad: bool = False  #: a per-sequence start key (``cache_leftpad``) is passed
     kv_fp8: bool = False  #: the cache is fp8, with ``(B, Hkv)`` fp32 ``k_descale``/``v_descale``
+    sinks: bool = False  #: a ``(Hq,)`` float attention sink per query head is passed (``SINKS``)
 
     @functools.cached_property
     def block_m(self) -> int:
@@ -256,7 +262,7 @@ def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False,
                 BOUNDED_RIGHT=call.win_right < M.UNBOUNDED, DIRECT=bool(direct), STORE_LSE=bool(store_lse),
                 LEFTPAD=call.leftpad, KV_FP8=call.kv_fp8, FNUZ_VIEW=bool(fnuz_view), FUSED=bool(fused_splits),
                 SPLITS_PAD=C.next_pow2(fused_splits) if fused_splits else 1, KV_ALIGNED=bool(kv_aligned),
-                WHOLE_CACHE=bool(whole_cache))
+                WHOLE_CACHE=bool(whole_cache), SINKS=call.sinks)
 
 
 def length_values(call: DecodeCall, k_cache, v_cache, block_table) -> tuple:
@@ -296,7 +302,7 @@ def _lengths_of(keys: Optional[dict], call: DecodeCall, k_cache, v_cache, block_
 
 def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits: int,
                out=None, lse=None, leftpads=None, err=None, new_keys: int = 0, k_descale=None, v_descale=None,
-               sem=None) -> dict:
+               sem=None, sinks=None) -> dict:
     """The split kernel's arguments; ``out``/``lse`` are written directly when ``num_splits == 1``
     or by the last split of a fused launch (pass them then; otherwise the partial buffers ``po``/``pl``
     stand in for them, unused). ``sem``: a fused launch's int32 arrival counts (:func:`arrival_counts`;
@@ -304,7 +310,8 @@ def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, 
     ``leftpads``: int32 ``(B,)`` start keys when ``call.leftpad`` (else ``seqlens`` stands in, unread).
     ``err``: the error word (:func:`error_word`; compile-only builds: any int32 stand-in);
     ``new_keys``: keys appended this call (a length below it is out of range); ``k_descale``/``v_descale``:
-    the ``(B, Hkv)`` fp32 scales of an fp8 cache (``call.kv_fp8``; else ``seqlens`` stands in, unread)."""
+    the ``(B, Hkv)`` fp32 scales of an fp8 cache (``call.kv_fp8``; else ``seqlens`` stands in, unread);
+    ``sinks``: the ``(Hq,)`` attention sinks when ``call.sinks`` (else ``seqlens`` stands in, unread)."""
     sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
     capacity, num_blocks = _cache_extent(call, k_cache, block_table)
     so = out.stride() if out is not None else (0, 0, 0, 0)
@@ -316,6 +323,7 @@ def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, 
                 LEFTPADS=leftpads if leftpads is not None else seqlens, PO=po, PL=pl,
                 O=out if out is not None else po, LSE=lse if lse is not None else pl,
                 ERR=err if err is not None else seqlens, KS=ks, VS=vs, SEM=sem if sem is not None else seqlens,
+                SINK=sinks if sinks is not None else seqlens,
                 NUM_BLOCKS=num_blocks, CAPACITY=capacity,
                 NEW_KEYS=int(new_keys),
                 sm_scale=float(call.sm_scale), qk_scale=float(call.sm_scale) * C.LOG2E,
@@ -325,7 +333,8 @@ def split_args(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, po, 
                 stride_vb=sv[0], stride_vn=sv[1], stride_vh=sv[2], stride_vd=sv[3],
                 stride_ob=so[0], stride_ot=so[1], stride_oh=so[2], stride_od=so[3],
                 stride_btb=block_table.stride(0) if call.paged else 0, stride_ksb=sks[0], stride_ksh=sks[1],
-                stride_vsb=svs[0], stride_vsh=svs[1], PAGE_SIZE=call.page_size if call.paged else 1,
+                stride_vsb=svs[0], stride_vsh=svs[1], stride_sh=sinks.stride(0) if call.sinks else 0,
+                PAGE_SIZE=call.page_size if call.paged else 1,
                 H_KV=call.heads_kv, GROUP=call.group, SEQ_Q=call.seqlen_q, NUM_SPLITS=num_splits,
                 WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right)
 
@@ -355,7 +364,8 @@ def _combine_constexprs(call: DecodeCall, store_lse: bool, num_splits: int) -> d
 
 def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: DecodeConfig, num_splits: int,
            out, lse=None, workspace: Optional[tuple] = None, keys: Optional[dict] = None,
-           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None) -> None:
+           backend: Optional[str] = None, leftpads=None, new_keys: int = 0, k_descale=None, v_descale=None,
+           sinks=None) -> None:
     """Run split + combine into ``out`` ``(B, Sq, Hq, D)`` (and ``lse`` ``(B, Hq, Sq)`` fp32 when given).
 
     With ``num_splits == 1`` the split kernel normalises and writes ``out``/``lse`` itself
@@ -379,6 +389,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     addressing memory outside the cache; that sequence's output is undefined.
     ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
     holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
+    ``sinks``: ``(Hq,)`` float attention sinks (any float dtype and stride), required exactly when ``call.sinks``;
+    a NaN or ``+inf`` sink raises :data:`BAD_SINK`.
 
     The cache's length reaches the split kernel only through its unspecialised :data:`LENGTH_ARGS`: a cache one key
     longer each call replays one launch plan per split count, never Triton's JIT launch.
@@ -389,6 +401,8 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     if call.leftpad != (leftpads is not None):
         raise ValueError("leftpads must be given exactly when the DecodeCall has leftpad=True")
+    if call.sinks != (sinks is not None):
+        raise ValueError("sinks must be given exactly when the DecodeCall has sinks=True")
     err = error_word(q.device)
     whole = seqlens is None
     if whole:
@@ -399,14 +413,15 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
         block_table = seqlens  # unread
     starts = leftpads if leftpads is not None else seqlens  # unread without leftpad
     k_cache, v_cache, ks, vs, fnuz_view = KQ.launch_views(call.kv_fp8, k_cache, v_cache, k_descale, v_descale, seqlens)
+    sink_arg = sinks if sinks is not None else seqlens  # unread without sinks
     lengths, aligned, length_class = _lengths_of(keys, call, k_cache, v_cache, block_table)
     if num_splits == 1:  # the split kernel writes the output itself: no partial buffers, no combine
         scalars = (call, cfg, 1, lse is not None, new_keys, length_class, whole)
-        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err, ks, vs)
+        tensors = (q, k_cache, v_cache, block_table, seqlens, starts, out, lse_arg, err, ks, vs, sink_arg)
         C.launch_cached(_decode_split, scalars, tensors,
                         lambda: ((1, call.batch * call.heads_kv),
                                  split_args(call, q, k_cache, v_cache, block_table, seqlens, out, lse_arg, 1,
-                                            out, lse_arg, starts, err, new_keys, ks, vs),
+                                            out, lse_arg, starts, err, new_keys, ks, vs, sinks=sinks),
                                  _split_constexprs(call, cfg, True, lse is not None, fnuz_view, 0, aligned, whole)),
                         kcfg, backend, C.kept_key(keys, ("direct", lse is not None, backend, new_keys, whole),
                                                   _decode_split, scalars, tensors, kcfg, backend, _KV_TENSORS),
@@ -424,13 +439,13 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     sem = arrival_counts(q.device, call.batch * call.heads_kv) if fused else None
     merged = (out, lse_arg, sem) if fused else ()  # what a fused launch writes and counts with
     scalars = (call, cfg, num_splits, new_keys, length_class, whole) + ((lse is not None, "fused") if fused else ())
-    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs) + merged
+    tensors = (q, k_cache, v_cache, block_table, seqlens, starts, po, pl, err, ks, vs, sink_arg) + merged
     slot = ("fused", num_splits, lse is not None) if fused else ("split", num_splits)
     C.launch_cached(_decode_split, scalars, tensors,
                     lambda: ((num_splits, call.batch * call.heads_kv),
                              split_args(call, q, k_cache, v_cache, block_table, seqlens, po, pl, num_splits,
                                         *merged[:2], leftpads=starts, err=err, new_keys=new_keys, k_descale=ks,
-                                        v_descale=vs, sem=sem),
+                                        v_descale=vs, sem=sem, sinks=sinks),
                              _split_constexprs(call, cfg, False, fused and lse is not None, fnuz_view,
                                                num_splits if fused else 0, aligned, whole)), kcfg, backend,
                     C.kept_key(keys, slot + (backend, new_keys, whole), _decode_split, scalars, tensors, kcfg,
@@ -460,7 +475,8 @@ class _StridedPtr(C.Ptr):
 def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf16", group: int = 8,
                 seqlen_q: int = 1, paged: bool = False, page_size: int = 256, causal: bool = True,
                 softcap: bool = False, window: bool = False, leftpad: bool = False, cache_bytes: int = 0,
-                q_bytes: int = 0, kv_dtype: str = "", fused: bool = False, whole_cache: bool = False):
+                q_bytes: int = 0, kv_dtype: str = "", fused: bool = False, whole_cache: bool = False,
+                sinks: bool = False):
     """Cross-compile ``(split, combine)`` for ``target`` without tensors (contiguous strides of a
     ``(B, S_max, 8, D)`` cache or a paged one, ``B=8``, as a launch would specialise them);
     ``leftpad``: the left-padded build (``cache_leftpad``).
@@ -472,13 +488,14 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
     (``fp8e4b8``/``fp8e5b16`` FNUZ on gfx942, ``fp8e4nv``/``fp8e5`` OCP on gfx950 and sm_89+; checked
     against the target) with fp32 descales; "" (default): the cache is ``dtype``. ``fused``: the split kernel
     that merges its splits itself (:data:`FUSED_COMBINE`); the combine kernel is built all the same. ``whole_cache``:
-    the build that reads no lengths (every sequence the whole cache: a call without ``cache_seqlens``)."""
+    the build that reads no lengths (every sequence the whole cache: a call without ``cache_seqlens``). ``sinks``:
+    the build that joins fp32 attention sinks (``s_aux``)."""
     for name, value in (("cache_bytes", cache_bytes), ("q_bytes", q_bytes)):
         if type(value) is not int or value < 0:
             raise ValueError(f"compile_for: {name} {value!r} is invalid; expected an int >= 0")
     hkv, smax = 8, 4096
     call = DecodeCall(8, seqlen_q, hkv, group, head_dim, paged, page_size, 0.125, 30.0 if softcap else 0.0,
-                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED, leftpad, bool(kv_dtype))
+                      256 if window else M.UNBOUNDED, 0 if causal else M.UNBOUNDED, leftpad, bool(kv_dtype), sinks)
     t = "*" + dtype
     hq = hkv * group
     q = _StridedPtr(t, (seqlen_q * hq * head_dim, hq * head_dim, head_dim, 1), q_bytes)
@@ -494,7 +511,8 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
                             split_args(call, q, kv, kv, bt, _StridedPtr("*i32", (1,)), f32, f32, splits,
                                        q if fused else None, f32 if fused else None,
                                        leftpads=_StridedPtr("*i32", (1,)) if leftpad else None, k_descale=scales,
-                                       v_descale=scales, sem=_StridedPtr("*i32", (1,)) if fused else None),
+                                       v_descale=scales, sem=_StridedPtr("*i32", (1,)) if fused else None,
+                                       sinks=_StridedPtr("*fp32", (1,)) if sinks else None),
                             _split_constexprs(call, cfg, False, fused, False, splits if fused else 0,
                                               strides_aligned(length_values(call, kv, kv, bt)), whole_cache), kcfg)
     combine = C.compile_kernel(_decode_combine, target, combine_args(call, f32, f32, q, f32, splits),

@@ -13,7 +13,8 @@ from rocmflash.kernels import common as C
 from rocmflash.kernels import kv_quant as KQ
 # the bits of the error word the split kernel raises (``tl.atomic_or``) on values it would not use; defined with
 # the appends' (kv_checks), which the kernels here import
-from rocmflash.kernels.kv_checks import BAD_DESCALE, BAD_LENGTH, BAD_PAGE, BAD_START  # noqa: F401 (re-exported)
+from rocmflash.kernels.kv_checks import (  # noqa: F401 (re-exported)
+    BAD_DESCALE, BAD_LENGTH, BAD_PAGE, BAD_SINK, BAD_START)
 from rocmflash.kernels import masks as M
 from rocmflash.kernels.common import kernel_jit
 
@@ -102,20 +103,39 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     return acc, m_new, l_i, err | bits
 
 
+@kernel_jit
+def _join_sink(SINK, offs_h, rmask, split, stride_sh, m_i, l_i, err):
+    """The rows' running ``(max, sum, error bits)`` with the attention sink of each row's query head joined.
+
+    A sink is one more logit per query head (natural-log units, after the scale: gpt-oss's ``s_aux``) in the
+    softmax's denominator, a virtual key whose value row is zero. It must join exactly once per row, so split 0
+    alone starts from it -- running max ``sink * log2(e)`` (the kernel's exp2 units), sum ``2^0 = 1`` -- and the
+    other splits from nothing: the combine (or fused merge) then weighs split 0's partial by an LSE that holds
+    the sink, and a row's LSE is that of keys and sink. A ``-inf`` sink is no sink (sum 0); NaN or ``+inf``
+    makes its rows NaN and raises :data:`BAD_SINK` (no host read)."""
+    sink = tl.load(SINK + offs_h * stride_sh, mask=rmask, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+    bad = (sink != sink) | (sink == float("inf"))
+    err = err | tl.max(tl.where(bad, BAD_SINK, 0), 0)
+    first = split == 0
+    m_i = tl.where(first, sink, m_i)
+    l_i = tl.where(first & (sink != float("-inf")), 1.0, l_i)
+    return m_i, l_i, err
+
+
 @C.jit_unspecialised(LENGTH_ARGS)
-def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, SEM, sm_scale, qk_scale, softcap,
+def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, SEM, SINK, sm_scale, qk_scale, softcap,
                   stride_qb, stride_qt, stride_qh, stride_qd,
                   stride_kb, stride_kn, stride_kh, stride_kd,
                   stride_vb, stride_vn, stride_vh, stride_vd,
                   stride_ob, stride_ot, stride_oh, stride_od,
-                  stride_btb, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
+                  stride_btb, stride_ksb, stride_ksh, stride_vsb, stride_vsh, stride_sh,
                   PAGE_SIZE, NUM_BLOCKS, CAPACITY, NEW_KEYS, H_KV, GROUP, SEQ_Q, NUM_SPLITS,
                   WIN_LEFT, WIN_RIGHT, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PAGED: tl.constexpr, WHOLE_PAGES: tl.constexpr, SOFTCAP: tl.constexpr,
                   BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, DIRECT: tl.constexpr,
                   STORE_LSE: tl.constexpr, LEFTPAD: tl.constexpr, KV_FP8: tl.constexpr, FNUZ_VIEW: tl.constexpr,
                   FUSED: tl.constexpr, SPLITS_PAD: tl.constexpr, KV_ALIGNED: tl.constexpr,
-                  WHOLE_CACHE: tl.constexpr):
+                  WHOLE_CACHE: tl.constexpr, SINKS: tl.constexpr):
     if KV_ALIGNED:
         # the launch checked that these strides are multiples of 16; rounding them down to one (a no-op) tells the
         # compiler so, as the specialisation did (tl.multiple_of cannot mark a kernel argument): wide row loads
@@ -154,6 +174,8 @@ def _decode_split(Q, K, V, BT, SEQLENS, LEFTPADS, PO, PL, O, LSE, ERR, KS, VS, S
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if SINKS:
+        m_i, l_i, err = _join_sink(SINK, offs_h, rmask, split, stride_sh, m_i, l_i, err)
 
     shift = SEQ_K - SEQ_Q
     lo_off = shift - WIN_LEFT
