@@ -60,7 +60,8 @@ AMD_ENTRIES = {
         "dq": _cfg(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1),
         "dkdv": _cfg(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1, matrix_instr_nonkdim=16), "head_splits": 0}),
     # problems whose tune found no config: never exported as configs
-    "d128-bf16-full-gqa1-s16384": {"measured": False, "best": None, "failed": "every config failed (4 timed: 4 crashed)"},
+    "d128-bf16-full-gqa1-s16384": {"measured": False, "best": None,
+                                   "failed": "every config failed (4 timed: 4 crashed)"},
     "decode-d128-fp16-gqa1-kv1024-b1": {"measured": True, "mode": "decode", "best": None,
                                         "note": "no timed config passed"},
 }
@@ -188,7 +189,8 @@ def test_triton_output_labels_measured_only_what_a_gpu_timed(amd_db, capsys):
     assert comments["d128-bf16-full-gqa1-s2048"] == ["UNMEASURED: static ranking"]
     assert comments["d64-fp16-full-gqa2-s1024"] == ["UNMEASURED: timed in the CPU interpreter, not on a GPU"]
     assert comments["d128-bf16-causal-gqa1-s2048"] == ["measured, 412.5 TFLOP/s"]
-    assert comments["d128-fp16-causal-gqa1-s4096"] == ["measured, 250.0 TFLOP/s, the best online config; split_kv was faster"]
+    assert comments["d128-fp16-causal-gqa1-s4096"] == [
+        "measured, 250.0 TFLOP/s, the best online config; split_kv was faster"]
     assert comments["bwd-d128-bf16-causal-gqa1-s4096"] == ["measured, dq 1.25 ms of 3.75 ms",
                                                            "measured, dkdv 2.5 ms of 3.75 ms"]
 
@@ -375,3 +377,34 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     assert "not valid JSON" in _one_line_error(capsys, ["--gpu", "mi300x", "--db", str(broken)])
     other = _write_db(tmp_path / "h100.json", "h100", "sm_90", {})
     assert "holds configs for 'h100', not 'mi300x'" in _one_line_error(capsys, ["--gpu", "mi300x", "--db", other])
+
+
+# ---------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+def test_exported_forward_configs_launch_on_the_live_gpu(live, compiled, tmp_path, monkeypatch, capsys):
+    """Each distinct forward and packed-forward config of the live GPU's shipped database, as the export writes
+    it, compiles and launches through ``triton.autotune`` on the real backend (AMD: its options as launch
+    options), and the kernel sees the config's tile."""
+    import torch
+    import triton.language as tl
+
+    if not os.path.exists(os.path.join(ROOT, "configs", f"{live.name}.json")):
+        pytest.skip(f"no shipped database for {live.name}")
+    monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
+    ns = _exec(_export(capsys, "--gpu", live.name))
+    configs = list({str(c): c for c in ns["AUTOTUNE_CONFIGS"] + ns["VARLEN_AUTOTUNE_CONFIGS"]}.values())
+    if not configs:
+        pytest.skip(f"the {live.name} database holds no forward config")
+
+    @triton.jit
+    def probe(Q, Out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRE_LOAD_V: tl.constexpr):
+        i = tl.arange(0, 4)
+        q = tl.load(Q + i)
+        tl.store(Out + i, q + tl.where(i == 0, BLOCK_M, tl.where(i == 1, BLOCK_N, tl.where(i == 2, PRE_LOAD_V, 0))))
+
+    q = torch.randn(4, device="cuda")
+    for cfg in configs:
+        out = torch.full((4,), float("nan"), device="cuda")
+        triton.autotune(configs=[cfg], key=[])(probe)[(1,)](q, out)  # one config: launched as is, not timed
+        assert (out - q).tolist() == [cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], float(cfg.kwargs["PRE_LOAD_V"]),
+                                      0.0], str(cfg)
