@@ -52,12 +52,14 @@ def test_static_tune_without_gpu_then_export(env, capsys):
     assert "Nothing was benchmarked" in out and "no live GPU" in out and '"measured": false' in out
     data = D.ConfigDB.read(str(env / "configs" / "mi300x.json"))
     entry = data["entries"]["d64-bf16-causal-gqa1-s4096"]
-    # --pass both (the default) wrote the backward's static entry too; export lists forward entries only
+    # --pass both (the default) wrote the backward's static entry too: export lists it in its own section
     assert data["entries"]["bwd-d64-bf16-causal-gqa1-s4096"]["measured"] is False
     assert entry["measured"] is False and entry["best"]["variant"] == "split_d"
     assert cli(["export", "--gpu", "mi300x", "--format", "json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     assert exported["measured"] is False and list(exported["entries"]) == ["d64-bf16-causal-gqa1-s4096"]
+    assert list(exported["families"]["bwd"]["entries"]) == ["bwd-d64-bf16-causal-gqa1-s4096"]
+    assert exported["families"]["bwd"]["entries"]["bwd-d64-bf16-causal-gqa1-s4096"]["status"] == "static"
     assert cli(["export", "--gpu", "mi300x"]) == 0  # no online config in this DB: an empty list, still valid
     text = capsys.readouterr().out
     assert "import triton" in text and "AUTOTUNE_CONFIGS" in text

@@ -65,7 +65,9 @@ def test_keys_round_trip_and_only_the_varlen_backward_lookup_reads_them(tmp_path
     assert match.config == best and match.key == key and match.bucket_distance == 0
     from rocmflash.cli.tune import export_json
 
-    assert export_json(data, "nvidia")["entries"] == {}  # export lists forward entries only
+    exported = export_json(data, "nvidia")
+    assert exported["entries"] == {}  # the forward's (none here); the packed backward's have a section of their own
+    assert sorted(exported["families"]["varlen-bwd"]["entries"]) == sorted(data["entries"])
     selection.clear_cache()
 
 
@@ -130,7 +132,10 @@ def test_cli_tune_varlen_bwd_static_only_on_cpu(small_space, cache_dir, tmp_path
     VB.clear_cache()
     assert VB.lookup_varlen_bwd("mi300x", 128, "bf16", 4, True, 4096) is None  # static entries are never served
     assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["entries"] == {}
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["entries"] == {}  # the forward's; the packed backward's is in its own section, unmeasured
+    item = exported["families"]["varlen-bwd"]["entries"]["varlen-bwd-d128-bf16-gqa4-causal-s4096"]
+    assert item["measured"] is False and item["status"] == "static" and item["label"] == "UNMEASURED: static ranking"
 
 
 def test_cli_tune_varlen_pass_both_writes_both_entries(small_space, cache_dir, tmp_path, capsys, monkeypatch):

@@ -145,8 +145,11 @@ def test_cli_tune_varlen_static_only_on_cpu(small_space, cache_dir, tmp_path, ca
     assert "no live GPU" in entry["why_unmeasured"]
     TV.clear_cache()
     assert TV.lookup_varlen("mi300x", 128, "bf16", 4, True, 4096) is None  # static entries are never served
-    assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0  # export lists forward entries only
-    assert json.loads(capsys.readouterr().out)["entries"] == {}
+    assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["entries"] == {}  # the forward's; the packed forward's is in its own section, unmeasured
+    item = exported["families"]["varlen"]["entries"]["varlen-d128-bf16-gqa4-causal-s4096"]
+    assert item["measured"] is False and item["status"] == "static" and item["label"] == "UNMEASURED: static ranking"
 
 
 @pytest.mark.parametrize("args, words", [

@@ -103,12 +103,21 @@ def add_tune_parsers(subparsers) -> None:
                            "your cache")
     tune.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # test mode: a recorded journal as the GPU
 
-    export = subparsers.add_parser("export", help="print a GPU's tuned configs as triton.Config list or JSON",
+    export = subparsers.add_parser("export", help="print a GPU's tuned configs as triton.Config lists or JSON",
                                    description="Print the winners of a config database for other Triton "
-                                               "attention code: a list of triton.Config (the best online "
-                                               "config per problem) or a JSON override.")
+                                               "attention code, every family in its own section (forward: the "
+                                               "best online config per problem; decode; varlen; the backward's "
+                                               "and the varlen backward's dQ and dK/dV kernels), each config with "
+                                               "the problem fields it was tuned for and whether a GPU timed it "
+                                               "(measured) or not (a static ranking, an interpreter run); "
+                                               "problems whose tune found no config are listed, never exported "
+                                               "as configs. The header names the GPU, its arch and the database's "
+                                               "fingerprint (rocmflash, Triton, torch).")
     export.add_argument("--gpu", required=True, help="catalog name (see `rocmflash gpus`)")
-    export.add_argument("--format", choices=("triton", "json"), default="triton", help="triton (default) or json")
+    export.add_argument("--format", choices=("triton", "json"), default="triton",
+                        help="triton (default): Python for @triton.autotune (per family: <FAMILY>_KEY for key=[...], "
+                             "the configs per database key and distinct, <FAMILY>_PROBLEMS, and a prune_to_tuned "
+                             "helper for prune_configs_by); json: the same as data")
     export.add_argument("--db", default=None, metavar="PATH", help="config database (default: your tunes if any, else the shipped <gpu>.json)")
 
 
