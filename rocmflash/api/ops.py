@@ -1,6 +1,7 @@
 """rocmflash attention as ``torch.library`` custom ops: fake impls, autograd, torch.compile.
 
-Two ops, both functional (no input is mutated, outputs never alias inputs):
+Two ops (and, for attention sinks, a third: below), all functional (no input is mutated, outputs never
+alias inputs):
 
 ``torch.ops.rocmflash.attn_fwd(q, k, v, causal, scale, variant, config) -> (out, lse)``
     ``q (B, Hq, Sq, D)``, ``k/v (B, Hkv, Sk, D)`` (any strides), ``config`` a
@@ -448,8 +449,7 @@ def _attn_bwd_sinks_fake(dout, q, k, v, out, lse, dlse, sinks, causal, scale):
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, variant, config, sinks = inputs
     out, lse = output
-    ctx.has_sinks = sinks is not None
-    ctx.save_for_backward(q, k, v, out, lse, *((sinks,) if ctx.has_sinks else ()))
+    ctx.save_for_backward(q, k, v, out, lse, *((sinks,) if sinks is not None else ()))
     ctx.causal = causal
     ctx.scale = scale  # lse stays differentiable: its gradient enters the backward as dlse
 
@@ -568,11 +568,12 @@ def _forward_with_sinks(q, k, v, causal: bool, scale: float, variant: str, confi
 
 # ----------------------------------------------------------------------------- entry point
 def attention_op(q, k, v, causal: bool = False, scale: Optional[float] = None, variant: str = "online",
-                 config: Optional[KernelConfig] = None, need_lse: bool = True):
-    """``(out, lse)`` (differentiable; no input validation here); see :func:`attention_forward`."""
+                 config: Optional[KernelConfig] = None, need_lse: bool = True, sinks: Optional[torch.Tensor] = None):
+    """``(out, lse)`` (differentiable; no input validation here); see :func:`attention_forward`. ``sinks``: the
+    caller checks them (:func:`rocmflash.api.sinks.check_sinks` gives the fp32 tensor this takes)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return attention_forward(q, k, v, causal, scale, variant, config, need_lse)
+    return attention_forward(q, k, v, causal, scale, variant, config, need_lse, sinks=sinks)
 
 
 __all__ = ["attn_fwd", "attn_bwd", "attn_bwd_sinks", "attention_op", "attention_forward"]

@@ -225,9 +225,9 @@ class _VarlenAttention(torch.autograd.Function):
             dsinks = None if sinks is None else _no_key_sink_grad(sinks, lse, dlse)
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None, dsinks
         bwd_cfg = _backward_config(q.device, q.dtype, ctx.call)
+        dlse = dlse.contiguous() if dlse is not None else None
         with L.on_device(q):
-            grads = VK.launch_backward(ctx.call, dout, q, k, v, out, lse, dlse.contiguous() if dlse is not None else None,
-                                       cu_q, cu_k, bwd_cfg, sinks)
+            grads = VK.launch_backward(ctx.call, dout, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg, sinks)
         dsinks = grads[3] if sinks is not None else None
         return grads[0], grads[1], grads[2], None, None, None, None, None, dsinks
 
