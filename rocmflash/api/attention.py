@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from rocmflash.api.fp8 import attention_fp8, refuse_descales  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
+from rocmflash.api.sinks import check_sinks  # noqa: E402
 from rocmflash.config import VARIANTS, KernelConfig, default_config  # noqa: E402
 from rocmflash.hw.fp8 import is_fp8  # noqa: E402
 from rocmflash.kernels import launch as _L  # noqa: E402
@@ -101,16 +102,21 @@ def _resolve_config(config, variant: str, head_dim: int, device) -> KernelConfig
     return config
 
 
-def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None, deterministic: bool = False):
+def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None, deterministic: bool = False,
+         sinks=None, sinks_name: str = "sinks"):
     """Validate shapes, resolve an explicit config, run the attention (:func:`rocmflash.api.ops.attention_forward`).
 
     Eager calls on plain tensors skip the dispatcher; traced ones use the ``rocmflash::attn_fwd``
     op, which is differentiable and has a fake implementation, so this path works under
     autograd and ``torch.compile``. Without a config the op selects one
     at run time (:func:`rocmflash.api.selection.select_config`: the live GPU's database
-    entry, else the per-arch default; cached).
+    entry, else the per-arch default; cached). ``sinks``: attention-sink logits, checked
+    (:func:`rocmflash.api.sinks.check_sinks`, errors naming ``sinks_name``) here against q's heads; the online
+    kernel serves the call.
     """
     _check_shapes(q, k, v)
+    if sinks is not None:
+        sinks = check_sinks(sinks, q.shape[1], q.device, sinks_name)
     D = q.shape[3]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     if config is None:
@@ -119,7 +125,7 @@ def _run(q, k, v, causal, softmax_scale, variant, config, return_lse, out=None, 
     else:
         config = _resolve_config(config, variant, D, q.device)
     o, lse = _ops().attention_forward(q, k, v, bool(causal), scale, variant, config, need_lse=return_lse,
-                                      deterministic=deterministic)
+                                      deterministic=deterministic, sinks=sinks)
     if out is not None:
         out.copy_(o)
         o = out
@@ -207,7 +213,8 @@ class _nullcontext:
 
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
               variant: str = "online", config: Optional[KernelConfig] = None,
-              return_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+              return_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
+              sinks=None):
     """Scaled dot-product attention forward, ``softmax(q kᵀ * scale) v``.
 
     Args:
@@ -222,6 +229,11 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
         q_descale, k_descale, v_descale: fp8 inputs only (then required): fp32 ``(B, Hkv)``
             dequantisation factors, flash-attn 3's names (:mod:`rocmflash.api.fp8`).
         out_dtype: fp8 inputs only: ``torch.bfloat16`` (default) or ``torch.float16``.
+        sinks: attention sinks (gpt-oss; vLLM's ``s_aux``): a float ``(Hq,)`` tensor on q's device, one logit
+            per query head in the scaled-score domain, joined to each row's softmax denominator --
+            ``softmax(cat([q kᵀ * scale, sink_h]))`` with the sink column dropped. Kept in fp32 inside; the
+            LSE includes the sink; differentiable (its gradient comes back in its dtype). ``-inf`` = no sink.
+            ``variant="online"`` only, not with fp8; always rocmflash's kernel (SDPA has no sinks).
 
     fp8 q/k/v (one dtype, the arch's format: FNUZ on gfx942, OCP on gfx950 and sm_89+) run
     :mod:`rocmflash.kernels.fp8_forward` (``variant="online"`` only; inference only).
@@ -232,7 +244,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
         ``(B, S, H, D)`` memory for such a view of q (no copy; fp8: contiguous).
     """
     default = config is None and variant == "online" and q_descale is None and k_descale is None \
-        and v_descale is None and out_dtype is None
+        and v_descale is None and out_dtype is None and sinks is None
     if default:  # a signature that passed the checks before: its plan, no checks (the common repeat call)
         plan = _planned(q, k, v, causal, softmax_scale, "bhsd")
         if plan is not None:
@@ -246,7 +258,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
                                                  "online", None, return_lse, call)
             return (out, lse) if return_lse else out
     sig = None
-    if q_descale is not None and config is None and variant == "online":  # fp8: a signature checked before skips it
+    fp8_plain = q_descale is not None and config is None and variant == "online" and sinks is None
+    if fp8_plain:  # fp8: a signature checked before skips it
         sig = _fp8_plans().signature(q, k, v, causal, softmax_scale, return_lse, (q_descale, k_descale, v_descale),
                                      out_dtype, "bhsd")
         plan = _fp8_plans().planned(sig)
@@ -256,6 +269,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if _is_fp8(q):
         if variant != "online":
             raise ValueError(f"variant={variant!r}: fp8 attention has one kernel; pass variant='online'")
+        if sinks is not None:
+            raise ValueError(_FP8_SINKS)
         out, lse = _fp8_run(q, k, v, causal, softmax_scale, config, return_lse,
                             (q_descale, k_descale, v_descale), out_dtype, bshd=False, plan_signature=sig)
         out = out.contiguous()
@@ -265,7 +280,9 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     _check_inputs(q, k, v, softmax_scale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    out, lse = _run(q, k, v, causal, softmax_scale, variant, config, return_lse)
+    if sinks is not None and variant != "online":
+        raise ValueError(_ops().sinks_variant_error(variant))
+    out, lse = _run(q, k, v, causal, softmax_scale, variant, config, return_lse, sinks=sinks)
     if default:
         _keep_plan(q, k, v, causal, "bhsd")
     # laid out as q is, as SDPA does: no copy (a model's (B, S, H, D) projections then need none to merge heads)
@@ -275,7 +292,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: tuple = (-1, -1), softcap: float = 0.0,
                     alibi_slopes=None, deterministic: bool = False, return_attn_probs: bool = False, *,
-                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None, s_aux=None):
     """flash-attn compatible forward: q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hkv, D)`` -> ``(B, Sq, Hq, D)``.
 
     flash-attn 2's signature and conventions. Causal masking is bottom-right aligned, as in
@@ -294,8 +311,12 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     fp8 q/k/v (flash-attn 3): pass ``q_descale``/``k_descale``/``v_descale`` (fp32 ``(B, Hkv)``);
     the output is bf16, or ``out_dtype=torch.float16``. Plain or causal attention only (no window,
     no softcap), inference only; see :func:`attention` and :mod:`rocmflash.api.fp8`.
+
+    ``s_aux`` (keyword only, not in flash-attn 2; vLLM's name): attention sinks, a float ``(Hq,)`` tensor of
+    per-query-head logits joined to the softmax denominator (gpt-oss); see :func:`attention`'s ``sinks``. With
+    windows and soft-capping too (the packed kernel takes them); not with fp8.
     """
-    plain = alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
+    plain = s_aux is None and alibi_slopes is None and type(window_size) is tuple and window_size == (-1, -1) \
         and type(softcap) is float and softcap == 0.0 and type(dropout_p) is float and dropout_p == 0.0 \
         and (deterministic is True or deterministic is False) \
         and (return_attn_probs is True or return_attn_probs is False)  # options a kept plan may skip checking
@@ -349,6 +370,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         left, right = check_options(softmax_scale, causal, window_size, softcap)
         banded = _banded(left, right, causal) or softcap > 0
     if fp8_in:
+        if s_aux is not None:
+            raise ValueError(_FP8_SINKS.replace("sinks:", "s_aux:", 1))
         if banded:
             raise NotImplementedError("window_size/softcap with fp8 inputs: rocmflash's fp8 kernel runs plain or "
                                       "causal attention only; pass window_size=(-1, -1) and softcap=0.0")
@@ -358,12 +381,13 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         return (out, lse, None) if return_attn_probs else out
     if banded:
         _check_shapes(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        out, lse = _batch_as_packed(q, k, v, softmax_scale, causal, tuple(window_size), float(softcap))
+        out, lse = _batch_as_packed(q, k, v, softmax_scale, causal, tuple(window_size), float(softcap), s_aux)
     else:
         # the kernels take any strides: work on (B, H, S, D) views, no copies; for contiguous
         # (B, S, H, D) inputs the op's output is (B, S, H, D) in memory, so this is contiguous
         out, lse = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
-                        "online", None, return_attn_probs, deterministic=deterministic)
+                        "online", None, return_attn_probs, deterministic=deterministic, sinks=s_aux,
+                        sinks_name="s_aux")
         if default:
             _keep_plan(q, k, v, causal, "bshd")
         out = out.transpose(1, 2).contiguous()
@@ -371,6 +395,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
 
 
 _FP8_PLANS = []
+_FP8_SINKS = "sinks: fp8 attention (rocmflash.kernels.fp8_forward) has no attention-sink support; pass fp16/bf16 q/k/v"
 
 
 def _fp8_plans():
@@ -441,7 +466,7 @@ def _equal_offsets(batch: int, length: int, device) -> torch.Tensor:
     return cu
 
 
-def _batch_as_packed(q, k, v, softmax_scale, causal: bool, window_size: tuple, softcap: float):
+def _batch_as_packed(q, k, v, softmax_scale, causal: bool, window_size: tuple, softcap: float, sinks=None):
     """A ``(B, S, H, D)`` batch through the packed (varlen) kernel: ``(out (B, Sq, Hq, D), lse (B, Hq, Sq))``.
 
     Every batch row is one sequence of the same length, so the packed views are reshapes
@@ -455,7 +480,8 @@ def _batch_as_packed(q, k, v, softmax_scale, causal: bool, window_size: tuple, s
     cu_q, cu_k = _equal_offsets(B, Sq, q.device), _equal_offsets(B, Sk, q.device)
     out, lse = flash_attn_varlen_func(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, k.shape[2], D),
                                       v.reshape(B * Sk, v.shape[2], D), cu_q, cu_k, Sq, Sk, 0.0, softmax_scale,
-                                      causal, window_size, softcap, return_lse=True, check_values=False)
+                                      causal, window_size, softcap, return_lse=True, check_values=False,
+                                      s_aux=sinks)
     return out.view(B, Sq, Hq, D), lse.view(Hq, B, Sq).transpose(0, 1)
 
 

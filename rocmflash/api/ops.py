@@ -1,6 +1,7 @@
 """rocmflash attention as ``torch.library`` custom ops: fake impls, autograd, torch.compile.
 
-Two ops, both functional (no input is mutated, outputs never alias inputs):
+Two ops (and, for attention sinks, a third: below), all functional (no input is mutated, outputs never
+alias inputs):
 
 ``torch.ops.rocmflash.attn_fwd(q, k, v, causal, scale, variant, config) -> (out, lse)``
     ``q (B, Hq, Sq, D)``, ``k/v (B, Hkv, Sk, D)`` (any strides), ``config`` a
@@ -12,6 +13,12 @@ Two ops, both functional (no input is mutated, outputs never alias inputs):
 
 ``torch.ops.rocmflash.attn_bwd(dout, q, k, v, out, lse, dlse, causal, scale) -> (dq, dk, dv)``
     The Triton backward (:mod:`rocmflash.kernels.backward`); ``dlse`` is optional.
+
+Attention sinks (gpt-oss): ``attn_fwd`` takes an optional last argument ``sinks``, fp32 ``(Hq,)`` logits
+joined to each row's softmax denominator (the LSE includes them; ``online`` variant only). Its backward is
+``torch.ops.rocmflash.attn_bwd_sinks(dout, q, k, v, out, lse, dlse, sinks, causal, scale) -> (dq, dk, dv,
+dsinks)``: the same kernels plus the sinks' gradient, on the device. A call with sinks never runs SDPA nor the
+decode kernel (neither has sinks): always the online kernel.
 
 The forward op has an autograd formula (``register_autograd``) that calls the backward op,
 so both eager autograd and ``torch.compile`` (AOTAutograd) see a differentiable op. Fake
@@ -307,12 +314,17 @@ def _config_from_json(config: str) -> KernelConfig:
 
 
 def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Optional[KernelConfig],
-                  need_lse: bool = True, call: Optional[_Call] = None):
+                  need_lse: bool = True, call: Optional[_Call] = None, sinks: Optional[torch.Tensor] = None):
     """Allocate, select a config if none is given, launch; ``(out, lse or None)``.
 
     A default call (online variant, no config) runs from its :class:`_Call` (``call``, or looked up here);
-    any other allocates and launches as asked."""
-    if cfg is None and variant == "online":
+    any other allocates and launches as asked. ``sinks`` (fp32 ``(Hq,)``, online only): never a plan's call,
+    whose decode kernel has no sinks -- the online kernel with the selected config."""
+    if sinks is not None:
+        call = None
+        if variant != "online":
+            raise ValueError(sinks_variant_error(variant))
+    if cfg is None and variant == "online" and sinks is None:
         if call is None:
             call = _call_plan(q, k, causal)
         out, lse = _alloc(call, q, need_lse)
@@ -323,7 +335,9 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
         empty = out.numel() == 0 or k.shape[2] == 0
     if empty:  # nothing to launch: no rows, or no keys to attend
         out.zero_()
-        if lse is not None:
+        if lse is not None and sinks is not None:  # a row that sees no key sees its head's sink only
+            lse.copy_(sinks.view(1, -1, 1).expand_as(lse))
+        elif lse is not None:
             lse.fill_(float("-inf"))
         return out, lse
     if scale <= 0:  # legal but odd: the forward kernels need a positive scale (rocmflash/api/scale.py); the
@@ -339,7 +353,10 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
         cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], q.shape[2], k.shape[2],
                             variant)
     switch = L.on_device(q)
-    if switch is L.NO_SWITCH:  # the common case: no context manager to enter and leave
+    if sinks is not None:  # (only the online kernel takes them: checked above)
+        with switch:
+            get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse, sinks=sinks)
+    elif switch is L.NO_SWITCH:  # the common case: no context manager to enter and leave
         get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse)
     else:
         with switch:
@@ -347,13 +364,21 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
     return out, lse
 
 
-def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, call: Optional[_Call] = None):
+def sinks_variant_error(variant: str) -> str:
+    """The one-line refusal of attention sinks with a forward variant other than ``online``."""
+    return (f"sinks: variant={variant!r} has no attention-sink support; only variant='online' takes sinks "
+            "(pass variant='online')")
+
+
+def _backward_impl(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, call: Optional[_Call] = None,
+                   sinks: Optional[torch.Tensor] = None):
     """dq, dk, dv by the Triton backward; ``call``: the forward's plan, which keeps the backward config and
-    allocates the gradients (``empty_like_layout``'s layouts, by their strides)."""
+    allocates the gradients (``empty_like_layout``'s layouts, by their strides). With ``sinks`` (a call with
+    sinks has no plan): ``(dq, dk, dv, dsinks)``."""
     if call is None:
         cfg = select_bwd_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], k.shape[2])
         with _device_ctx(q):
-            return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg)
+            return backward(dout, q, k, v, out, lse, bool(causal), float(scale), dlse=dlse, config=cfg, sinks=sinks)
     cfg = call.bwd_cfg
     if cfg is None:
         cfg = call.bwd_cfg = select_bwd_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1],
@@ -385,12 +410,13 @@ def _grad_buffers(call: _Call, q, k, v) -> tuple:
 # ----------------------------------------------------------------------------- forward op
 @torch.library.custom_op("rocmflash::attn_fwd", mutates_args=())
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-             variant: str, config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, causal, scale, variant, _config_from_json(config) if config else None)
+             variant: str, config: str, sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, scale, variant, _config_from_json(config) if config else None,
+                         sinks=sinks)
 
 
 @attn_fwd.register_fake
-def _attn_fwd_fake(q, k, v, causal, scale, variant, config):
+def _attn_fwd_fake(q, k, v, causal, scale, variant, config, sinks=None):
     return _fresh_out(q), _lse_empty(q)
 
 
@@ -407,22 +433,39 @@ def _attn_bwd_fake(dout, q, k, v, out, lse, dlse, causal, scale):
     return empty_like_layout(q), empty_like_layout(k), empty_like_layout(v)
 
 
+@torch.library.custom_op("rocmflash::attn_bwd_sinks", mutates_args=())
+def attn_bwd_sinks(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, dlse: Optional[torch.Tensor], sinks: torch.Tensor, causal: bool,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(dout, q, k, v, out, lse, dlse, causal, scale, sinks=sinks)
+
+
+@attn_bwd_sinks.register_fake
+def _attn_bwd_sinks_fake(dout, q, k, v, out, lse, dlse, sinks, causal, scale):
+    return empty_like_layout(q), empty_like_layout(k), empty_like_layout(v), torch.empty_like(sinks)
+
+
 # ----------------------------------------------------------------------------- autograd
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, variant, config = inputs
+    q, k, v, causal, scale, variant, config, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, *((sinks,) if sinks is not None else ()))
     ctx.causal = causal
     ctx.scale = scale  # lse stays differentiable: its gradient enters the backward as dlse
 
 
 def _input_grads(ctx, dout, dlse, backward_fn):
-    """dq, dk, dv (and None for the non-tensor inputs) from the saved forward, by ``backward_fn``."""
-    q, k, v, out, lse = ctx.saved_tensors
+    """dq, dk, dv (and None for the non-tensor inputs) from the saved forward, by ``backward_fn``; with sinks
+    the sinks' gradient too, by ``attn_bwd_sinks``."""
+    q, k, v, out, lse, *sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
+    if sinks:
+        dq, dk, dv, dsinks = torch.ops.rocmflash.attn_bwd_sinks(dout, q, k, v, out, lse, dlse, sinks[0], ctx.causal,
+                                                                ctx.scale)
+        return dq, dk, dv, None, None, None, None, dsinks
     dq, dk, dv = backward_fn(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 def _backward(ctx, dout, dlse):
@@ -438,20 +481,23 @@ class _EagerAttention(torch.autograd.Function):
     default call's :class:`_Call` (None with a config or another variant), kept for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, variant, cfg, call=None):
-        out, lse = _forward_impl(q, k, v, causal, scale, variant, cfg, True, call)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, causal, scale, variant, cfg, call=None, sinks=None):
+        out, lse = _forward_impl(q, k, v, causal, scale, variant, cfg, True, call, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, *((sinks,) if sinks is not None else ()))
         ctx.causal, ctx.scale, ctx.call = causal, scale, call
         ctx.set_materialize_grads(False)  # an unused LSE gives dlse=None, not a tensor of zeros
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *sinks = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
+        if sinks:  # (a call with sinks has no plan: ctx.call is None)
+            dq, dk, dv, dsinks = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, None, sinks[0])
+            return dq, dk, dv, None, None, None, None, None, dsinks
         dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.scale, ctx.call)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _needs_dispatcher(q, k, v) -> bool:
@@ -470,7 +516,7 @@ def _needs_dispatcher(q, k, v) -> bool:
 
 def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "online",
                       config: Optional[KernelConfig] = None, need_lse: bool = True, call: Optional[_Call] = None,
-                      deterministic: bool = False):
+                      deterministic: bool = False, sinks: Optional[torch.Tensor] = None):
     """``(out, lse)`` of validated tensors, differentiable; ``lse`` is None when not needed and no grad flows.
 
     A default call (online variant, no config) whose database entry says the platform's SDPA won
@@ -484,7 +530,11 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     (:func:`_call_plan` of these tensors and ``causal``) when the caller kept it, else looked up here.
     A call that needs gradients under ``deterministic`` (flash-attn's flag) or
     ``torch.use_deterministic_algorithms(True)`` never runs SDPA (:meth:`_Call.served`).
+    ``sinks``: checked fp32 ``(Hq,)`` attention-sink logits (differentiable), or None. SDPA has no sinks, nor
+    has the decode kernel: a call with sinks runs the online kernel (no plan), its gradient included.
     """
+    if sinks is not None:
+        return _forward_with_sinks(q, k, v, causal, scale, variant, config, need_lse, sinks)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if config is None and variant == "online" and not torch.compiler.is_compiling():
         if call is None:
@@ -502,13 +552,28 @@ def attention_forward(q, k, v, causal: bool, scale: float, variant: str = "onlin
     return _forward_impl(q, k, v, bool(causal), float(scale), variant, config, need_lse, call)
 
 
+def _forward_with_sinks(q, k, v, causal: bool, scale: float, variant: str, config: Optional[KernelConfig],
+                        need_lse: bool, sinks: torch.Tensor):
+    """:func:`attention_forward` of a call with attention sinks: the op when tracing (its ``sinks`` argument),
+    the autograd Function when a gradient is wanted (of q, k, v or the sinks), else the implementation."""
+    if variant != "online":  # (before anything is allocated or traced)
+        raise ValueError(sinks_variant_error(variant))
+    if _needs_dispatcher(q, k, v) or type(sinks) is not torch.Tensor:
+        return torch.ops.rocmflash.attn_fwd(q, k, v, bool(causal), float(scale), variant,
+                                            config.to_json() if config is not None else "", sinks)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or sinks.requires_grad):
+        return _EagerAttention.apply(q, k, v, bool(causal), float(scale), variant, config, None, sinks)
+    return _forward_impl(q, k, v, bool(causal), float(scale), variant, config, need_lse, None, sinks)
+
+
 # ----------------------------------------------------------------------------- entry point
 def attention_op(q, k, v, causal: bool = False, scale: Optional[float] = None, variant: str = "online",
-                 config: Optional[KernelConfig] = None, need_lse: bool = True):
-    """``(out, lse)`` (differentiable; no input validation here); see :func:`attention_forward`."""
+                 config: Optional[KernelConfig] = None, need_lse: bool = True, sinks: Optional[torch.Tensor] = None):
+    """``(out, lse)`` (differentiable; no input validation here); see :func:`attention_forward`. ``sinks``: the
+    caller checks them (:func:`rocmflash.api.sinks.check_sinks` gives the fp32 tensor this takes)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return attention_forward(q, k, v, causal, scale, variant, config, need_lse)
+    return attention_forward(q, k, v, causal, scale, variant, config, need_lse, sinks=sinks)
 
 
-__all__ = ["attn_fwd", "attn_bwd", "attention_op", "attention_forward"]
+__all__ = ["attn_fwd", "attn_bwd", "attn_bwd_sinks", "attention_op", "attention_forward"]

@@ -35,6 +35,7 @@ from rocmflash.kernels import varlen_checks as VC  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
+from rocmflash.api.sinks import check_sinks  # noqa: E402
 from rocmflash.api import varlen_incumbent as VI  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -196,33 +197,47 @@ def _backward_config(device, dtype, call: VK.VarlenCall):
 # ----------------------------------------------------------------------------- autograd
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, call, fwd_cfg, need_lse):
+    def forward(ctx, q, k, v, cu_q, cu_k, call, fwd_cfg, need_lse, sinks=None):
         # rows after the last sequence (call.strict_end False) are never written: zero, not garbage
         out = torch.empty_like(q) if call.strict_end else torch.zeros_like(q)
-        needs_grad = any(ctx.needs_input_grad[:3])
+        needs_grad = any(ctx.needs_input_grad[:3]) or (sinks is not None and ctx.needs_input_grad[8])
         lse = None
         if need_lse or needs_grad:
-            lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+            if sinks is None:
+                lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+            else:  # the sinks' gradient sums every row: rows no sequence owns (never written) must add 0
+                lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
         if q.shape[0]:
             with L.on_device(q):
-                VK.launch_forward(call, q, k, v, cu_q, cu_k, fwd_cfg, out, lse)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+                VK.launch_forward(call, q, k, v, cu_q, cu_k, fwd_cfg, out, lse, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, *((sinks,) if sinks is not None else ()))
         ctx.call = call
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, *sinks = ctx.saved_tensors
+        sinks = sinks[0] if sinks else None
         if dout is None:
             dout = torch.zeros_like(out)
         if q.shape[0] == 0 or k.shape[0] == 0:
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None
+            dsinks = None if sinks is None else _no_key_sink_grad(sinks, lse, dlse)
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None, dsinks
         bwd_cfg = _backward_config(q.device, q.dtype, ctx.call)
+        dlse = dlse.contiguous() if dlse is not None else None
         with L.on_device(q):
-            dq, dk, dv = VK.launch_backward(ctx.call, dout, q, k, v, out, lse,
-                                            dlse.contiguous() if dlse is not None else None, cu_q, cu_k, bwd_cfg)
-        return dq, dk, dv, None, None, None, None, None
+            grads = VK.launch_backward(ctx.call, dout, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg, sinks)
+        dsinks = grads[3] if sinks is not None else None
+        return grads[0], grads[1], grads[2], None, None, None, None, None, dsinks
+
+
+def _no_key_sink_grad(sinks, lse, dlse):
+    """The sinks' gradient of a packed batch without queries or keys: with no key, each row's probabilities are
+    its sink's alone (LSE = the sink), so only the LSE's gradient reaches it."""
+    if dlse is None or lse is None or lse.numel() == 0:
+        return torch.zeros_like(sinks)
+    return VK.sink_grad(sinks, lse, -dlse.to(torch.float32))
 
 
 # ----------------------------------------------------------------------------- public
@@ -230,11 +245,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                            dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
                            deterministic: bool = False, return_attn_probs: bool = False, block_table=None, *,
-                           return_lse: bool = False, check_values: bool = False):
+                           return_lse: bool = False, check_values: bool = False, s_aux=None):
     """Attention over packed variable-length sequences (flash-attn's ``flash_attn_varlen_func``).
 
     flash-attn 2.8's signature: its argument order, names and defaults, then rocmflash's keyword-only
-    ``return_lse`` and ``check_values``.
+    ``return_lse``, ``check_values`` and ``s_aux``.
 
     Args:
         q: ``(total_q, Hq, D)`` fp16/bf16; sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
@@ -258,6 +273,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             :func:`rocmflash.flash_attn_with_kvcache` reads paged caches).
         return_lse: (keyword only, rocmflash's) also return the fp32 natural-log LSE, ``(Hq, total_q)``, as
             ``(out, lse)``.
+        s_aux: (keyword only, vLLM's name) attention sinks (gpt-oss): a float ``(Hq,)`` tensor on q's device,
+            one logit per query head in the scaled-score domain, joined to every row's softmax denominator
+            (``softmax(cat([q·kᵀ * scale, sink_h]))`` without the sink column). Kept in fp32 inside; the LSE
+            includes it; differentiable. ``-inf`` = no sink. Always rocmflash's kernel (the platform's varlen
+            attention and SDPA have no sinks).
 
     Returns:
         ``(total_q, Hq, D)`` in q's dtype (rows that see no key are 0 with LSE ``-inf``), ``(out, lse)`` with
@@ -305,8 +325,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     if return_attn_probs:  # flash-attn's form of the same call: (out, softmax_lse, S_dmask), no S_dmask without dropout
         out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                           softmax_scale, causal, window_size, softcap, None, deterministic,
-                                          return_lse=True, check_values=check_values)
+                                          return_lse=True, check_values=check_values, s_aux=s_aux)
         return out, lse, None
+    sinks = None if s_aux is None else check_sinks(s_aux, q.shape[1], q.device, "s_aux")
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device,
                              read_values=check_values)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,
@@ -316,6 +337,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         check_errors(device)  # what earlier unchecked calls on this device left (this call waits anyway)
     else:
         _poll_errors(device)
+    if sinks is not None:  # neither the dense route's incumbent nor the platform's varlen attention has sinks
+        return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                    (left, right), return_lse, True, device, sinks)
     if not return_lse and softcap == 0.0 and left == M.UNBOUNDED and right in (0, M.UNBOUNDED) \
             and _equal_lengths(batch, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k):
         return _as_dense_batch(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale,
@@ -399,31 +423,35 @@ def _as_dense_batch(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, sof
 
 
 def packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                  causal: bool, window_left: int, softcap: float):
+                  causal: bool, window_left: int, softcap: float, sinks=None):
     """:func:`flash_attn_varlen_func` over a packing built on the device (the HF integration): the last
     ``cu_seqlens`` entries may stop short of the packed rows -- the rows after them are unused, zero in the
     output and in the gradients -- so the caller never needs the number of real tokens on the host.
-    Values are never read on the host; wrong ones are reported as :func:`flash_attn_varlen_func` says."""
+    Values are never read on the host; wrong ones are reported as :func:`flash_attn_varlen_func` says.
+    ``sinks``: attention sinks, as :func:`flash_attn_varlen_func`'s ``s_aux`` (transformers' ``s_aux``)."""
     check_qkv(q, k, v)
     left, right = check_options(softmax_scale, causal, (window_left, -1), softcap)
+    if sinks is not None:
+        sinks = check_sinks(sinks, q.shape[1], q.device)
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device, read_values=False)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch, read_values=False)
     device = q.device
     _poll_errors(device)
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
-                (left, right), False, False, device)
+                (left, right), False, False, device, sinks)
 
 
 def _run(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, softmax_scale, softcap, band: tuple,
-         return_lse, strict_end: bool, device):
-    """Launch a validated call (autograd); on the CPU, report what its kernel found wrong at once."""
+         return_lse, strict_end: bool, device, sinks=None):
+    """Launch a validated call (autograd); on the CPU, report what its kernel found wrong at once.
+    ``sinks``: checked fp32 ``(Hq,)`` attention-sink logits (:func:`rocmflash.api.sinks.check_sinks`) or None."""
     D = q.shape[2]
     left, right = band
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     call = VK.VarlenCall(batch, q.shape[1], k.shape[1], D, int(max_q), int(max_k), scale, float(softcap), left, right,
                          strict_end)
     fwd_cfg = _forward_config(device, D, q.dtype, right == 0, call.group, int(max_k), float(softcap), left)
-    out, lse = _VarlenAttention.apply(q, k, v, cu_q, cu_k, call, fwd_cfg, bool(return_lse))
+    out, lse = _VarlenAttention.apply(q, k, v, cu_q, cu_k, call, fwd_cfg, bool(return_lse), sinks)
     if device.type != "cuda" and q.shape[0]:  # Triton's interpreter: reading the word waits for nothing
         _read_and_report(device, "this call")
     return (out, lse) if return_lse else out

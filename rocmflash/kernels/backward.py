@@ -271,12 +271,16 @@ def launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, sm_scale: float, 
 
 
 def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
-             config: Optional[BwdConfig] = None, dq=None, dk=None, dv=None):
+             config: Optional[BwdConfig] = None, dq=None, dk=None, dv=None, sinks=None):
     """dQ, dK, dV of ``out = attention(q, k, v)`` given ``dO`` (and optionally dLSE).
 
     ``q (B, Hq, Sq, D)``, ``k/v (B, Hkv, Sk, D)``, ``out``/``do`` like q (any strides),
     ``lse`` the forward's fp32 ``(B, Hq, Sq)`` natural-log LSE. Returns ``(dq, dk, dv)`` in
     the input dtype.
+
+    ``sinks``: the forward's fp32 ``(Hq,)`` attention-sink logits (its LSE includes them, so the kernels'
+    probabilities ``exp(S - LSE)`` and ``dS`` need no change); then returns ``(dq, dk, dv, dsinks)``
+    (:func:`sink_grad`, fp32).
     """
     import torch
 
@@ -291,7 +295,13 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
     dv = empty_like_layout(v) if dv is None else dv
     if q.numel() == 0 or k.numel() == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
-        return dq, dk, dv
+        if sinks is None:
+            return dq, dk, dv
+        if q.numel() == 0:  # no rows: nothing depends on the sinks
+            return dq, dk, dv, torch.zeros_like(sinks)
+        # no keys: every row's probabilities are the sink's alone (1), whatever the sink: delta = -dLSE
+        delta = torch.zeros_like(lse) if dlse is None else -dlse.to(torch.float32)
+        return dq, dk, dv, sink_grad(sinks, lse, delta)
     backend = C.torch_backend()
     lse = lse.contiguous()
     if dlse is not None:
@@ -301,7 +311,29 @@ def backward(do, q, k, v, out, lse, causal: bool, sm_scale: float, dlse=None,
                                                       C.num_compute_units(q.device))
     launch_dq(q, k, v, out, do, lse, dlse, delta, dq, causal, sm_scale, config.dq, backend)  # writes delta
     launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, sm_scale, config.dkdv, splits, backend)
+    if sinks is not None:
+        return dq, dk, dv, sink_grad(sinks, lse, delta)
     return dq, dk, dv
+
+
+def sink_grad(sinks, lse, delta):
+    """The gradient of attention-sink logits ``sinks`` (fp32 ``(Hq,)``), on the device (no host read).
+
+    A sink is a key whose value row is zero, so its probability ``P_sink = exp(sink - lse)`` (``lse`` the
+    forward's natural-log LSE, which includes it; rows ``(..., Hq, rows)``) gets ``dP_sink = dO · 0 = 0`` and
+    ``dsink = sum over rows of P_sink * (dP_sink - delta) = -sum P_sink * delta``, with the kernels' ``delta =
+    rowsum(dO * O) - dLSE`` (the LSE's own gradient enters through it: ``d lse / d sink = P_sink``). Rows of
+    LSE ``-inf`` (only with a ``-inf`` sink, which is no sink) count 0, as the kernels count them.
+    """
+    import torch
+
+    heads = sinks.shape[0]
+    lse_rows = lse.reshape(-1, heads, lse.shape[-1]) if lse.dim() == 3 else lse.reshape(1, heads, -1)
+    delta_rows = delta.reshape(lse_rows.shape)
+    # -inf rows -> +inf, so exp(sink - lse) = 0 there (a -inf sink and an empty row would give exp(nan))
+    lse_rows = torch.where(lse_rows == float("-inf"), float("inf"), lse_rows)
+    p_sink = torch.exp(sinks.to(torch.float32).view(1, heads, 1) - lse_rows)
+    return -(p_sink * delta_rows).sum(dim=(0, 2))
 
 
 class _Operand(C.Ptr):

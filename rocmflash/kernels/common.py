@@ -197,6 +197,27 @@ def zero_accumulators(BLOCK_M: tl.constexpr, BLOCK_D0: tl.constexpr, BLOCK_D1: t
 
 
 @kernel_jit
+def softmax_start(Sinks, off_h, BLOCK_M: tl.constexpr):
+    """Each row's online-softmax state ``(m, l)`` before its first key block (``m`` in the log2 domain).
+
+    Without sinks (``Sinks`` is None, a constexpr: this code is exactly the plain kernel's) ``m = -inf``,
+    ``l = 0``. With attention sinks (gpt-oss; fp32 ``(Hq,)`` logits in the scaled-score domain) every row
+    starts as if it had seen one virtual key whose score is its head's sink and whose V row is zero: ``m =
+    sink * log2(e)``, ``l = 1``. The sink then joins the softmax denominator (``out = acc / l``) and the LSE,
+    and drops out of the numerator -- ``softmax(cat([q·kᵀ * scale, sink]))`` with the sink column dropped.
+    A ``-inf`` sink is no sink: the first key block rescales ``l`` by ``exp2(-inf) = 0``.
+    """
+    if Sinks is not None:
+        sink = tl.load(Sinks + off_h).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros([BLOCK_M], tl.float32) + sink
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    return m_i, l_i
+
+
+@kernel_jit
 def store_o(O_base, acc, offs_m, d_start, stride_om, stride_od, SEQ_Q, D_END,
             BLOCK_D: tl.constexpr, MASK_D: tl.constexpr):
     """Store an output tile (cast to O's dtype); rows past SEQ_Q and columns past D_END skipped."""
@@ -419,11 +440,13 @@ def resolve_pieces(cfg: KernelConfig, head_dim: int) -> tuple[int, int]:
 
 
 def launch_forward(fn, variant: str, constexprs_for, q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float,
-                   out=None, lse=None, extra_grid: tuple = ()):
+                   out=None, lse=None, extra_grid: tuple = (), sinks=None):
     """Launch a one-kernel forward variant on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``.
 
     ``constexprs_for(cfg, head_dim, causal, store_lse)`` gives the kernel's constexprs;
-    the grid is (query blocks, batch x query heads, *extra_grid).
+    the grid is (query blocks, batch x query heads, *extra_grid). ``sinks``: a contiguous fp32 ``(Hq,)``
+    tensor for a kernel with a ``Sinks`` argument (:func:`softmax_start`), whose constexprs give
+    ``Sinks=None`` (the build without sinks); here the tensor takes that constexpr's place.
     """
     cfg = check_problem_config(cfg, variant)
     if out is None:
@@ -435,10 +458,16 @@ def launch_forward(fn, variant: str, constexprs_for, q, k, v, cfg: KernelConfig,
     def build():
         g = Geometry.from_tensors(q, k, v, out)
         grid = ((g.seqlen_q + cfg.BLOCK_M - 1) // cfg.BLOCK_M, g.batch * g.heads_q, *extra_grid)
-        return (grid, attention_args(g, q, k, v, out, lse_arg, sm_scale),
-                _constexprs(constexprs_for, cfg, g.head_dim, causal, store_lse))
+        args = attention_args(g, q, k, v, out, lse_arg, sm_scale)
+        constexprs = _constexprs(constexprs_for, cfg, g.head_dim, causal, store_lse)
+        if sinks is not None:  # a tensor argument instead of the constexpr None (a copy: the dict is cached)
+            args["Sinks"] = sinks
+            constexprs = {name: value for name, value in constexprs.items() if name != "Sinks"}
+        return grid, args, constexprs
 
-    launch_cached(fn, (constexprs_for, causal, sm_scale, store_lse, extra_grid), (q, k, v, out, lse_arg), build,
+    # the tensors lead the kernel's arguments in this order (LSE, then Sinks): a launch plan picks them as given
+    tensors = (q, k, v, out, lse_arg) if sinks is None else (q, k, v, out, lse_arg, sinks)
+    launch_cached(fn, (constexprs_for, causal, sm_scale, store_lse, extra_grid), tensors, build,
                   cfg, torch_backend())
     return out, lse
 

@@ -35,6 +35,11 @@ peak (gfx950: 229 -> 207 VGPRs) and hoists fewer addresses (gfx942: 256 + 4 spil
 3.9); ``bench/amd_tiles.py`` prints the table (``reports/amd-tiles-2026-11-23.md``).
 With 128-wide key blocks (128x128 w4, 256x128 w8) the masked blocks also run half as wide
 and, except with 16x16 MFMAs, before the unmasked ones (:func:`_masked_blocks`).
+
+**Attention sinks** (gpt-oss: one learnable logit per query head joined to the softmax
+denominator): ``Sinks`` is an optional fp32 ``(Hq,)`` pointer; each row's running max and sum
+start at the sink instead of ``-inf`` / 0 (:func:`rocmflash.kernels.common.softmax_start`). Without
+sinks it is the constexpr None: no kernel argument and the same code as before.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ def online_block(acc0, acc1, m_i, l_i, q0, q1, K_base, V_base, start_n, offs_m, 
 
 
 @kernel_jit
-def _fwd_online(Q, K, V, O, LSE, qk_scale,
+def _fwd_online(Q, K, V, O, LSE, Sinks, qk_scale,
                 stride_qz, stride_qh, stride_qm, stride_qd,
                 stride_kz, stride_kh, stride_kn, stride_kd,
                 stride_vz, stride_vh, stride_vn, stride_vd,
@@ -97,8 +102,7 @@ def _fwd_online(Q, K, V, O, LSE, qk_scale,
         start_m, off_z, off_h, off_hk, BLOCK_M)
     q0, q1 = C.load_q(Q_base, offs_m, stride_qm, stride_qd, SEQ_Q, HEAD_DIM, BLOCK_D0, BLOCK_D1)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i, l_i = C.softmax_start(Sinks, off_h, BLOCK_M)
     acc0, acc1 = C.zero_accumulators(BLOCK_M, BLOCK_D0, BLOCK_D1)
 
     full_end, hi = C.kv_bounds(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
@@ -123,7 +127,8 @@ def _fwd_online(Q, K, V, O, LSE, qk_scale,
                 stride_kn, stride_kd, stride_vn, stride_vd, SEQ_Q, SEQ_K,
                 HEAD_DIM, MASKED_N, BLOCK_D0, BLOCK_D1, CAUSAL, True, PRE_LOAD_V)
 
-    # rows that saw no key (causal, Sq > Sk) have l = 0: output 0, LSE -inf
+    # rows that saw no key (causal, Sq > Sk) have l = 0: output 0, LSE -inf (with a sink: l = 1, output 0,
+    # LSE = the sink)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     inv_l = 1.0 / l_safe
     C.store_o(O_base, acc0 * inv_l[:, None], offs_m, 0, stride_om, stride_od, SEQ_Q, HEAD_DIM,
@@ -144,9 +149,11 @@ def _constexprs(cfg: KernelConfig, head_dim: int, causal: bool, store_lse: bool)
     if _halve_head_dim(cfg, d0, d1):
         d0 = d1 = d0 // 2
     masked_n, masked_first = _masked_blocks(cfg, d0 + d1)
+    # Sinks=None: no attention sinks, a constexpr (no kernel argument); a launch with sinks passes the
+    # tensor in its place (common.launch_forward)
     return dict(HEAD_DIM=head_dim, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D0=d0,
                 BLOCK_D1=d1, CAUSAL=bool(causal), PRE_LOAD_V=cfg.PRE_LOAD_V, STORE_LSE=bool(store_lse),
-                MASKED_N=masked_n, MASKED_FIRST=masked_first)
+                MASKED_N=masked_n, MASKED_FIRST=masked_first, Sinks=None)
 
 
 def _masked_blocks(cfg: KernelConfig, width_d: int) -> tuple[int, bool]:
@@ -197,12 +204,15 @@ def _halve_head_dim(cfg: KernelConfig, d0: int, d1: int) -> bool:
     return acc + v_tile >= 128 and per_thread >= 16
 
 
-def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None):
+def launch(q, k, v, cfg: KernelConfig, causal: bool, sm_scale: float, out=None, lse=None, sinks=None):
     """Run the online kernel on validated ``(B, H, S, D)`` tensors; returns ``(out, lse)``.
 
     ``out`` may be any-strided ``(B, Hq, Sq, D)`` of q's dtype; ``lse`` (optional) a
-    contiguous fp32 ``(B, Hq, Sq)`` tensor, filled with the natural-log LSE."""
-    return C.launch_forward(_fwd_online, "online", _constexprs, q, k, v, cfg, causal, sm_scale, out, lse)
+    contiguous fp32 ``(B, Hq, Sq)`` tensor, filled with the natural-log LSE. ``sinks`` (optional):
+    a contiguous fp32 ``(Hq,)`` tensor of attention-sink logits (:func:`rocmflash.kernels.common.softmax_start`);
+    the LSE then includes the sink."""
+    return C.launch_forward(_fwd_online, "online", _constexprs, q, k, v, cfg, causal, sm_scale, out, lse,
+                            sinks=sinks)
 
 
 def compile_for(target, cfg: KernelConfig, problem: Problem):

@@ -32,6 +32,7 @@ from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
 from rocmflash.kernels import masks as M
 from rocmflash.kernels import varlen_checks as VC
+from rocmflash.kernels.backward import sink_grad
 from rocmflash.kernels.varlen_jit import (  # noqa: F401  (re-exported: the code moved there)
     _varlen_bwd_dkdv,
     _varlen_bwd_dq,
@@ -85,16 +86,23 @@ def _strides3(prefix: str, t: torch.Tensor) -> dict:
     return {f"stride_{prefix}t": s[0], f"stride_{prefix}h": s[1], f"stride_{prefix}d": s[2]}
 
 
-def _fwd_constexprs(call: VarlenCall, cfg: KernelConfig, store_lse: bool) -> dict:
+def _fwd_constexprs(call: VarlenCall, cfg: KernelConfig, store_lse: bool, sinks: bool = False) -> dict:
+    """The forward's constexprs; without ``sinks`` its ``Sinks`` argument is the constexpr None (the build
+    without attention sinks), with them it is a tensor argument (:func:`forward_args`)."""
+    extra = {} if sinks else dict(Sinks=None)
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
-                SOFTCAP=call.softcap > 0, PRE_LOAD_V=bool(cfg.PRE_LOAD_V), STORE_LSE=bool(store_lse), **call.bounded())
+                SOFTCAP=call.softcap > 0, PRE_LOAD_V=bool(cfg.PRE_LOAD_V), STORE_LSE=bool(store_lse), **call.bounded(),
+                **extra)
 
 
-def forward_args(call: VarlenCall, q, k, v, out, lse, cu_q, cu_k, err, totals: Optional[tuple] = None) -> dict:
+def forward_args(call: VarlenCall, q, k, v, out, lse, cu_q, cu_k, err, totals: Optional[tuple] = None,
+                 sinks=None) -> dict:
     """Arguments of ``_varlen_fwd`` in signature order (``lse`` a ``(Hq, total_q)`` fp32 buffer, ``err``
-    the error word, ``totals`` the packed rows of q and k: their lengths when None)."""
+    the error word, ``totals`` the packed rows of q and k: their lengths when None, ``sinks`` the fp32
+    ``(Hq,)`` attention-sink logits or None: then ``Sinks`` is a constexpr, :func:`_fwd_constexprs`)."""
     totals = totals or (q.shape[0], k.shape[0])
-    return dict(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_q, CU_K=cu_k, ERR=err, **call.scalars(),
+    extra = {} if sinks is None else dict(Sinks=sinks)
+    return dict(Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=cu_q, CU_K=cu_k, ERR=err, **extra, **call.scalars(),
                 **_strides3("q", q), **_strides3("k", k), **_strides3("v", v), **_strides3("o", out),
                 stride_lh=_lse_row_stride(lse), H_Q=call.heads_q, GROUP=call.group,
                 WIN_LEFT=call.win_left, WIN_RIGHT=call.win_right, TOTAL_Q=totals[0], TOTAL_K=totals[1],
@@ -138,17 +146,20 @@ def _packed_key(call: VarlenCall, tensors: tuple, loose: tuple) -> tuple:
     return tuple(parts)
 
 
-def launch_forward(call: VarlenCall, q, k, v, cu_q, cu_k, cfg: KernelConfig, out, lse: Optional[torch.Tensor]):
-    """Run ``_varlen_fwd`` into ``out`` (``(total_q, Hq, D)``) and, when given, ``lse`` (``(Hq, total_q)``)."""
+def launch_forward(call: VarlenCall, q, k, v, cu_q, cu_k, cfg: KernelConfig, out, lse: Optional[torch.Tensor],
+                   sinks: Optional[torch.Tensor] = None):
+    """Run ``_varlen_fwd`` into ``out`` (``(total_q, Hq, D)``) and, when given, ``lse`` (``(Hq, total_q)``).
+    ``sinks``: contiguous fp32 ``(Hq,)`` attention-sink logits (:func:`rocmflash.kernels.common.softmax_start`),
+    which the LSE then includes; None: none (the kernel built without them)."""
     lse_arg = lse if lse is not None else C.dummy_lse(q.device)
     err = VC.error_word(q.device)
-    tensors = (q, k, v, out, lse_arg, cu_q, cu_k, err)
+    tensors = (q, k, v, out, lse_arg, cu_q, cu_k, err) + (() if sinks is None else (sinks,))
     loose = (q.shape[0], k.shape[0], call.max_seqlen_q, call.max_seqlen_k, int(call.strict_end),
              _lse_row_stride(lse_arg))  # in UNSPECIALISED's order
     grid = (triton_cdiv(call.max_seqlen_q, cfg.BLOCK_M), call.batch * call.heads_q)
     C.launch_cached(_varlen_fwd, (_packed_key(call, tensors, loose), lse is not None), tensors,
-                    lambda: (grid, forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k, err),
-                             _fwd_constexprs(call, cfg, lse is not None)), cfg, C.torch_backend(),
+                    lambda: (grid, forward_args(call, q, k, v, out, lse_arg, cu_q, cu_k, err, sinks=sinks),
+                             _fwd_constexprs(call, cfg, lse is not None, sinks is not None)), cfg, C.torch_backend(),
                     loose=loose, loose_tensors=_LOOSE[len(tensors)], grid=grid)
 
 
@@ -246,17 +257,23 @@ def launch_dkdv(call: VarlenCall, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, c
                     loose=loose, loose_tensors=_LOOSE[len(tensors)], grid=grid)
 
 
-def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg):
+def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg, sinks=None):
     """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.BwdConfig`
-    (its ``head_splits`` is not used: the dK/dV kernel sums the whole GQA group in registers)."""
+    (its ``head_splits`` is not used: the dK/dV kernel sums the whole GQA group in registers).
+
+    ``sinks``: the forward's fp32 ``(Hq,)`` attention-sink logits (its LSE includes them: the kernels need no
+    change); then ``(dq, dk, dv, dsinks)`` (:func:`rocmflash.kernels.backward.sink_grad`). Rows no sequence
+    owns must then hold LSE ``-inf`` (the forward's buffer filled so): their delta stays 0 here, so they add 0."""
     import torch
 
     # rows after the last sequence (strict_end=False) are never written by the kernels: zero, not garbage
     alloc = torch.empty_like if call.strict_end else torch.zeros_like
     dq, dk, dv = alloc(q), alloc(k), alloc(v)
-    delta = torch.empty_like(lse)
+    delta = torch.empty_like(lse) if sinks is None else torch.zeros_like(lse)
     launch_dq(call, do, q, k, v, out, lse, dlse, delta, dq, cu_q, cu_k, bwd_cfg.dq)
     launch_dkdv(call, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, bwd_cfg.dkdv)
+    if sinks is not None:
+        return dq, dk, dv, sink_grad(sinks, lse, delta)
     return dq, dk, dv
 
 

@@ -48,7 +48,7 @@ def _fwd_step(acc, m_i, l_i, q, K_base, V_base, start_n, offs_m, SEQ_K, lo_off, 
 
 
 @C.jit_unspecialised(VC.UNSPECIALISED)
-def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, ERR, sm_scale, qk_scale, softcap,
+def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, ERR, Sinks, sm_scale, qk_scale, softcap,
                 stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
                 stride_vt, stride_vh, stride_vd, stride_ot, stride_oh, stride_od,
                 stride_lh, H_Q, GROUP, WIN_LEFT, WIN_RIGHT, TOTAL_Q, TOTAL_K, MAX_Q, MAX_K, STRICT_END,
@@ -78,8 +78,7 @@ def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, ERR, sm_scale, qk_scale, softcap,
     offs_d = tl.arange(0, BLOCK_D)
     q = C.load_2d(Q_base + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
                   offs_m < SEQ_Q, offs_d < HEAD_DIM, True, BLOCK_D > HEAD_DIM)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i, l_i = C.softmax_start(Sinks, off_h, BLOCK_M)  # Sinks None (constexpr): -inf / 0; else the sink's
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     shift = SEQ_K - SEQ_Q  # bottom-right alignment, per sequence
@@ -100,7 +99,7 @@ def _varlen_fwd(Q, K, V, O, LSE, CU_Q, CU_K, ERR, sm_scale, qk_scale, softcap,
                                   qk_scale, sm_scale, softcap, stride_kt, stride_kd, stride_vt, stride_vd,
                                   HEAD_DIM, BLOCK_N, BLOCK_D, SOFTCAP, True, PRE_LOAD_V, BOUNDED_LEFT, BOUNDED_RIGHT)
 
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # rows that see no key: output 0, LSE -inf
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # rows that see no key: output 0, LSE -inf (a sink: l = 1, LSE sink)
     C.store_o(O_base, acc / l_safe[:, None], offs_m, 0, stride_ot, stride_od, SEQ_Q, HEAD_DIM,
               BLOCK_D, BLOCK_D > HEAD_DIM)
     if STORE_LSE:
