@@ -10,19 +10,18 @@ returns its gradient (:func:`rocmflash.kernels.backward.sink_grad`). A ``-inf`` 
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-#: id(tensor) -> (weak reference, version counter) of sinks whose values passed :func:`_check_values`
-_CHECKED: dict = {}
-_MAX_CHECKED = 1024
 
+def check_sinks(sinks, heads_q: int, device, name: str = "sinks", read_values: bool = False) -> torch.Tensor:
+    """``sinks`` checked against the call (a float ``(heads_q,)`` tensor on ``device``), as the contiguous fp32
+    tensor the kernels read (differentiable: a gradient reaches ``sinks`` in its own dtype). A bad type, dtype,
+    shape or device raises a one-line ``ValueError`` saying what was expected.
 
-def check_sinks(sinks, heads_q: int, device, name: str = "sinks") -> torch.Tensor:
-    """``sinks`` checked against the call (a float ``(heads_q,)`` tensor on ``device``, finite or ``-inf``
-    values), as the contiguous fp32 tensor the kernels read (differentiable: a gradient reaches ``sinks`` in
-    its own dtype). Bad sinks raise a one-line ``ValueError`` saying what was expected."""
+    The values are read only with ``read_values`` (``check_values=True`` of the varlen entry): reading them waits
+    for the GPU, and a model's sinks change every optimizer step, so checking by default would put a host wait
+    in every training step of every layer. Unchecked, a NaN or ``+inf`` sink gives NaN rows for its head, as
+    the eager formula (``softmax(cat([scores, sink]))``) does; ``-inf`` is no sink."""
     want = f"a floating-point tensor of shape (Hq,) = ({heads_q},), one logit per query head"
     if not isinstance(sinks, torch.Tensor):
         raise ValueError(f"{name} must be {want}; got {type(sinks).__name__}")
@@ -32,32 +31,20 @@ def check_sinks(sinks, heads_q: int, device, name: str = "sinks") -> torch.Tenso
         raise ValueError(f"{name} must be {want}; got shape {tuple(sinks.shape)}")
     if sinks.device != device:
         raise ValueError(f"{name} is on {sinks.device} but q is on {device}; all must share a device")
-    _check_values(sinks, name)
+    if read_values:
+        _check_values(sinks, name)
     return sinks.to(torch.float32).contiguous()
 
 
 def _check_values(sinks: torch.Tensor, name: str) -> None:
-    """Refuse NaN and ``+inf`` sinks (``-inf``: no sink, allowed). Reading the values waits for the GPU, so each
-    tensor is read once per in-place change (its version counter): a model's sinks parameter is read on its
-    first call and again only after an optimizer step changes it. Not read while torch.compile traces (no
-    values) or a CUDA graph is captured (no host read may happen then)."""
+    """Refuse NaN and ``+inf`` sinks (``-inf``: no sink, allowed); one host read. Not read while torch.compile
+    traces (no values) or a CUDA graph is captured (no host read may happen then)."""
     if torch.compiler.is_compiling() or sinks.device.type == "meta":
         return
     if sinks.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return
-    try:
-        version = sinks._version
-    except RuntimeError:  # an inference tensor keeps no version counter: read it every call
-        version = None
-    kept = _CHECKED.get(id(sinks))
-    if version is not None and kept is not None and kept[0]() is sinks and kept[1] == version:
         return
     bad = torch.isnan(sinks) | (sinks == float("inf"))
     if bool(bad.any()):
         index = int(bad.nonzero()[0, 0])
         raise ValueError(f"{name} must hold finite logits (or -inf: no sink); {name}[{index}] is "
                          f"{float(sinks[index])}")
-    if version is not None:
-        if len(_CHECKED) >= _MAX_CHECKED:
-            _CHECKED.clear()
-        _CHECKED[id(sinks)] = (weakref.ref(sinks), version)

@@ -327,7 +327,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                                           softmax_scale, causal, window_size, softcap, None, deterministic,
                                           return_lse=True, check_values=check_values, s_aux=s_aux)
         return out, lse, None
-    sinks = None if s_aux is None else check_sinks(s_aux, q.shape[1], q.device, "s_aux")
+    sinks = None if s_aux is None else check_sinks(s_aux, q.shape[1], q.device, "s_aux", read_values=check_values)
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device,
                              read_values=check_values)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,

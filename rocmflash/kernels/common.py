@@ -205,10 +205,13 @@ def softmax_start(Sinks, off_h, BLOCK_M: tl.constexpr):
     starts as if it had seen one virtual key whose score is its head's sink and whose V row is zero: ``m =
     sink * log2(e)``, ``l = 1``. The sink then joins the softmax denominator (``out = acc / l``) and the LSE,
     and drops out of the numerator -- ``softmax(cat([q·kᵀ * scale, sink]))`` with the sink column dropped.
-    A ``-inf`` sink is no sink: the first key block rescales ``l`` by ``exp2(-inf) = 0``.
+    A ``-inf`` sink is no sink: the first key block rescales ``l`` by ``exp2(-inf) = 0``. A ``+inf`` sink takes
+    all the weight (output 0, as torch's softmax gives): it starts at the largest finite ``m``, since ``m = inf``
+    would make every rescale ``exp2(inf - inf)`` NaN. A NaN sink gives NaN rows, as the eager formula does.
     """
     if Sinks is not None:
         sink = tl.load(Sinks + off_h).to(tl.float32) * 1.4426950408889634
+        sink = tl.where(sink == float("inf"), 3.0e38, sink)
         m_i = tl.zeros([BLOCK_M], tl.float32) + sink
         l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     else:
