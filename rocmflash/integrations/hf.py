@@ -77,8 +77,10 @@ argument                                    treatment
 ``softcap``                                 honoured: the kernels' tanh cap (never SDPA: it refuses it)
 ``cu_seq_lens_q``, ``cu_seq_lens_k``,       honoured: the varlen kernel (all four or a ``ValueError``); a mask
 ``max_length_q``, ``max_length_k``          given with them must be their block-diagonal band
-``position_ids``                            honoured: restarts inside a row are a packed batch (varlen kernel);
-                                            not read under ``torch.compile`` (transformers' mask separates them)
+``position_ids``                            honoured: restarts inside a row are a packed batch (varlen kernel):
+                                            one row without a mask, or with transformers' mask over unpadded
+                                            rows (read once per forward); not read under ``torch.compile``
+                                            (transformers' mask separates them there)
 ``deterministic``                           honoured: flash_attn_varlen_func's ``deterministic``
 ``s_aux``, ``sinks``                        ``NotImplementedError`` (attention sinks: not in the kernels yet)
 ``output_attentions=True``                  ``ValueError`` (no attention matrix is formed; use eager)
@@ -361,8 +363,8 @@ def _kwargs_packing(query, key, attention_mask, causal: bool, window_left: int, 
 
 def _position_packing(query, key, attention_mask, causal: bool, window_left: int, kwargs) -> Optional[Packed]:
     """The packing of a batch packed by ``position_ids`` (a position that is not the previous one plus 1 starts a
-    sequence), or None: no ``position_ids``, a call with past keys or one query, one sequence per row, or a
-    ``attention_mask`` that is not exactly the packing's causal/window band. One host read per ``position_ids``
+    sequence), or None: no ``position_ids``, a call with past keys or one query, one sequence per row, several rows
+    without a mask, or an ``attention_mask`` that is not exactly the packing's causal/window band. One host read per ``position_ids``
     tensor (and mask), kept for the forward's other layers (:func:`rocmflash.integrations.hf_packed.position_plan`).
     Not under ``torch.compile`` (the read would break the graph): there transformers' own mask separates them."""
     position_ids = kwargs.get("position_ids") if kwargs else None
@@ -371,6 +373,8 @@ def _position_packing(query, key, attention_mask, causal: bool, window_left: int
         return None
     B = query.shape[0]
     if attention_mask is None:
+        if B != 1:  # a flattened batch is one row (DataCollatorWithFlattening; transformers' flash path alike): an
+            return None  # unmasked prefill of several prompts reads nothing
         return position_plan(position_ids, ("no mask", B, q_len, query.device),
                              lambda: packing_from_position_ids(position_ids, B, q_len))
     kept = _mask_plan(attention_mask, ("packed-positions", causal, window_left),
