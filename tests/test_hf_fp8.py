@@ -245,7 +245,7 @@ def test_decode_attention_within_the_quantisation_bound(dtype, recorded, monkeyp
             assert torch.isfinite(k_deq).all()
         return out, w
 
-    AttentionInterface.register(rf_hf.NAME, spied)
+    AttentionInterface.register(rf_hf.DEFAULT_NAME, spied)  # the name register() returned
     try:
         _generate(model, ids, mask, cache=cache, new=5)
     finally:
@@ -272,7 +272,7 @@ def test_fp8_generate_reads_nothing_on_the_host(monkeypatch):
         return spied
 
     monkeypatch.setattr(Fp8Layer, "update", spy(original))
-    AttentionInterface.register(rf_hf.NAME, spy(rf_hf.rocmflash_attention_forward))
+    AttentionInterface.register(rf_hf.DEFAULT_NAME, spy(rf_hf.rocmflash_attention_forward))
     before = rf_hf.stats()["fp8"]
     try:
         _generate(model, ids, cache=Fp8Cache(model.config, max_cache_len=16), new=4)

@@ -32,10 +32,12 @@ def test_register_makes_the_name_valid_and_is_idempotent():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    assert rf_hf.register() == "rocmflash"
-    assert rf_hf.register() == "rocmflash"
-    assert "rocmflash" in AttentionInterface._global_mapping
-    assert "rocmflash" in AttentionMaskInterface._global_mapping  # else transformers drops the causal mask
+    assert rf_hf.register() == "rocmfa" == rf_hf.DEFAULT_NAME  # the name without "flash" in it
+    assert rf_hf.register() == "rocmfa"
+    assert rf_hf.register("rocmflash") == "rocmflash"
+    for name in ("rocmfa", "rocmflash"):  # the first name stays registered
+        assert name in AttentionInterface._global_mapping
+        assert name in AttentionMaskInterface._global_mapping  # else transformers drops the causal mask
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

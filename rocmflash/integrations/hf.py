@@ -1,13 +1,20 @@
-"""HuggingFace transformers integration: ``attn_implementation="rocmflash"``.
+"""HuggingFace transformers integration: ``attn_implementation="rocmfa"``.
 
 ::
 
     import rocmflash.integrations.hf as rf_hf
-    rf_hf.register()
-    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="rocmflash",
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=rf_hf.register(),  # "rocmfa"
                                                  torch_dtype=torch.bfloat16)
 
-:func:`register` adds two entries under the name ``"rocmflash"``:
+**The name.** transformers takes any ``attn_implementation`` containing "flash" for a flash-attn kernel; the
+families that list their own flash kernels (``_compatible_flash_implementations``: gpt-oss, granite-swa,
+granitemoe-swa, flint, mimo-v2-flash, minimax-m3-vl, openai-privacy-filter) then swap it for a hub kernel
+(``kernels-community/vllm-flash-attn3``). :func:`register` therefore registers :data:`DEFAULT_NAME`
+(``"rocmfa"``: none of the substrings transformers dispatches on) and returns it, and still registers
+:data:`NAME` (``"rocmflash"``), which every other family loads as before; loading one of those seven with
+``"rocmflash"`` is a one-line ``ValueError`` naming ``"rocmfa"`` instead of the swap.
+
+:func:`register` adds two entries under each name:
 
 * ``AttentionInterface.register("rocmflash", rocmflash_attention_forward)``
 * ``AttentionMaskInterface.register("rocmflash", rocmflash_mask)`` -- ``"sdpa"``'s mask function
@@ -50,10 +57,39 @@ it); a one-token step's mask is read once, to decide whether it is one run of ke
 transformers hands every layer of a forward the same mask tensor: what is worked out from it
 is kept for the other layers while that tensor comes back unchanged.
 
-Every other call (dropout, fp32, other mask patterns, position bias, attention sinks,
-``output_attentions``, ...) goes to transformers' own ``sdpa_attention_forward`` with the
-original arguments and a one-time ``RuntimeWarning`` naming the reason, so results are
-never silently different. The output is ``(B, S, H, D)`` and contiguous, like SDPA's.
+* a packed batch (:mod:`rocmflash.integrations.hf_packed`; ``DataCollatorWithFlattening``): transformers' packing
+  kwargs, or ``position_ids`` that restart inside a row (with transformers' block-diagonal mask, checked, or with
+  none): the varlen kernel over the flattened ``(B * S)`` tokens, causal per sequence, window and soft-cap included.
+
+Every other call (dropout, fp32, other mask patterns, position bias, ...) goes to transformers' own
+``sdpa_attention_forward`` with the original arguments and a one-time ``RuntimeWarning`` naming the reason --
+but only where SDPA computes all of it: a call SDPA would get wrong (soft-capping, packing, a window without a
+mask) is a one-line ``ValueError`` instead. The output is ``(B, S, H, D)`` and contiguous, like SDPA's.
+
+**Keyword arguments** (``**kwargs`` of :func:`rocmflash_attention_forward`; anything not listed is a one-line
+``ValueError`` naming it, never dropped):
+
+==========================================  ===============================================================
+argument                                    treatment
+==========================================  ===============================================================
+``dropout``, ``scaling``, ``is_causal``     honoured (dropout > 0: SDPA, which computes it)
+``sliding_window``                          honoured: the kernels' left window ``W - 1``
+``softcap``                                 honoured: the kernels' tanh cap (never SDPA: it refuses it)
+``cu_seq_lens_q``, ``cu_seq_lens_k``,       honoured: the varlen kernel (all four or a ``ValueError``); a mask
+``max_length_q``, ``max_length_k``          given with them must be their block-diagonal band
+``position_ids``                            honoured: restarts inside a row are a packed batch (varlen kernel):
+                                            one row without a mask, or with transformers' mask over unpadded
+                                            rows (read once per forward); not read under ``torch.compile``
+                                            (transformers' mask separates them there)
+``deterministic``                           honoured: flash_attn_varlen_func's ``deterministic``
+``s_aux``, ``sinks``                        ``NotImplementedError`` (attention sinks: not in the kernels yet)
+``output_attentions=True``                  ``ValueError`` (no attention matrix is formed; use eager)
+``position_bias``, ``cache``                transformers' SDPA (it computes them, and rocmflash does not)
+``use_cache``, ``output_hidden_states``,    not attention's: accepted, not read (the cache is updated before
+``output_router_logits``,                   the call; ``seq_idx`` comes with ``position_ids`` or the packing
+``num_items_in_batch``, ``seq_idx``,        kwargs, which carry the same packing)
+``return_dict``
+==========================================  ===============================================================
 """
 
 from __future__ import annotations
@@ -66,6 +102,14 @@ import torch
 
 from rocmflash.hw.fp8 import is_fp8
 from rocmflash.kernels.launch import interpreting
+from rocmflash.integrations.hf_packed import (
+    PACKING_KWARGS,
+    Packed,
+    packed_mask_matches,
+    packing_from_kwargs,
+    packing_from_position_ids,
+    position_plan,
+)
 from rocmflash.integrations.hf_masks import (  # noqa: F401  (re-exported: the code moved there)
     _BUILT,
     _MASK_PLANS,
@@ -74,13 +118,17 @@ from rocmflash.integrations.hf_masks import (  # noqa: F401  (re-exported: the c
     _Padded,
     _padded_plan,
     _unpadded_plan,
+    built_without_padding,
     decode_key_range,
     padded_layout,
     rocmflash_mask,
 )
 
-NAME = "rocmflash"
-_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0, "incumbent": 0}
+NAME = "rocmflash"  #: the first name (still registered): transformers takes it for a flash-attn kernel's
+#: the name :func:`register` returns: no "flash" in it (transformers dispatches on the substrings "flash", "sdpa",
+#: "flex_attention", a "paged|" prefix and "org/repo" hub kernel ids; "rocmfa" has none of them)
+DEFAULT_NAME = "rocmfa"
+_STATS = {"rocmflash": 0, "sdpa": 0, "decode": 0, "fp8": 0, "incumbent": 0, "packed": 0}
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -96,11 +144,11 @@ def _sdpa_forward():
 def _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8: bool = False):
     """Why rocmflash cannot compute this call exactly (None: it can), apart from the mask. ``kv_fp8``: key/value
     are an fp8 cache's (their dtype is not q's)."""
-    if dropout not in (0, 0.0):
-        return "attention dropout"
-    why = _kwargs_unroutable(kwargs)
+    why = _kwargs_unroutable(kwargs)  # first: an argument refused is refused whatever else the call is
     if why is not None:
         return why
+    if dropout not in (0, 0.0):
+        return "attention dropout"
     dtype = query.dtype
     if dtype not in _DTYPES or (not kv_fp8 and (key.dtype is not dtype or value.dtype is not dtype)):
         return f"dtype {dtype} (rocmflash runs fp16/bf16)"
@@ -125,21 +173,54 @@ def _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8: bool = False)
 
 
 def _kwargs_unroutable(kwargs) -> Optional[str]:
-    """Why a keyword argument transformers passes keeps rocmflash from computing the call (None: none does)."""
+    """Why a keyword argument transformers passes keeps rocmflash from computing the call (None: none does); an
+    argument neither rocmflash nor SDPA computes is refused here (:func:`_refuse_kwargs`)."""
     if kwargs:
-        for name in ("position_bias", "cache", "sinks", "s_aux"):
+        _refuse_kwargs(kwargs)
+        for name in _SDPA_KWARGS:
             if kwargs.get(name) is not None:
                 return f"the {name!r} argument"
-        if kwargs.get("output_attentions", False):
-            return "output_attentions=True"
     return None
+
+
+#: keyword arguments transformers' SDPA path computes and rocmflash does not: those calls run SDPA
+_SDPA_KWARGS = ("position_bias", "cache")
+#: keyword arguments that are not attention's (the model's other layers, the loss, the cache update before the
+#: call): accepted and not read. ``seq_idx`` (Mamba / linear layers) comes with ``position_ids`` or the packing
+#: kwargs, which carry the same packing to attention, as in transformers' flash path.
+_NOT_ATTENTIONS = frozenset(("use_cache", "output_hidden_states", "output_router_logits", "num_items_in_batch",
+                             "seq_idx", "return_dict"))
+#: keyword arguments rocmflash computes (see the table in the module docstring)
+_HONOURED = frozenset(("sliding_window", "softcap", "position_ids", "deterministic", "output_attentions",
+                       *PACKING_KWARGS))
+_SINKS = ("s_aux", "sinks")
+
+
+def _refuse_kwargs(kwargs) -> None:
+    """A one-line error for a keyword argument neither rocmflash nor transformers' SDPA path computes: attention
+    sinks (until the kernels take them), ``output_attentions=True`` (no attention matrix is ever formed), and any
+    argument this module does not know (it would otherwise be dropped)."""
+    for name in _SINKS:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"rocmflash: attention sinks ({name}, gpt-oss's learned sink logits) are not "
+                                      "implemented yet; load this model with attn_implementation='eager'")
+    if kwargs.get("output_attentions", False):
+        raise ValueError("rocmflash: output_attentions=True needs the attention weights, which rocmflash never forms "
+                         "(nor do SDPA and flash attention); load the model with attn_implementation='eager' for them")
+    for name in kwargs:
+        if name not in _HONOURED and name not in _NOT_ATTENTIONS and name not in _SDPA_KWARGS:
+            raise ValueError(f"rocmflash: the attention argument {name!r} is not supported by rocmflash's "
+                             "transformers integration (it would be ignored); load this model with "
+                             "attn_implementation='eager' or 'sdpa'")
 
 
 def _kwargs_plain(kwargs) -> bool:
     """Whether transformers' keyword arguments leave the call plain attention: nothing :func:`_kwargs_unroutable`
-    names, no soft-cap, no sliding window (what a kept one-token step, :data:`_KEPT_STEPS`, was decided for)."""
+    names, no soft-cap, no sliding window, no packing kwargs (what a kept one-token step, :data:`_KEPT_STEPS`, was
+    decided for); ``position_ids`` of a one-token step are the new token's position (never a packing)."""
     return not kwargs or (_kwargs_unroutable(kwargs) is None and kwargs.get("softcap") is None
-                          and not kwargs.get("sliding_window"))
+                          and not kwargs.get("sliding_window") and kwargs.get("cu_seq_lens_q") is None
+                          and kwargs.get("cu_seq_lens_k") is None)
 
 
 _WARNED: set = set()
@@ -175,8 +256,30 @@ def _dequantised(key, value, descales, dtype) -> tuple:
     return tuple((t.float() * s[:, :, None, None]).to(dtype) for t, s in ((key, ks), (value, vs)))
 
 
+def _sdpa_ignores(query, key, attention_mask, kwargs) -> Optional[str]:
+    """What of this call transformers' SDPA path would not compute (None: it computes all of it, with the mask):
+    soft-capping (it raises), the packing kwargs and a packing by ``position_ids`` without a mask (it attends
+    across the sequences), a sliding window without a mask over more keys than the window."""
+    if kwargs.get("softcap") is not None:
+        return "soft-capping (softcap)"
+    if any(kwargs.get(name) is not None for name in PACKING_KWARGS):
+        return "the packing kwargs (cu_seq_lens_*, max_length_*)"
+    if attention_mask is None:
+        window = kwargs.get("sliding_window")
+        if window and key.shape[2] > int(window):
+            return f"the sliding window ({window} keys)"
+        if _position_packing(query, key, None, True, -1, kwargs) is not None:
+            return "the packed sequences of position_ids"
+    return None
+
+
 def _fall_back(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
-    """transformers' own SDPA path, with the original arguments; one warning per distinct reason."""
+    """transformers' own SDPA path, with the original arguments; one warning per distinct reason. A call SDPA would
+    not compute in full (:func:`_sdpa_ignores`) is a one-line ``ValueError`` naming both instead."""
+    ignored = _sdpa_ignores(query, key, attention_mask, kwargs)
+    if ignored is not None:
+        raise ValueError(f"rocmflash: this attention call cannot run on rocmflash ({reason}) and transformers' SDPA "
+                         f"would ignore {ignored}; load the model with attn_implementation='eager'")
     _STATS["sdpa"] += 1
     if reason not in _WARNED and not torch.compiler.is_compiling():
         _WARNED.add(reason)
@@ -198,7 +301,7 @@ def _varlen_mask_plan(mask, q_len: int, kv_len: int, causal: bool, window_left: 
     return None if plan is None else (plan.max_k, plan)
 
 
-def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap):
+def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap, deterministic=False):
     """Pack, run the varlen kernel, unpack (padded query rows get 0). No host read: a packing with padding
     runs :func:`rocmflash.api.varlen.packed_varlen`, whose packed tensors keep the padded rows as an unused tail."""
     from rocmflash.api.varlen import flash_attn_varlen_func, packed_varlen
@@ -210,7 +313,8 @@ def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left,
     v = value.transpose(1, 2).reshape(B * Sk, Hkv, D)
     if plan.dest_q is None:
         out = flash_attn_varlen_func(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, softmax_scale=scale,
-                                     causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0)
+                                     causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
+                                     deterministic=deterministic)
         return out.reshape(B, Sq, Hq, D)
     q = q.new_empty(q.shape).index_copy(0, plan.dest_q, q)
     k = k.new_empty(k.shape).index_copy(0, plan.dest_k, k)
@@ -218,6 +322,86 @@ def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left,
     out = packed_varlen(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, scale, causal, window_left,
                         softcap or 0.0)
     return out.index_select(0, plan.dest_q).view(B, Sq, Hq, D)  # padded rows: the zero tail
+
+
+def _deterministic(kwargs) -> bool:
+    """transformers' ``deterministic`` (ModernBERT's): keep a call that needs gradients on rocmflash's kernels (their
+    backward is deterministic) where the database would serve the platform's varlen attention (atomics)."""
+    flag = kwargs.get("deterministic")
+    if flag is not None and not isinstance(flag, bool):
+        raise TypeError(f"rocmflash: deterministic must be a bool, got {type(flag).__name__}")
+    return bool(flag)
+
+
+def _kwargs_packing(query, key, attention_mask, causal: bool, window_left: int, kwargs) -> Optional[Packed]:
+    """The packing of transformers' packing kwargs (None: not given). A mask handed with them must be exactly
+    their block-diagonal causal/window band (transformers builds that from ``position_ids``), or, built by
+    transformers over unpadded rows (a cache kept it from looking for the sequences), the rows' band: one host read
+    per mask, kept for the forward's other layers; any other mask is a one-line ``ValueError``."""
+    if not kwargs or kwargs.get("cu_seq_lens_q") is None and kwargs.get("cu_seq_lens_k") is None \
+            and kwargs.get("max_length_q") is None and kwargs.get("max_length_k") is None:
+        return None
+    if torch.compiler.is_compiling():
+        raise ValueError("rocmflash: torch.compile cannot trace a packed batch (cu_seq_lens_*: the varlen path is "
+                         "not traceable); run the packed model eagerly, or compile it with attn_implementation='eager'")
+    packed = packing_from_kwargs(kwargs, query.device)
+    if attention_mask is None:
+        return packed
+    B, Sq, Sk = query.shape[0], query.shape[2], key.shape[2]
+    kept = _mask_plan(attention_mask, ("packed-kwargs", causal, window_left),
+                      lambda: (packed.cu_q, Sq == Sk and packed_mask_matches(attention_mask, packed, B, Sq, causal,
+                                                                                window_left,
+                                                                                built_without_padding(attention_mask))))
+    if kept[0] is not packed.cu_q and not torch.equal(kept[0], packed.cu_q):  # (the same mask, other kwargs: anew)
+        _MASK_PLANS.pop(("packed-kwargs", causal, window_left), None)
+        return _kwargs_packing(query, key, attention_mask, causal, window_left, kwargs)
+    if not kept[1]:
+        raise ValueError("rocmflash: the attention mask passed with cu_seq_lens_q/cu_seq_lens_k is not their packed "
+                         "sequences' causal/sliding-window mask; pass one or the other")
+    return packed
+
+
+def _position_packing(query, key, attention_mask, causal: bool, window_left: int, kwargs) -> Optional[Packed]:
+    """The packing of a batch packed by ``position_ids`` (a position that is not the previous one plus 1 starts a
+    sequence), or None: no ``position_ids``, a call with past keys or one query, one sequence per row, several rows
+    without a mask, or an ``attention_mask`` that is not exactly the packing's causal/window band. One host read per ``position_ids``
+    tensor (and mask), kept for the forward's other layers (:func:`rocmflash.integrations.hf_packed.position_plan`).
+    Not under ``torch.compile`` (the read would break the graph): there transformers' own mask separates them."""
+    position_ids = kwargs.get("position_ids") if kwargs else None
+    q_len = query.shape[2]
+    if position_ids is None or q_len < 2 or key.shape[2] != q_len or torch.compiler.is_compiling():
+        return None
+    B = query.shape[0]
+    if attention_mask is None:
+        if B != 1:  # a flattened batch is one row (DataCollatorWithFlattening; transformers' flash path alike): an
+            return None  # unmasked prefill of several prompts reads nothing
+        return position_plan(position_ids, ("no mask", B, q_len, query.device),
+                             lambda: packing_from_position_ids(position_ids, B, q_len))
+    kept = _mask_plan(attention_mask, ("packed-positions", causal, window_left),
+                      lambda: (position_ids, packing_from_position_ids(position_ids, B, q_len, attention_mask,
+                                                                       causal, window_left)))
+    if kept[0] is not position_ids:  # the same mask with other position_ids: read anew
+        _MASK_PLANS.pop(("packed-positions", causal, window_left), None)
+        return _position_packing(query, key, attention_mask, causal, window_left, kwargs)
+    return kept[1]
+
+
+def _run_packed(query, key, value, packed: Packed, causal: bool, scale, window_left, softcap, kwargs):
+    """A packed batch, ``(B, H, S, D)`` in (its ``B * S`` tokens the packed sequences), through the varlen kernel
+    (forward and backward): ``(B, S, H, D)`` out, contiguous."""
+    from rocmflash.api.varlen import flash_attn_varlen_func
+
+    B, Hq, Sq, D = query.shape
+    Hkv, Sk = key.shape[1], key.shape[2]
+    q = query.transpose(1, 2).reshape(B * Sq, Hq, D)
+    k = key.transpose(1, 2).reshape(B * Sk, Hkv, D)
+    v = value.transpose(1, 2).reshape(B * Sk, Hkv, D)
+    _STATS["rocmflash"] += 1
+    _STATS["packed"] += 1
+    out = flash_attn_varlen_func(q, k, v, packed.cu_q, packed.cu_k, packed.max_q, packed.max_k, softmax_scale=scale,
+                                 causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
+                                 deterministic=_deterministic(kwargs))
+    return out.view(B, Sq, Hq, D)
 
 
 def rocmflash_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -239,7 +423,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
             return kept(module, query, key, value, attention_mask, is_causal, kwargs)
     descales = _fp8_descales(key, value)
     if descales is not None:  # an Fp8Cache's step: the decode kernel reads the fp8 cache, else its values in q's dtype
-        if _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8=True) is None:
+        if _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8=True) is None \
+                and not any(kwargs.get(name) is not None for name in PACKING_KWARGS):
             out = _decode_step(query, key, value, attention_mask, *_options(query, scaling, kwargs), descales)
             if out is not None:
                 return out, None
@@ -252,6 +437,9 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     q_len, kv_len = query.shape[2], key.shape[2]
     scale, softcap, window_left = _options(query, scaling, kwargs)
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = _kwargs_packing(query, key, attention_mask, bool(module_causal), window_left, kwargs)
+    if packed is not None:  # transformers' packing kwargs: they define the sequences, whatever the call's shape
+        return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs), None
     if q_len == 1 and query.shape[0] == 1 and attention_mask is not None and not softcap and window_left < 0 \
             and _decode_backend(query, key) is not None:
         # one sequence's step, masked only where a static cache has free slots (or the caller's own mask): where
@@ -279,6 +467,11 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             return _fall_back(f"an attention mask of type {type(attention_mask).__name__}", *args)
+        if built_without_padding(attention_mask):  # transformers' mask over unpadded rows: packed by position_ids?
+            packed = _position_packing(query, key, attention_mask, bool(module_causal), window_left, kwargs)
+            if packed is not None:
+                return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap,
+                                   kwargs), None
         got = _mask_plan(attention_mask, ("varlen", q_len, kv_len, bool(module_causal), window_left),
                          lambda: _varlen_mask_plan(attention_mask, q_len, kv_len, bool(module_causal), window_left))
         if got is None:
@@ -287,7 +480,12 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
         if kept < kv_len:  # a static cache's free slots: never seen
             key, value = key[:, :, :kept], value[:, :, :kept]
         _STATS["rocmflash"] += 1
-        return _varlen_padded(query, key, value, plan, bool(module_causal), scale, window_left, softcap), None
+        return _varlen_padded(query, key, value, plan, bool(module_causal), scale, window_left, softcap,
+                              _deterministic(kwargs)), None
+
+    packed = _position_packing(query, key, None, bool(module_causal), window_left, kwargs)
+    if packed is not None:  # packed by position_ids, no mask (transformers skips its check when a cache is passed)
+        return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs), None
 
     # the same decision as transformers' sdpa_attention_forward
     causal = bool(q_len > 1 and module_causal)  # attention_mask is None here
@@ -301,7 +499,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     _STATS["rocmflash"] += 1
     if softcap or window_left >= 0:
         plan = _unpadded_plan(query.shape[0], q_len, key.shape[2], query.device)
-        return _varlen_padded(query, key, value, plan, causal, scale, window_left, softcap), None
+        return _varlen_padded(query, key, value, plan, causal, scale, window_left, softcap,
+                              _deterministic(kwargs)), None
     from rocmflash.api.ops import attention_op
 
     out, _ = attention_op(query, key, value, causal=causal, scale=scale, need_lse=False)
@@ -427,22 +626,64 @@ def _decode_backend(query, key):
 _INCUMBENT_FNS: list = []  #: (decode_incumbent, incumbent_disabled, sdpa_server), bound on first use
 
 
-def register(name: str = NAME) -> str:
-    """Register rocmflash's attention and mask functions with transformers under ``name``.
+def register(name: Optional[str] = None) -> str:
+    """Register rocmflash's attention and mask functions with transformers; returns the name to pass as
+    ``attn_implementation``.
 
-    Idempotent. Returns the name, to pass as ``attn_implementation``.
+    With no ``name``: under :data:`DEFAULT_NAME` (``"rocmfa"``, returned) and under :data:`NAME` (``"rocmflash"``,
+    kept for existing code). transformers takes any name containing "flash" for a flash-attn kernel: the families
+    that list their own flash kernels (``_compatible_flash_implementations``: gpt-oss, ...) swap such a name for
+    one of those hub kernels, so loading them with ``"rocmflash"`` is a one-line ``ValueError`` naming
+    ``"rocmfa"`` (:func:`_refuse_kernel_swap`). With a ``name``: under that name only. Idempotent.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, rocmflash_attention_forward)
-    AttentionMaskInterface.register(name, rocmflash_mask)
-    _REGISTERED.add(name)
+    for each in (DEFAULT_NAME, NAME) if name is None else (name,):
+        AttentionInterface.register(each, rocmflash_attention_forward)
+        AttentionMaskInterface.register(each, rocmflash_mask)
+        _REGISTERED.add(each)
     _skip_flash_preload()
-    return name
+    _refuse_kernel_swap()
+    return DEFAULT_NAME if name is None else name
 
 
 _REGISTERED: set = set()
+
+
+def _refuse_kernel_swap() -> None:
+    """Make loading a model whose class lists compatible flash implementations with a registered name containing
+    "flash" a one-line ``ValueError`` naming :data:`DEFAULT_NAME`, before transformers swaps the name for a hub kernel.
+
+    transformers (5.x), in ``PreTrainedModel._check_and_adjust_attn_implementation``, replaces any
+    ``attn_implementation`` containing "flash" that is not in the class's ``_compatible_flash_implementations``
+    by the first of those (``kernels-community/vllm-flash-attn3`` for gpt-oss) and downloads it: the model would
+    not run rocmflash at all, or fail to load. Names without "flash" (``"rocmfa"``) are left alone there. A
+    transformers without that method is left alone.
+    """
+    try:
+        from transformers.modeling_utils import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        return
+    original = PreTrainedModel.__dict__.get("_check_and_adjust_attn_implementation")
+    if original is None or getattr(original, "_rocmflash_wrapped", False):
+        return
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if isinstance(attn_implementation, str) and attn_implementation in _REGISTERED \
+                and "flash" in attn_implementation:
+            listed = getattr(self, "_compatible_flash_implementations", None)
+            if listed and attn_implementation not in listed:
+                raise ValueError(f"rocmflash: {type(self).__name__} lists its own flash attention kernels "
+                                 f"({', '.join(listed)}), so transformers would replace "
+                                 f"attn_implementation={attn_implementation!r} with {listed[0]!r}; use "
+                                 f"attn_implementation={DEFAULT_NAME!r} (registered by "
+                                 "rocmflash.integrations.hf.register())")
+        return original(self, attn_implementation, *args, **kwargs)
+
+    _check_and_adjust_attn_implementation._rocmflash_wrapped = True
+    _check_and_adjust_attn_implementation.__wrapped__ = original
+    PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
 
 
 def _skip_flash_preload() -> None:
@@ -481,4 +722,4 @@ def stats() -> dict:
 
 
 __all__ = ["register", "rocmflash_attention_forward", "rocmflash_mask", "stats", "decode_key_range", "padded_layout",
-           "tag_fp8", "NAME"]
+           "tag_fp8", "NAME", "DEFAULT_NAME"]

@@ -83,6 +83,8 @@ def rocmflash_mask(*args, **kwargs):
     if args or not isinstance(mask, torch.Tensor) or torch.compiler.is_compiling():
         return mask
     pad = kwargs.get("attention_mask")
+    if pad is None:
+        _remember_unpadded(mask)
     sizes = [kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")]
     if (kwargs.get("mask_function") is not causal_mask_function or not isinstance(pad, torch.Tensor)
             or pad.dtype != torch.bool or pad.dim() != 2 or any(type(x) is not int for x in sizes)):
@@ -101,6 +103,30 @@ def rocmflash_mask(*args, **kwargs):
     _BUILT.update(mask=weakref.ref(mask), version=version, sizes=(q_len, kv_len),
                   layout=(valid_q, valid_k, valid_q.sum(1), valid_k.sum(1)))
     return mask
+
+
+#: the last masks :func:`rocmflash_mask` built without a 2-D padding mask (weak references and versions): a causal
+#: or sliding mask transformers built over a row it did not check for packed sequences (a cache was passed), or the
+#: block-diagonal mask of the packed sequences it found -- the masks a packing by ``position_ids`` may come with
+_UNPADDED: list = []
+
+
+def _remember_unpadded(mask) -> None:
+    try:
+        version = mask._version
+    except (AttributeError, RuntimeError):
+        return
+    del _UNPADDED[:-3]  # a forward builds one mask per layer type: keep the last few
+    _UNPADDED.append((weakref.ref(mask), version))
+
+
+def built_without_padding(mask) -> bool:
+    """Whether ``mask`` is one :func:`rocmflash_mask` built without a 2-D padding mask, unchanged since."""
+    try:
+        version = mask._version
+    except (AttributeError, RuntimeError):
+        return False
+    return any(ref() is mask and v == version for ref, v in _UNPADDED)
 
 
 def _built_layout(mask, q_len: int, kv_len: int, causal: bool, window_left: int):
