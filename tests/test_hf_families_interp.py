@@ -9,8 +9,8 @@ rocmflash runs fp16 (it computes fp16/bf16); the reference is the same weights i
 a dropped window, soft-cap or packing moves these models' logits by more than 1e-2 (the weights are drawn with a
 large ``initializer_range`` and Gemma 2's cap is set low so that each feature matters).
 
-:data:`FAMILIES` is the one list of families: add one (gpt-oss once sinks are wired) with its config class, model
-class and the config values that give it its features.
+:data:`FAMILIES` is the one list of families: add one with its config class, model class and the config values
+that give it its features.
 """
 
 import copy
@@ -41,6 +41,9 @@ FAMILIES = {
                                                      "query_pre_attn_scalar": 16, "final_logit_softcapping": None}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # attention sinks (s_aux, one learned logit per head) + a sliding window on alternate layers, MoE
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                                      "sliding_window": 5}),
 }
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=64, attention_dropout=0.0,

@@ -32,11 +32,23 @@ def _call(*, dtype=torch.float16, mask=None, **kwargs):
 
 
 @pytest.mark.parametrize("name", ["s_aux", "sinks"])
-def test_attention_sinks_are_a_one_line_not_implemented(name):
-    """gpt-oss's sinks: refused by name until the kernels take them -- also where the call would fall back."""
-    for dtype in (torch.float16, torch.float32):  # fp32 would otherwise go to SDPA, which ignores sinks
-        with pytest.raises(NotImplementedError, match=r"attention sinks \(" + name):
-            _call(dtype=dtype, **{name: torch.zeros(4)})
+def test_attention_sinks_are_honoured_and_never_fall_back(name):
+    """gpt-oss's sinks run rocmflash's kernel (equal to rocmflash.attention with the same sinks); where the call
+    would fall back (fp32), SDPA would ignore them: a one-line error naming them. Bad sinks are one line too."""
+    import rocmflash
+
+    q, k, v = _qkv()
+    sinks = torch.randn(4)
+    out, _ = _call(**{name: sinks})
+    ref = rocmflash.attention(q, k, v, causal=True, softmax_scale=0.25, sinks=sinks).transpose(1, 2)
+    assert torch.equal(out, ref)
+    assert not torch.equal(out, _call()[0])  # the sinks changed the answer
+    with pytest.raises(ValueError, match=r"attention sinks \(" + name):
+        _call(dtype=torch.float32, **{name: sinks})
+    with pytest.raises(ValueError, match=r"shape \(Hq,\) = \(4,\)"):
+        _call(**{name: torch.zeros(3)})
+    with pytest.raises(ValueError, match="both s_aux and sinks"):
+        _call(s_aux=sinks, sinks=sinks)
 
 
 def test_unknown_and_unservable_kwargs_are_refused_by_name():
@@ -99,7 +111,7 @@ def test_packing_kwargs_run_the_varlen_kernel_per_sequence():
 
 def test_gpt_oss_loads_under_rocmfa_not_rocmflash():
     """gpt-oss lists compatible flash kernels: "rocmflash" (contains "flash") would be swapped for a hub kernel, so
-    it is a one-line error naming "rocmfa"; "rocmfa" loads, and its sinks are refused by name at the forward."""
+    it is a one-line error naming "rocmfa"; "rocmfa" loads and runs its sinks on rocmflash's kernels."""
     cfg = transformers.GptOssConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
                                     num_experts_per_tok=2, sliding_window=4)
@@ -110,8 +122,11 @@ def test_gpt_oss_loads_under_rocmfa_not_rocmflash():
     assert model.config._attn_implementation == "rocmfa"
     with pytest.raises(ValueError, match="'rocmfa'"):
         model.set_attn_implementation("rocmflash")
-    with pytest.raises(NotImplementedError, match=r"attention sinks \(s_aux"), torch.no_grad():
-        model(input_ids=torch.randint(0, 64, (1, 6)))
+    before = rf_hf.stats()
+    with torch.no_grad():
+        logits = model(input_ids=torch.randint(0, 64, (1, 6))).logits
+    assert torch.isfinite(logits).all()
+    assert rf_hf.stats()["rocmflash"] - before["rocmflash"] == 2 and rf_hf.stats()["sdpa"] == before["sdpa"]
 
 
 def test_rocmflash_still_loads_the_other_families():

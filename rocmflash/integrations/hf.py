@@ -82,7 +82,7 @@ argument                                    treatment
                                             rows (read once per forward); not read under ``torch.compile``
                                             (transformers' mask separates them there)
 ``deterministic``                           honoured: flash_attn_varlen_func's ``deterministic``
-``s_aux``, ``sinks``                        ``NotImplementedError`` (attention sinks: not in the kernels yet)
+``s_aux``, ``sinks``                        honoured: attention sinks in every kernel route (never SDPA)
 ``output_attentions=True``                  ``ValueError`` (no attention matrix is formed; use eager)
 ``position_bias``, ``cache``                transformers' SDPA (it computes them, and rocmflash does not)
 ``use_cache``, ``output_hidden_states``,    not attention's: accepted, not read (the cache is updated before
@@ -192,18 +192,29 @@ _NOT_ATTENTIONS = frozenset(("use_cache", "output_hidden_states", "output_router
                              "seq_idx", "return_dict"))
 #: keyword arguments rocmflash computes (see the table in the module docstring)
 _HONOURED = frozenset(("sliding_window", "softcap", "position_ids", "deterministic", "output_attentions",
-                       *PACKING_KWARGS))
+                       "s_aux", "sinks", *PACKING_KWARGS))
 _SINKS = ("s_aux", "sinks")
 
 
+def _sinks(query, kwargs) -> Optional[torch.Tensor]:
+    """The call's attention sinks (gpt-oss passes ``s_aux=module.sinks``, one logit per query head) as the fp32
+    ``(Hq,)`` tensor the kernels read, or None; a bad tensor is a one-line ``ValueError`` naming the argument."""
+    if not kwargs:
+        return None
+    given = [name for name in _SINKS if kwargs.get(name) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError("rocmflash: both s_aux and sinks were passed; pass the attention sinks once")
+    from rocmflash.api.sinks import check_sinks
+
+    return check_sinks(kwargs[given[0]], query.shape[1], query.device, given[0])
+
+
 def _refuse_kwargs(kwargs) -> None:
-    """A one-line error for a keyword argument neither rocmflash nor transformers' SDPA path computes: attention
-    sinks (until the kernels take them), ``output_attentions=True`` (no attention matrix is ever formed), and any
-    argument this module does not know (it would otherwise be dropped)."""
-    for name in _SINKS:
-        if kwargs.get(name) is not None:
-            raise NotImplementedError(f"rocmflash: attention sinks ({name}, gpt-oss's learned sink logits) are not "
-                                      "implemented yet; load this model with attn_implementation='eager'")
+    """A one-line error for a keyword argument neither rocmflash nor transformers' SDPA path computes:
+    ``output_attentions=True`` (no attention matrix is ever formed), and any argument this module does not know
+    (it would otherwise be dropped)."""
     if kwargs.get("output_attentions", False):
         raise ValueError("rocmflash: output_attentions=True needs the attention weights, which rocmflash never forms "
                          "(nor do SDPA and flash attention); load the model with attn_implementation='eager' for them")
@@ -220,7 +231,8 @@ def _kwargs_plain(kwargs) -> bool:
     decided for); ``position_ids`` of a one-token step are the new token's position (never a packing)."""
     return not kwargs or (_kwargs_unroutable(kwargs) is None and kwargs.get("softcap") is None
                           and not kwargs.get("sliding_window") and kwargs.get("cu_seq_lens_q") is None
-                          and kwargs.get("cu_seq_lens_k") is None)
+                          and kwargs.get("cu_seq_lens_k") is None
+                          and all(kwargs.get(name) is None for name in _SINKS))
 
 
 _WARNED: set = set()
@@ -262,6 +274,9 @@ def _sdpa_ignores(query, key, attention_mask, kwargs) -> Optional[str]:
     across the sequences), a sliding window without a mask over more keys than the window."""
     if kwargs.get("softcap") is not None:
         return "soft-capping (softcap)"
+    for name in _SINKS:
+        if kwargs.get(name) is not None:
+            return f"the attention sinks ({name})"
     if any(kwargs.get(name) is not None for name in PACKING_KWARGS):
         return "the packing kwargs (cu_seq_lens_*, max_length_*)"
     if attention_mask is None:
@@ -301,7 +316,8 @@ def _varlen_mask_plan(mask, q_len: int, kv_len: int, causal: bool, window_left: 
     return None if plan is None else (plan.max_k, plan)
 
 
-def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap, deterministic=False):
+def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left, softcap, deterministic=False,
+                   sinks=None):
     """Pack, run the varlen kernel, unpack (padded query rows get 0). No host read: a packing with padding
     runs :func:`rocmflash.api.varlen.packed_varlen`, whose packed tensors keep the padded rows as an unused tail."""
     from rocmflash.api.varlen import flash_attn_varlen_func, packed_varlen
@@ -314,13 +330,13 @@ def _varlen_padded(query, key, value, plan: _Padded, causal, scale, window_left,
     if plan.dest_q is None:
         out = flash_attn_varlen_func(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, softmax_scale=scale,
                                      causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
-                                     deterministic=deterministic)
+                                     deterministic=deterministic, s_aux=sinks)
         return out.reshape(B, Sq, Hq, D)
     q = q.new_empty(q.shape).index_copy(0, plan.dest_q, q)
     k = k.new_empty(k.shape).index_copy(0, plan.dest_k, k)
     v = v.new_empty(v.shape).index_copy(0, plan.dest_k, v)
     out = packed_varlen(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, scale, causal, window_left,
-                        softcap or 0.0)
+                        softcap or 0.0, sinks)
     return out.index_select(0, plan.dest_q).view(B, Sq, Hq, D)  # padded rows: the zero tail
 
 
@@ -364,8 +380,8 @@ def _kwargs_packing(query, key, attention_mask, causal: bool, window_left: int, 
 def _position_packing(query, key, attention_mask, causal: bool, window_left: int, kwargs) -> Optional[Packed]:
     """The packing of a batch packed by ``position_ids`` (a position that is not the previous one plus 1 starts a
     sequence), or None: no ``position_ids``, a call with past keys or one query, one sequence per row, several rows
-    without a mask, or an ``attention_mask`` that is not exactly the packing's causal/window band. One host read per ``position_ids``
-    tensor (and mask), kept for the forward's other layers (:func:`rocmflash.integrations.hf_packed.position_plan`).
+    without a mask, or an ``attention_mask`` that is not exactly the packing's causal/window band. One host read per
+    ``position_ids`` tensor (and mask), kept for the forward's other layers (:func:`rocmflash.integrations.hf_packed.position_plan`).
     Not under ``torch.compile`` (the read would break the graph): there transformers' own mask separates them."""
     position_ids = kwargs.get("position_ids") if kwargs else None
     q_len = query.shape[2]
@@ -400,7 +416,7 @@ def _run_packed(query, key, value, packed: Packed, causal: bool, scale, window_l
     _STATS["packed"] += 1
     out = flash_attn_varlen_func(q, k, v, packed.cu_q, packed.cu_k, packed.max_q, packed.max_k, softmax_scale=scale,
                                  causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
-                                 deterministic=_deterministic(kwargs))
+                                 deterministic=_deterministic(kwargs), s_aux=_sinks(query, kwargs))
     return out.view(B, Sq, Hq, D)
 
 
@@ -425,7 +441,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     if descales is not None:  # an Fp8Cache's step: the decode kernel reads the fp8 cache, else its values in q's dtype
         if _unroutable_reason(query, key, value, dropout, kwargs, kv_fp8=True) is None \
                 and not any(kwargs.get(name) is not None for name in PACKING_KWARGS):
-            out = _decode_step(query, key, value, attention_mask, *_options(query, scaling, kwargs), descales)
+            out = _decode_step(query, key, value, attention_mask, *_options(query, scaling, kwargs), descales,
+                               _sinks(query, kwargs))
             if out is not None:
                 return out, None
         key, value = _dequantised(key, value, descales, query.dtype)
@@ -436,12 +453,13 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
         return _fall_back(reason, *args)
     q_len, kv_len = query.shape[2], key.shape[2]
     scale, softcap, window_left = _options(query, scaling, kwargs)
+    sinks = _sinks(query, kwargs)  # (SDPA has none: a call with sinks never takes an SDPA route below)
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     packed = _kwargs_packing(query, key, attention_mask, bool(module_causal), window_left, kwargs)
     if packed is not None:  # transformers' packing kwargs: they define the sequences, whatever the call's shape
         return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs), None
     if q_len == 1 and query.shape[0] == 1 and attention_mask is not None and not softcap and window_left < 0 \
-            and _decode_backend(query, key) is not None:
+            and sinks is None and _decode_backend(query, key) is not None:
         # one sequence's step, masked only where a static cache has free slots (or the caller's own mask): where
         # the decode entry timed SDPA faster (a host-bound step), transformers' SDPA path runs it as it would
         # without rocmflash -- over the whole cache with the mask, as measured (the entry's length is the cache's)
@@ -451,13 +469,13 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
         return run(module, query, key, value, attention_mask, is_causal, kwargs)
     # (no kwargs check here: _unroutable_reason passed, and the soft-cap and window are tested; a kept route is
     # only run for calls _kwargs_plain passes)
-    if attention_mask is None and not softcap and window_left < 0:
+    if attention_mask is None and not softcap and window_left < 0 and sinks is None:
         run = _served_step(query, key, value, scale)
         if run is not None:
             if step is not None:
                 _keep_step(step, run)
             return run(module, query, key, value, None, is_causal, kwargs)
-    out = _decode_step(query, key, value, attention_mask, scale, softcap, window_left)
+    out = _decode_step(query, key, value, attention_mask, scale, softcap, window_left, sinks=sinks)
     if out is not None:
         return out, None
     needs_varlen = attention_mask is not None or bool(softcap) or window_left >= 0
@@ -481,7 +499,7 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
             key, value = key[:, :, :kept], value[:, :, :kept]
         _STATS["rocmflash"] += 1
         return _varlen_padded(query, key, value, plan, bool(module_causal), scale, window_left, softcap,
-                              _deterministic(kwargs)), None
+                              _deterministic(kwargs), sinks), None
 
     packed = _position_packing(query, key, None, bool(module_causal), window_left, kwargs)
     if packed is not None:  # packed by position_ids, no mask (transformers skips its check when a cache is passed)
@@ -500,10 +518,10 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     if softcap or window_left >= 0:
         plan = _unpadded_plan(query.shape[0], q_len, key.shape[2], query.device)
         return _varlen_padded(query, key, value, plan, causal, scale, window_left, softcap,
-                              _deterministic(kwargs)), None
+                              _deterministic(kwargs), sinks), None
     from rocmflash.api.ops import attention_op
 
-    out, _ = attention_op(query, key, value, causal=causal, scale=scale, need_lse=False)
+    out, _ = attention_op(query, key, value, causal=causal, scale=scale, need_lse=False, sinks=sinks)
     # (B, H, S, D) -> (B, S, H, D); free when q was a transposed (B, S, H, D) projection
     return out.transpose(1, 2).contiguous(), None
 
@@ -514,13 +532,13 @@ def _options(query, scaling, kwargs) -> tuple:
     return scale, kwargs.get("softcap"), _window_left(kwargs.get("sliding_window"))
 
 
-def _decode_step(query, key, value, attention_mask, scale, softcap, window_left, descales=None):
+def _decode_step(query, key, value, attention_mask, scale, softcap, window_left, descales=None, sinks=None):
     """A generate() step over the KV cache through the split-KV decode kernel, or None when it is not one.
 
     The kernel reads the cache in place ((B, Hkv, S, D) as a strided (B, S, Hkv, D) view: no copy); a
     mask of one run of keys per sequence (left padding, a static cache's free slots) becomes its first key
     and its length. Other masks return None (the varlen route). ``descales``: an fp8 cache's
-    ``(k_descale, v_descale)``, passed to the kernel's fp8 path."""
+    ``(k_descale, v_descale)``, passed to the kernel's fp8 path. ``sinks``: the checked attention sinks (``s_aux``)."""
     q_len, kv_len = query.shape[2], key.shape[2]
     if q_len != 1 or kv_len <= 1 or torch.compiler.is_compiling():
         return None
@@ -540,7 +558,7 @@ def _decode_step(query, key, value, attention_mask, scale, softcap, window_left,
     out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                   cache_seqlens=ends, softmax_scale=scale, window_size=(window_left, -1),
                                   softcap=softcap or 0.0, check_values=False, cache_leftpad=starts,
-                                  k_descale=ks, v_descale=vs)
+                                  k_descale=ks, v_descale=vs, s_aux=sinks)
     return out.contiguous()
 
 
