@@ -381,7 +381,8 @@ def _position_packing(query, key, attention_mask, causal: bool, window_left: int
     """The packing of a batch packed by ``position_ids`` (a position that is not the previous one plus 1 starts a
     sequence), or None: no ``position_ids``, a call with past keys or one query, one sequence per row, several rows
     without a mask, or an ``attention_mask`` that is not exactly the packing's causal/window band. One host read per
-    ``position_ids`` tensor (and mask), kept for the forward's other layers (:func:`rocmflash.integrations.hf_packed.position_plan`).
+    ``position_ids`` tensor (and mask), kept for the forward's other layers
+    (:func:`rocmflash.integrations.hf_packed.position_plan`).
     Not under ``torch.compile`` (the read would break the graph): there transformers' own mask separates them."""
     position_ids = kwargs.get("position_ids") if kwargs else None
     q_len = query.shape[2]

@@ -55,7 +55,8 @@ def _cu(name: str, cu, device) -> torch.Tensor:
     """A ``cu_seq_lens_*`` kwarg as the varlen kernel's int32 tensor on q's device (no host read)."""
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.is_floating_point() or cu.dtype == torch.bool:
         got = tuple(cu.shape) if isinstance(cu, torch.Tensor) else type(cu).__name__
-        raise ValueError(f"rocmflash: {name} must be a 1-D integer tensor (batch + 1,) of cumulative lengths, got {got}")
+        raise ValueError(f"rocmflash: {name} must be a 1-D integer tensor (batch + 1,) of cumulative lengths, "
+                         f"got {got}")
     return cu.to(device=device, dtype=torch.int32)
 
 
@@ -127,7 +128,8 @@ def packing_from_position_ids(position_ids, batch: int, seq_len: int, mask=None,
     """The :class:`Packed` of a batch packed by ``position_ids`` ``(B or 1, S)``, or None: one sequence per row
     (nothing packed), ``position_ids`` of another shape, or a ``mask`` (4-D, boolean) that is neither the
     packing's causal/window band nor the whole rows' (transformers' mask where a cache kept it from looking for the
-    sequences: ``position_ids`` then tell them, as in transformers' flash path). One host read: the number of sequences, the longest, and the mask's check."""
+    sequences: ``position_ids`` then tell them, as in transformers' flash path). One host read: the number of
+    sequences, the longest, and the mask's check."""
     if (not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.is_floating_point()
             or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != seq_len):
         return None
