@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import rocmflash.integrations.hf as rf_hf  # noqa: E402
-from tests.test_hf_families_interp import COMMON, FAMILIES, LAYERS, PACKED, VOCAB, _packing_kwargs  # noqa: E402
+from test_hf_families_interp import COMMON, FAMILIES, LAYERS, PACKED, VOCAB, _packing_kwargs  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
