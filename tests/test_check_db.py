@@ -320,6 +320,34 @@ def test_the_tune_time_record_reads_the_compile_cache_and_compiles_nothing(real)
     assert record_entry(get_gpu(GPU), FWD_KEY, cold, real["cache"]) is False and "compiler" not in cold
 
 
+def test_static_tunes_store_the_record_from_their_own_static_phase(real, tmp_path):
+    """A forward and a decode tune without a GPU (static ranking only) write the record beside each kept config,
+    from the observations their static phase put in the cache (the module's: nothing is compiled)."""
+    from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
+    from rocmflash.tuning.decode import DecodeProblem
+    from rocmflash.tuning.decode_run import tune_decode
+    from rocmflash.tuning.run import tune
+    from rocmflash.tuning.spec import TuneSpec
+
+    db = str(tmp_path / "mi300x.json")
+    space = ConfigSpace({"online": {"BLOCK_M": [64], "BLOCK_N": [32, 64], "num_warps": [4], "num_stages": [1]}},
+                        DEFAULT_RESTRICTIONS)
+    tune(TuneSpec(gpu=GPU, head_dim=64, dtype="fp16", seqlens=[4096], causal=False, space=space, db_path=db,
+                  cache_dir=real["cache"], workers=1, seeds=False), progress=False)
+    tune_decode(GPU, DecodeProblem(**DECODE_PROBLEM).validate(), db_path=db, cache_dir=real["cache"], workers=1,
+                configs=[DECODE_BEST])
+    with open(db, encoding="utf-8") as f:
+        data = json.load(f)
+    assert data["schema_version"] == 2
+    fwd, decode = data["entries"][FWD_KEY], data["entries"][DECODE_KEY]
+    by_config = {json.dumps(SMALL, sort_keys=True): real["small"], json.dumps(WIDER, sort_keys=True): real["wider"]}
+    assert fwd["static_profile"] == by_config[json.dumps(fwd["best"], sort_keys=True)]
+    assert [r["static_profile"] for r in fwd["ranked"]] == [by_config[json.dumps(r["config"], sort_keys=True)]
+                                                            for r in fwd["ranked"]]
+    assert decode["static_profile"] == real["decode"]
+    assert fwd["compiler"]["llvm_hash"] and fwd["compiler"] == decode["compiler"]
+
+
 # ---------------------------------------------------------------------- bad input
 def test_bad_input_is_one_line(tmp_path, capsys):
     from rocmflash.cli import main
@@ -353,3 +381,34 @@ def test_the_journal_keeps_its_schema_and_a_saved_v1_database_becomes_v2(tmp_pat
     journal = Journal(str(tmp_path / "mi300x.journal.jsonl"), GPU)
     with open(journal.path, encoding="utf-8") as f:
         assert json.loads(f.readline())["schema_version"] == JOURNAL_SCHEMA_VERSION == 1
+
+
+def test_a_record_that_is_not_an_object_makes_the_entry_malformed():
+    from rocmflash.db_entries import Malformed, check_entry
+
+    entry = _fwd_entry(SMALL, None, [])
+    assert check_entry(FWD_KEY, entry)["best"] == SMALL  # a null record: as a schema-1 entry
+    for name in ("static_profile", "compiler"):
+        with pytest.raises(Malformed, match=f"'{name}' is a list, expected an object"):
+            check_entry(FWD_KEY, dict(entry, **{name: [1]}))
+
+
+def test_judge_build_unrecorded_measured_and_recorded_in_loop_spills(real):
+    from rocmflash.static.check_db import judge_build
+
+    obs = copy.deepcopy(real["observations"][0])
+    kernel = obs["kernels"][0]
+    assert judge_build(static_profile(obs), obs) == ("holds", True, [])
+    kernel.update(vgpr_spill_count=20, scratch_bytes=96, scratch_asm_known=False)  # a spill of unknown place
+    verdict, holds, _ = judge_build(None, obs)
+    assert holds is False and verdict.startswith("unrecorded, fails now: spills")
+    # a winner timed on a GPU with that spill (the H100 backward's default) is not failed for it
+    assert judge_build(None, obs, measured=True) == ("unrecorded, holds now", True, [])
+    kernel.update(scratch_bytes=32, scratch_asm_known=True, scratch_loads=1, scratch_stores=1, scratch_loop_loads=1,
+                  scratch_loop_stores=0, scratch_loop_bytes=4)
+    assert judge_build(None, obs, measured=True)[1] is False  # in the loop: no measurement excuses it
+    verdict, holds, _ = judge_build(static_profile(obs), obs)  # recorded as it is: still never served
+    assert holds is False and verdict.startswith("fails now as recorded: spills: 1 scratch ops in the loop")
+    transient = {"status": "failed", "error": "compile timed out after 180 s (worker killed)", "transient": True,
+                 "kernels": []}
+    assert judge_build(None, transient)[:2] == ("cannot check: compile timed out after 180 s (worker killed)", None)

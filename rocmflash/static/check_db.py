@@ -14,10 +14,11 @@ A row's verdict:
 * ``drifted: <what>``: it now spills inside the loop, keeps fewer waves per SIMD, or spills past the harmless budget;
 * ``fails to build``: the installed Triton cannot compile it for the arch;
 * ``unrecorded, holds now`` / ``unrecorded, fails now: <why>``: a schema-1 entry (or row) with no record, judged
-  by the build rules alone (it compiles, spills nothing costly, fits the LDS); a schema-1 static entry's ``ranked``
-  row holds occupancy, VGPRs and LDS, and counts as the record of those;
-* ``fails now as recorded: <why>``: nothing changed since the record, but the build breaks those rules (a record of
-  a config that spills in the loop, e.g. one a ``--fix`` replaced): it does not hold, and no fix serves it;
+  by the build rules alone (it compiles, spills nothing costly, fits the LDS; an entry measured on a GPU: it
+  compiles and spills nothing inside a loop, since its timing already paid for the rest); a schema-1 static
+  entry's ``ranked`` row holds occupancy, VGPRs and LDS, and counts as the record of those;
+* ``fails now as recorded: <why>``: nothing changed since the record, but the build spills inside a loop (a record
+  of such a config, e.g. one a ``--fix`` replaced): it does not hold, and no fix serves it;
 * ``cannot check: <why>``: the entry cannot be rebuilt here (malformed, of no known family, an unreadable problem).
 
 The exit code is 1 when a served config no longer holds (after ``--fix``: when one still does not), or when its
@@ -36,6 +37,7 @@ entries that have no record (nothing served changes); ``--fix`` records only the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -79,28 +81,32 @@ class Row:
 
 
 # ---------------------------------------------------------------------- judging one build
-def judge_build(then: Optional[dict], observation: dict) -> tuple:
+def judge_build(then: Optional[dict], observation: dict, measured: bool = False) -> tuple:
     """``(verdict, holds, changes)`` of one build compiled now against its record ``then`` (None: unrecorded).
 
-    Recorded: what got worse since the record (:func:`~rocmflash.static.profile.compare_profiles`) is its drift.
-    Either way the build must pass :data:`UNRECORDED_RULES` now: a config that spills in the loop does not hold
-    even where its record said so too (a record written by ``--fix`` or ``--record`` is the compiler's truth, not
-    an approval), so a fix never picks it."""
+    Recorded: what got worse since the record (:func:`~rocmflash.static.profile.compare_profiles`) is its drift,
+    and a build that spills inside a loop (the assembly shows it) never holds, even where its record says so too
+    (a record written by ``--fix`` or ``--record`` is the compiler's truth, not an approval): a fix never picks it.
+    Unrecorded: an unmeasured entry's build must pass :data:`UNRECORDED_RULES` now; a ``measured`` one (timed on a
+    GPU, which a spill of unknown place or an occupancy below the floor did not stop from winning: e.g. the H100
+    backward's per-arch default, always timed) only has to build without an in-loop spill."""
     now = static_profile(observation)
     if observation.get("transient"):  # a timeout or a dead worker says nothing about the config: unknown
         return f"cannot check: {now.get('error')}", None, []
     if now["status"] != "ok":
         return "fails to build", False, []
-    broken = _build_rule(observation)
+    in_loop = (f"spills: {now.get('scratch_loop_ops')} scratch ops in the loop, {now.get('scratch_bytes')} B/lane"
+               if now.get("spills_in_loop") else None)
     if then is None:
+        broken = in_loop if measured else _build_rule(observation)
         if broken is not None:
             return f"unrecorded, fails now: {broken}", False, []
         return "unrecorded, holds now", True, []
     regressions, changes = compare_profiles(then, now)
     if regressions:
         return "drifted: " + "; ".join(regressions), False, changes
-    if broken is not None:
-        return f"fails now as recorded: {broken}", False, changes
+    if in_loop is not None:
+        return f"fails now as recorded: {in_loop}", False, changes
     return "holds", True, changes
 
 
@@ -156,6 +162,7 @@ class FileCheck:
 def check_file(gpu, path: str, cache_dir: Optional[str] = None, workers: Optional[int] = None,
                stats: Optional[dict] = None) -> FileCheck:
     """Check every entry of one database file (see the module docstring); ``stats`` (if given) sums the compiles."""
+    from rocmflash.db import servable
     from rocmflash.db_entries import check_entries
     from rocmflash.db_files import ConfigDB
 
@@ -184,7 +191,7 @@ def check_file(gpu, path: str, cache_dir: Optional[str] = None, workers: Optiona
         entry = checked.usable[key]
         for build, observation in per_entry[key]:
             then, source = _then(entry, build)
-            verdict, holds, changes = judge_build(then, observation)
+            verdict, holds, changes = judge_build(then, observation, servable(entry))
             rows.append(Row(path, key, build, then, source, static_profile(observation), verdict, holds, changes))
     order = {key: i for i, key in enumerate(data["entries"])}
     rows.sort(key=lambda r: order.get(r.key, len(order)))  # file order; an entry's rows keep theirs (stable)
@@ -213,8 +220,6 @@ def served_unknown(check: FileCheck) -> list:
 def fix_entry(gpu, key: str, check: FileCheck, cache_dir=None, workers=None, stats=None) -> Optional[dict]:
     """What to store under ``key`` so its served config holds: ``{"replaced": {build label: new config label},
     "entry": the new stored entry}``, or None when no alternative and not the arch default holds."""
-    import copy
-
     entry = copy.deepcopy(check.data["entries"][key])
     rows = {(r.build.role, r.build.kernel, r.build.index): r for r in check.rows
             if r.key == key and r.build is not None}
@@ -224,8 +229,9 @@ def fix_entry(gpu, key: str, check: FileCheck, cache_dir=None, workers=None, sta
     for old in served:
         if old.holds is not False:
             continue
-        choice = next((r for r in rows.values() if not r.served and r.holds is True and r.build.kernel == old.build.kernel
-                       and r.build.config != old.build.config), None)
+        # the alternatives in the order the entry keeps them (near-best by time, then ranked): the first that holds
+        choice = next((r for r in rows.values() if not r.served and r.holds is True
+                       and r.build.kernel == old.build.kernel and r.build.config != old.build.config), None)
         if choice is None:
             if defaults is None:
                 defaults = _check_defaults(gpu, key, check, cache_dir, workers, stats)
@@ -389,8 +395,6 @@ def run(gpu_name: str, db_path: Optional[str] = None, fix: bool = False, record:
                 stored = check.data["entries"][key]
                 if key in new_entries or stored.get("compiler") is not None:
                     continue
-                import copy
-
                 entry = copy.deepcopy(stored)
                 write_record(entry, [b for b, _ in pairs], [o for _, o in pairs], compiler)
                 new_entries[key] = entry
@@ -413,7 +417,8 @@ def print_report(report: dict, console) -> None:
     compiler = report["compiler"]
     llvm = compiler.get("llvm_hash") or compiler.get("producer") or "?"
     table = Table(title=f"check-db {report['gpu']} ({report['arch']}): Triton {compiler.get('triton')}, "
-                        f"LLVM {str(llvm)[:12]}", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), expand=False)
+                        f"LLVM {str(llvm)[:12]}", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  expand=False)
     for name, style in (("entry", "cyan"), ("config", None), ("then", None), ("now", None), ("verdict", None)):
         table.add_column(name, style=style, overflow="fold")
     previous = None

@@ -14,8 +14,7 @@ Where a profile lives (every key added beside what the entry already holds; sche
 * backward, varlen backward: ``entry["static_profile"] = {"dq": ..., "dkdv": ...}``, and ``"static_profile"``
   in each row of ``near_best["dq"]`` / ``near_best["dkdv"]``;
 * decode: ``entry["static_profile"]``, and ``"static_profile"`` in each ``near_best`` row;
-* every family: ``entry["compiler"]`` (:func:`~rocmflash.static.profile.compiler_identity`, plus ``"recorded"``,
-  the UTC time the profiles were read).
+* every family: ``entry["compiler"]`` (:func:`~rocmflash.static.profile.compiler_identity`).
 """
 
 from __future__ import annotations
@@ -113,12 +112,10 @@ def _problem(gpu, fam: str, key: str, entry: dict) -> dict:
     if fam == FORWARD:
         return _forward_problem(key, entry)
     if fam == BWD:
-        import dataclasses as dc
-
         from rocmflash.hw.roofline import Shape
         from rocmflash.tuning.spec import static_problem
 
-        return dc.replace(static_problem(Shape.from_dict(entry["problem"])), batch=1).to_dict()
+        return dataclasses.replace(static_problem(Shape.from_dict(entry["problem"])), batch=1).to_dict()
     if fam == DECODE:
         from rocmflash.tuning.decode import DecodeProblem
 
@@ -272,13 +269,12 @@ def recorded_profile(entry: dict, build: Build) -> Optional[dict]:
 def write_record(entry: dict, builds: list, observations: list, compiler: dict) -> None:
     """Record each build's profile (:func:`~rocmflash.static.profile.static_profile`) at its path in ``entry``
     (the stored entry, in place) and the compiler that produced them as ``entry["compiler"]``."""
-    from rocmflash.db_files import now_iso
     from rocmflash.static.profile import static_profile
 
     for build, obs in zip(builds, observations):
         if build.path is not None and obs is not None:
             set_path(entry, build.path, static_profile(obs))
-    entry["compiler"] = dict(compiler, recorded=now_iso())
+    entry["compiler"] = dict(compiler)  # no time of its own: the same tune re-run writes the same entry
 
 
 def cached_observations(gpu, builds: list, cache_dir: Optional[str] = None) -> list:
