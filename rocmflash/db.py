@@ -4,7 +4,7 @@ Files
 -----
 ``<dir>/<gpu>.json`` -- the database a model reads at run time::
 
-    {"format": "rocmflash-config-db", "schema_version": 1, "gpu": "h100", "arch": "sm_90",
+    {"format": "rocmflash-config-db", "schema_version": 2, "gpu": "h100", "arch": "sm_90",
      "fingerprint": {"rocmflash": ..., "triton": ..., "torch": ..., "runtime": ..., "device": ...},
      "updated": "<UTC ISO time>",
      "entries": {"d128-bf16-causal-gqa1-s2048": {<entry>}, ...}}
@@ -15,7 +15,11 @@ Files
   and ``time_ms`` of the best (None when unmeasured), ``near_best`` (the configs within
   ``near_best_pct`` percent of the best time), ``best_per_variant``, ``roofline`` and
   ``efficiency``, ``strategy``, ``counts``, ``complete`` (false after an interrupted
-  tune), ``when`` and the ``fingerprint`` of the environment that produced it.
+  tune), ``when`` and the ``fingerprint`` of the environment that produced it. Schema 2 adds the static
+  record (:mod:`rocmflash.static.db_record`): ``static_profile`` beside the served config and each near-best
+  or ranked one (registers, spills, in-loop or not, LDS, waves/SIMD: what its verdict rested on) and the
+  ``compiler`` that produced them; ``rocmflash check-db`` (:mod:`rocmflash.static.check_db`) compares them
+  with the installed Triton. Schema-1 files read unchanged (no record) and are written as schema 2.
 
 ``<dir>/<gpu>.journal.jsonl`` -- the journal: a header line, then one JSON line per
   measured config, appended (and fsynced) as each result arrives. It is the source of

@@ -20,7 +20,9 @@ The families, by key (:func:`family`):
 
 Every family: the entry is an object; ``measured`` (if present) is true or false; ``incumbent`` (if present
 and not null) is an object whose times are finite numbers >= 0; ``tflops``, ``time_ms`` and the other
-numbers a reader uses are finite numbers >= 0 or null; ``shape`` (if present) is an object.
+numbers a reader uses are finite numbers >= 0 or null; ``shape`` (if present) is an object; the static record
+of schema 2 (``static_profile``, ``compiler``; :mod:`rocmflash.static.db_record`), when present, is made of
+objects. A schema-1 entry has no record and reads as it always did.
 
 An entry that holds no config is *absent*, without a warning: ``best`` null (what a tune writes when no
 timed config passed) or a ``failed`` entry (a tune that recorded its failure). Keys of no known family are
@@ -54,6 +56,8 @@ _DECODE_BLOCKS = (16, 32, 64, 128, 256)
 #: entry fields read as numbers (times, rates, ratios): finite and >= 0 when present and not null
 _NUMBERS = ("tflops", "efficiency", "hbm_efficiency", "kv_gbs", "api_tflops", "speedup_vs_default",
             "speedup_vs_baseline")
+#: the entry-level fields of the static record (:mod:`rocmflash.static.db_record`)
+_RECORD = ("static_profile", "compiler")
 #: ``shape`` fields read as numbers (:func:`rocmflash.api.host_bound.work_scale`)
 _SHAPE_NUMBERS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
 #: incumbent-field (and its ``train`` side's) times
@@ -164,6 +168,9 @@ def _check_common(entry: dict) -> None:
         raise Malformed(f"'timing' is {_what(timing)}, expected a string")
     for name in _NUMBERS:
         _number(entry, name, repr(name))
+    for name in _RECORD:  # the static record (schema 2; absent from a schema-1 entry): objects when present
+        if entry.get(name) is not None and not isinstance(entry[name], dict):
+            raise Malformed(f"{name!r} is {_what(entry[name])}, expected an object")
     shape = entry.get("shape")
     if shape is not None:
         if not isinstance(shape, dict):

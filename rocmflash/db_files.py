@@ -19,7 +19,14 @@ from rocmflash.db_entries import check_entries
 
 DB_FORMAT = "rocmflash-config-db"
 JOURNAL_FORMAT = "rocmflash-tune-journal"
-SCHEMA_VERSION = 1
+#: 2: entries may record what their verdicts rested on (``static_profile`` beside each config, ``compiler`` per
+#: entry: :mod:`rocmflash.static.db_record`); a schema-1 file reads unchanged (it has no record) and is written
+#: as schema 2 by the next save
+SCHEMA_VERSION = 2
+#: the database schemas this rocmflash reads
+READABLE_SCHEMA_VERSIONS = (1, 2)
+#: the journal's own schema (its records did not change with the database's schema 2)
+JOURNAL_SCHEMA_VERSION = 1
 CONFIG_DIR_ENV = "ROCMFLASH_CONFIG_DIR"
 
 
@@ -220,9 +227,9 @@ class ConfigDB:
         if not isinstance(data, dict) or data.get("format") != DB_FORMAT:
             raise DBError(f"{path}: not a rocmflash config database (format {data.get('format') if isinstance(data, dict) else None!r}, "
                           f"expected {DB_FORMAT!r})")
-        if data.get("schema_version") != SCHEMA_VERSION:
+        if data.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
             raise DBError(f"{path}: schema version {data.get('schema_version')!r}, this rocmflash reads "
-                          f"{SCHEMA_VERSION}; move it away or pass --db")
+                          f"{' and '.join(map(str, READABLE_SCHEMA_VERSIONS))}; move it away or pass --db")
         if not isinstance(data.get("entries"), dict):
             raise DBError(f"{path}: 'entries' is missing or not an object")
         return data
@@ -265,6 +272,7 @@ class ConfigDB:
             if fingerprint is not None:
                 self.data["fingerprint"] = fingerprint
             self.data["updated"] = now_iso()
+            self.data["schema_version"] = SCHEMA_VERSION  # a schema-1 file read, now written with this one's keys
             self.data["entries"] = dict(sorted(self.entries.items(), key=lambda kv: _key_order(kv[0])))
             atomic_write_json(self.path, self.data)
             for forget in AFTER_SAVE:  # the run-time lookup's caches (rocmflash.db registers them)
@@ -293,7 +301,7 @@ class Journal:
             self._load()
         else:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._write_line({"format": JOURNAL_FORMAT, "schema_version": SCHEMA_VERSION, "gpu": gpu_name,
+            self._write_line({"format": JOURNAL_FORMAT, "schema_version": JOURNAL_SCHEMA_VERSION, "gpu": gpu_name,
                               "created": now_iso()})
 
     def _load(self) -> None:
@@ -306,9 +314,9 @@ class Journal:
             header = None
         if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT:
             raise DBError(f"{self.path}: not a rocmflash tune journal; move it away or pass --db")
-        if header.get("schema_version") != SCHEMA_VERSION:
+        if header.get("schema_version") != JOURNAL_SCHEMA_VERSION:
             raise DBError(f"{self.path}: journal schema version {header.get('schema_version')!r}, this rocmflash "
-                          f"reads {SCHEMA_VERSION}; move it away or pass --db")
+                          f"reads {JOURNAL_SCHEMA_VERSION}; move it away or pass --db")
         if header.get("gpu") != self.gpu_name:
             raise DBError(f"{self.path} is a journal for {header.get('gpu')!r}, not {self.gpu_name!r}")
         for line in lines[1:]:

@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache (default: the user cache)")
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
+    from rocmflash.static.check_db import add_parser as add_check_db_parser
+
+    add_check_db_parser(sub)  # `check-db`
+
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
 
@@ -163,6 +167,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_tune(args) if args.command == "tune" else run_export(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "check-db":
+            from rocmflash.static import check_db
+
+            check_db.check_args(args)
+            return check_db.main(args)
         if args.command == "vgpr-report":
             _check_report_args(args)
         if args.command == "vgpr-report" and args.pass_ == "bwd" and args.mode != "varlen":

@@ -51,8 +51,12 @@ class TuneContext:
     interpret: bool = False  #: kernels run in Triton's CPU interpreter (entries say so)
     statics: SharedStatics = dataclasses.field(default_factory=SharedStatics)
 
-    def store(self, key: str, entry: dict) -> None:
+    def store(self, key: str, entry: dict, cache_dir: Optional[str] = None) -> None:
         """Put ``entry`` and save the database atomically (a measured entry stamps this environment).
+
+        The entry records what its verdicts rested on (:func:`rocmflash.static.db_record.record_entry`: each kept
+        config's static profile and the compiler, read from the compile cache under ``cache_dir`` that the static
+        phase filled; nothing is compiled for it).
 
         A measuring tune's entry with no best config (every config failed, crashed, timed out or was incorrect;
         or none survived the static phase) is a failed problem: it is stored as :func:`failed_entry` (never
@@ -67,8 +71,19 @@ class TuneContext:
             if kept:
                 self.out.note(f"{key}: no config passed ({entry['failed']}); the earlier entry is kept")
                 return
+        self._record(key, entry, cache_dir)
         self.db.put(key, entry)
         self.db.save(self.env if self.measuring else None)
+
+    def _record(self, key: str, entry: dict, cache_dir: Optional[str]) -> None:
+        """Add the static record to ``entry`` in place; a record that cannot be read is noted, never fatal (the
+        entry is stored without it, as a schema-1 entry was)."""
+        from rocmflash.static.db_record import record_entry
+
+        try:
+            record_entry(self.gpu, key, entry, cache_dir)
+        except Exception as err:  # noqa: BLE001 - evidence only: the tuned entry itself must be stored
+            self.out.note(f"{key}: no static record in the entry ({type(err).__name__}: {err})")
 
     def can_prewarm(self, method: str = "prewarm") -> bool:
         """Whether :meth:`prewarm` (``method="prewarm"``) or :meth:`prewarm_tasks` (``"prewarm_tasks"``) would reach a

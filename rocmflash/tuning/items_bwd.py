@@ -165,7 +165,7 @@ class BackwardItem(StreamedTiming):
             self.entry["complete"] = complete or not self.timing.todo()  # false: --resume times the rest
         else:
             self.entry = static_entry(self.shape, self.static_result, ctx.why, ctx.env)
-        ctx.store(self.key, self.entry)
+        ctx.store(self.key, self.entry, self.spec.cache_dir)
         self.seconds = time.perf_counter() - (self._start or time.perf_counter())
 
     def outcome(self):

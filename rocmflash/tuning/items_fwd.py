@@ -355,7 +355,7 @@ class ForwardItem:
             if (complete or self._timed) and self._incumbent is not None:
                 entry["incumbent"] = self._incumbent
         self.outcome.entry = entry
-        ctx.store(self.key, entry)
+        ctx.store(self.key, entry, self.spec.cache_dir)
         self.outcome.seconds = time.perf_counter() - (self._start or time.perf_counter())
         if not ctx.measuring:
             self.outcome.seconds = self.outcome.static_seconds

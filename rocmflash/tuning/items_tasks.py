@@ -159,7 +159,7 @@ class TaskItem(StreamedTiming):
             self.entry = dict(self.measured_entry(self.timing.results()), complete=complete or not self.timing.todo())
         else:
             self.entry = self.static_entry()
-        self.ctx.store(self.key, self.entry)
+        self.ctx.store(self.key, self.entry, getattr(self, "cache_dir", None))
         self.stored()
         self.seconds = time.perf_counter() - (self._start or time.perf_counter())
 
