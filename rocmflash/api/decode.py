@@ -511,6 +511,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                              cache_batch_idx, block_table, causal, window_size,
                                                              rotary_interleaved, alibi_slopes)
     want_lse = bool(return_lse or return_softmax_lse)
+    if torch.compiler.is_compiling():  # one custom op (rocmflash::kvcache_fwd / _append_fwd), values at run time
+        return _traced(q, k_cache, v_cache, k, v, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal,
+                       window_size, softcap, num_splits, want_lse, check_values, k_descale, v_descale, s_aux)
     plan = _plan(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
                  num_splits, want_lse, cache_leftpad, None, k_descale, v_descale, s_aux)
     device = q.device
@@ -547,6 +550,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                       plan.splits, out, lse, keys=plan.launch_keys, backend=plan.backend, leftpads=starts,
                       new_keys=new, k_descale=k_descale if fp8 else None, v_descale=v_descale if fp8 else None,
                       sinks=s_aux)
+    return (out, lse) if want_lse else out
+
+
+def _traced(q, k_cache, v_cache, k, v, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal,
+            window_size, softcap, num_splits, want_lse: bool, check_values: bool, k_descale, v_descale, s_aux=None):
+    """What :func:`flash_attn_with_kvcache` runs while torch.compile traces, after its compatibility step: the
+    metadata checks (the eager call's own, at trace time: a bad call fails to trace with the eager message), then
+    one op -- ``torch.ops.rocmflash.kvcache_append_fwd`` when there are new keys, else ``kvcache_fwd``
+    (:mod:`rocmflash.api.decode_ops`), whose implementation is this eager call. Returns ``out`` or ``(out, lse)``
+    as the eager call does. ``s_aux``: the attention sinks, the ops' last argument."""
+    if isinstance(cache_seqlens, torch.SymInt):  # an int length traced as dynamic: its range check needs the value
+        cache_seqlens = int(cache_seqlens)  # (a guard: a new value recompiles; a tensor length does not)
+    _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits, cache_leftpad, k_descale,
+              v_descale)
+    check_options(softmax_scale, causal, window_size, softcap)
+    _check_sinks(s_aux, q.shape[2], q.device)
+    is_tensor = isinstance(cache_seqlens, torch.Tensor)
+    op = torch.ops.rocmflash.kvcache_append_fwd if k is not None else torch.ops.rocmflash.kvcache_fwd
+    out, lse = op(q, k_cache, v_cache, k, v, cache_seqlens if is_tensor else None,
+                  None if is_tensor else cache_seqlens, cache_leftpad, block_table, k_descale, v_descale,
+                  None if softmax_scale is None else float(softmax_scale), causal, window_size[0], window_size[1],
+                  float(softcap), num_splits, want_lse, check_values, s_aux)
     return (out, lse) if want_lse else out
 
 

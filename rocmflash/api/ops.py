@@ -577,3 +577,7 @@ def attention_op(q, k, v, causal: bool = False, scale: Optional[float] = None, v
 
 
 __all__ = ["attn_fwd", "attn_bwd", "attn_bwd_sinks", "attention_op", "attention_forward"]
+
+# the varlen and decode entry points' ops (rocmflash::varlen_fwd/_bwd, kvcache_fwd/_append_fwd): this module is the
+# one ``torch.ops.rocmflash`` imports on first use (rocmflash._OP_MODULES); last, as they import the API modules
+from rocmflash.api import decode_ops, varlen_ops  # noqa: E402,F401

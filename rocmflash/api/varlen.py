@@ -39,6 +39,9 @@ from rocmflash.api.sinks import check_sinks  # noqa: E402
 from rocmflash.api import varlen_incumbent as VI  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
+#: what a ``max_seqlen`` may be: a torch.SymInt is a Python int torch.compile traces as a dynamic size (a new
+#: ``max_seqlen`` every batch would otherwise recompile)
+_INTS = (int, torch.SymInt)
 _capturing = EW.capturing  #: whether a CUDA graph is being captured on the device (no host read, no copy then)
 
 
@@ -89,7 +92,7 @@ def check_options(softmax_scale, causal, window_size, softcap) -> tuple[int, int
             raise ValueError(f"window_size {side} must be >= -1 (-1 = unbounded), got {w}")
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    if not math.isfinite(float(softcap)) or softcap < 0:
+    if not 0 <= softcap < math.inf:  # (not math.isfinite: torch.compile(dynamic=True) cannot trace it on a float)
         raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap}")
     return M.band_offsets(causal, tuple(window_size))
 
@@ -113,7 +116,7 @@ def check_cu_seqlens(name: str, cu, total: int, max_seqlen, device, batch: Optio
         raise ValueError(f"{name} has {cu.shape[0]} entries but cu_seqlens_q has {batch + 1}; "
                          "both must be (batch + 1,)")
     mname = name.replace("cu_seqlens", "max_seqlen")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, _INTS) or max_seqlen < 0:
         raise ValueError(f"{mname} must be an int >= 0, got {max_seqlen!r}")
     if not read_values or _capturing(device):
         return cu.shape[0] - 1
@@ -328,6 +331,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                                           return_lse=True, check_values=check_values, s_aux=s_aux)
         return out, lse, None
     sinks = None if s_aux is None else check_sinks(s_aux, q.shape[1], q.device, "s_aux", read_values=check_values)
+    if torch.compiler.is_compiling():  # one custom op (rocmflash::varlen_fwd): values, errors, config at run time
+        return _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                       (left, right), return_lse, True, check_values, sinks)
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device,
                              read_values=check_values)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch,
@@ -433,6 +439,9 @@ def packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
     left, right = check_options(softmax_scale, causal, (window_left, -1), softcap)
     if sinks is not None:
         sinks = check_sinks(sinks, q.shape[1], q.device)
+    if torch.compiler.is_compiling():
+        return _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                       (left, right), False, False, False, sinks)
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, q.device, read_values=False)
     check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device, batch, read_values=False)
     device = q.device
@@ -454,6 +463,21 @@ def _run(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, softmax_scale,
     out, lse = _VarlenAttention.apply(q, k, v, cu_q, cu_k, call, fwd_cfg, bool(return_lse), sinks)
     if device.type != "cuda" and q.shape[0]:  # Triton's interpreter: reading the word waits for nothing
         _read_and_report(device, "this call")
+    return (out, lse) if return_lse else out
+
+
+def _traced(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, softcap, band: tuple, return_lse, strict_end: bool,
+            check_values: bool, sinks=None):
+    """What :func:`flash_attn_varlen_func` and :func:`packed_varlen` run while torch.compile traces, after their
+    option checks: ``cu_seqlens``' metadata checked at trace time, then one ``torch.ops.rocmflash.varlen_fwd``
+    (:mod:`rocmflash.api.varlen_ops`), differentiable through ``varlen_bwd``. No dense route and no incumbent (as
+    the dense op while tracing: one op keeps the graph whole); the values' checks, the error words and the config
+    are the op's, per call at run time. ``sinks``: checked attention sinks (the op's last argument)."""
+    batch = check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], max_q, q.device, read_values=False)
+    check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], max_k, q.device, batch, read_values=False)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
+    out, lse = torch.ops.rocmflash.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, float(softcap), band[0],
+                                              band[1], strict_end, check_values, sinks)
     return (out, lse) if return_lse else out
 
 
