@@ -411,3 +411,40 @@ def test_judge_build_unrecorded_measured_and_recorded_in_loop_spills(real):
     transient = {"status": "failed", "error": "compile timed out after 180 s (worker killed)", "transient": True,
                  "kernels": []}
     assert judge_build(None, transient)[:2] == ("cannot check: compile timed out after 180 s (worker killed)", None)
+
+
+def test_an_explained_drift_is_reported_but_does_not_fail_and_a_stale_one_is_named(real, tmp_path, capsys):
+    """``--explained``: a failing served config listed for this GPU and Triton is reported with its why and exit 0;
+    one listed for another Triton still fails; a listed entry that holds is named stale; a bad file is one line."""
+    import triton
+
+    from rocmflash.cli import main
+    from rocmflash.static.check_db import explanation
+
+    small, wider = real["small"], real["wider"]
+    claimed = dict(small, waves_per_simd=small["waves_per_simd"] + 1)
+    entries = {FWD_KEY: _fwd_entry(SMALL, claimed, [{"config": SMALL, "static_profile": claimed}]),
+               OTHER_KEY: dict(_fwd_entry(WIDER, wider, [{"config": WIDER, "static_profile": wider}]),
+                               problem={"head_dim": 64, "dtype": "fp16", "causal": False, "gqa_ratio": 1,
+                                        "seqlen_bucket": 2048})}
+    path = _database(tmp_path / "mi300x.json", entries)
+    minor = ".".join(triton.__version__.split(".")[:2])
+
+    def explained(version, keys):
+        file = tmp_path / f"explained-{version}.json"
+        file.write_text(json.dumps({"explained": [{"triton": version, "gpu": GPU, "key": k, "why": f"why {k}"}
+                                                  for k in keys]}))
+        return str(file)
+
+    rc, report = _check(path, real["cache"], "--explained", explained(minor, [FWD_KEY, OTHER_KEY]), capsys=capsys)
+    assert rc == 0 and report["failing"] == [] and report["explained"] == [[path, FWD_KEY, f"why {FWD_KEY}"]]
+    assert [item["key"] for item in report["stale"]] == [OTHER_KEY]
+    rc, report = _check(path, real["cache"], "--explained", explained("2.9", [FWD_KEY]), capsys=capsys)
+    assert rc == 1 and report["failing"] == [[path, FWD_KEY]] and report["explained"] == []
+    assert explanation([{"triton": "3.9", "gpu": GPU, "key": "k", "why": "w"}], "3.9.0", GPU, "k") == "w"
+    assert explanation([{"triton": "3.9", "gpu": GPU, "key": "k", "why": "w"}], "3.10.0", GPU, "k") is None
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"explained": [{"triton": "3.9"}]}')
+    assert main(["check-db", "--gpu", GPU, "--db", path, "--explained", str(bad)]) != 0
+    err = capsys.readouterr().err
+    assert "item 0 needs non-empty strings triton, gpu, key and why" in err and len(err.strip().splitlines()) == 1

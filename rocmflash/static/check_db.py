@@ -353,14 +353,49 @@ def database_files(gpu, db_path: Optional[str]) -> list:
     return paths
 
 
+def load_explained(path: Optional[str]) -> list:
+    """The drifts an ``--explained`` file accepts: ``{"explained": [{"triton": "3.9", "gpu": "mi300x", "key":
+    "<entry key>", "why": "<sentence>"}, ...]}`` (``triton``: a version prefix, ``3.9`` matches ``3.9.0``). A
+    missing, malformed or incomplete file is a one-line ``ValueError``."""
+    if path is None:
+        return []
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--explained {path}: cannot read it ({type(err).__name__}: {err})") from None
+    items = data.get("explained") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise ValueError(f"--explained {path}: expected an object with an \"explained\" list")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item.get(k)
+                                                 for k in ("triton", "gpu", "key", "why")):
+            raise ValueError(f"--explained {path}: item {i} needs non-empty strings triton, gpu, key and why")
+    return items
+
+
+def explanation(explained: list, triton: str, gpu: str, key: str) -> Optional[str]:
+    """The ``why`` of the first item that accepts this entry's drift under this Triton, or None."""
+    for item in explained:
+        version = item["triton"]
+        if item["gpu"] == gpu and item["key"] == key and (triton == version or triton.startswith(version + ".")):
+            return item["why"]
+    return None
+
+
 def run(gpu_name: str, db_path: Optional[str] = None, fix: bool = False, record: bool = False,
-        cache_dir: Optional[str] = None, workers: Optional[int] = None) -> dict:
+        cache_dir: Optional[str] = None, workers: Optional[int] = None, explained: Optional[list] = None) -> dict:
     """Check (and with ``fix``/``record`` rewrite) the GPU's databases; the report as a dict::
 
         {"gpu", "arch", "compiler", "files", "rows": [Row.to_dict()...], "fixed": {path: {key: {label: by}}},
          "unfixable": [[path, key], ...], "recorded": {path: [key, ...]}, "failing": [[path, key], ...],
          "unchecked": [[path, key], ...] (served, compile timed out or its worker died),
+         "explained": [[path, key, why], ...] (failing, but accepted by ``explained``: not in "failing"),
+         "stale": [item, ...] (``explained`` items for this GPU and Triton whose entry holds now),
          "stats": {"configs", "compiled", "cache_hits", "seconds"}, "seconds", "exit_code"}
+
+    ``explained`` (:func:`load_explained`): drifts known and explained for a Triton (e.g. CI's second Triton);
+    they are reported but do not make the exit code 1.
     """
     from rocmflash.hw.gpus import get_gpu
     from rocmflash.static.profile import compiler_identity
@@ -371,7 +406,8 @@ def run(gpu_name: str, db_path: Optional[str] = None, fix: bool = False, record:
     compiler = compiler_identity(gpu.triton_target().backend)
     stats: dict = {}
     report = {"gpu": gpu.name, "arch": gpu.arch, "compiler": compiler, "files": paths, "rows": [], "fixed": {},
-              "unfixable": [], "recorded": {}, "failing": [], "unchecked": []}
+              "unfixable": [], "recorded": {}, "failing": [], "unchecked": [], "explained": [], "stale": []}
+    explained = explained or []
     for path in paths:
         check = check_file(gpu, path, cache_dir, workers, stats)
         report["rows"] += [r.to_dict() for r in check.rows]
@@ -388,7 +424,12 @@ def run(gpu_name: str, db_path: Optional[str] = None, fix: bool = False, record:
                     report["fixed"].setdefault(path, {})[key] = fixed["replaced"]
         else:
             still = failing
-        report["failing"] += [[path, key] for key in still]
+        for key in still:
+            why = explanation(explained, str(compiler.get("triton")), gpu.name, key)
+            if why is None:
+                report["failing"].append([path, key])
+            else:
+                report["explained"].append([path, key, why])
         report["unchecked"] += [[path, key] for key in served_unknown(check)]
         if record:
             for key, pairs in check.builds.items():
@@ -401,6 +442,10 @@ def run(gpu_name: str, db_path: Optional[str] = None, fix: bool = False, record:
                 report["recorded"].setdefault(path, []).append(key)
         if new_entries:
             rewrite(path, check.raw, new_entries, served_changed=bool(report["fixed"].get(path)))
+    accepted = {key for _, key, _ in report["explained"]}
+    report["stale"] = [item for item in explained
+                       if explanation([item], str(compiler.get("triton")), gpu.name, item["key"]) is not None
+                       and item["key"] not in accepted]
     report["stats"] = stats
     report["seconds"] = round(time.perf_counter() - start, 2)
     # a served config whose compile could not run is no evidence that it holds: CI must not pass on a timeout
@@ -438,6 +483,11 @@ def print_report(report: dict, console) -> None:
                           highlight=False)
     for path, keys in report["recorded"].items():
         console.print(f"recorded {len(keys)} entr{'y' if len(keys) == 1 else 'ies'} in {path}", highlight=False)
+    for path, key, why in report.get("explained", []):
+        console.print(f"[yellow]explained drift {key}: {_escape(why)}[/yellow]", highlight=False)
+    for item in report.get("stale", []):
+        console.print(f"[yellow]explained drift {item['key']} no longer occurs (the entry holds now): the "
+                      "explanation can go[/yellow]", highlight=False)
     for path, key in report["unfixable"]:
         console.print(f"[red]cannot fix {key}: no alternative and not the arch default holds; left as it is[/red]")
     st = report["stats"]
@@ -490,7 +540,8 @@ def main(args) -> int:
     """The CLI command (arguments of :func:`add_parser`)."""
     from rich.console import Console
 
-    report = run(args.gpu, args.db, fix=args.fix, record=args.record, cache_dir=args.cache_dir, workers=args.workers)
+    report = run(args.gpu, args.db, fix=args.fix, record=args.record, cache_dir=args.cache_dir, workers=args.workers,
+                 explained=load_explained(args.explained))
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
@@ -520,6 +571,9 @@ def add_parser(sub) -> None:
                    help="write the current profiles and compiler into the entries that have no record (what they "
                         "serve does not change)")
     p.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    p.add_argument("--explained", default=None, metavar="FILE",
+                   help="JSON of drifts known and explained per Triton ({\"explained\": [{\"triton\", \"gpu\", "
+                        "\"key\", \"why\"}]}): reported, but no exit code 1 (CI's second Triton)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="compile cache (default $ROCMFLASH_CACHE_DIR or the user cache dir)")
     p.add_argument("--workers", type=int_at_least(1), default=None, metavar="N",
@@ -534,8 +588,10 @@ def check_args(args) -> None:
 
     database_files(get_gpu(args.gpu), args.db)
     check_cache_dir(args.cache_dir)
+    load_explained(args.explained)
 
 
 __all__ = ["Row", "FileCheck", "judge_build", "check_file", "served_failures", "fix_entry", "rewrite",
-           "database_files", "run", "print_report", "config_label", "main", "add_parser", "check_args",
+           "database_files", "load_explained", "explanation", "run", "print_report", "config_label", "main",
+           "add_parser", "check_args",
            "UNRECORDED_RULES", "WINNER_CHANGED_BY"]
