@@ -87,6 +87,7 @@ def _write(results: dict, pythons: list, gpus: list, out: str) -> str:
              "`rocmflash check-db` and compared with the profile recorded when it was tuned (Triton 3.6). `now`: "
              "VGPRs, waves/SIMD, spills; `--fix serves`: what `check-db --fix` serves instead where it no longer "
              "holds (`ranked[i]`: the static phase's i-th config; `default`: the arch default).", "",
+             f"Machine: {os.cpu_count()} CPUs, no GPU needed (cross-compiles).", "",
              "Compilers: " + "; ".join(f"Triton {c['triton']} (LLVM {c.get('llvm')} {str(c.get('llvm_hash'))[:12]})"
                                        for c in tritons), ""]
     summary = ["| GPU | " + " | ".join(f"Triton {c['triton']}" for c in tritons) + " |",
