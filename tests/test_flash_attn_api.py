@@ -194,7 +194,7 @@ def test_varlen_fa2_returns_and_refusals(interpret):
     assert torch.equal(old, out) and torch.equal(old_lse, lse)
     with pytest.raises(NotImplementedError, match=r"^rocmflash: ALiBi \(alibi_slopes\) is not implemented"):
         rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 10, 10, alibi_slopes=torch.ones(2))
-    with pytest.raises(NotImplementedError, match=r"paged prefill \(block_table"):
+    with pytest.raises(ValueError, match=r"with block_table, k must be a page pool"):  # (paged prefill: k/v pages)
         rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 10, 10, block_table=torch.zeros(2, 1, dtype=torch.int32))
     with pytest.raises(NotImplementedError, match="dropout"):
         rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, 10, 10, 0.1)

@@ -29,7 +29,7 @@ def varlen_seqused(q, k, v, cu_q, cu_k, max_q, max_k, seqused_q, seqused_k, soft
     returns). Always rocmflash's kernel, whose backward is deterministic (``deterministic`` needs nothing more)."""
     VA.check_qkv(q, k, v)
     left, right = VA.check_options(softmax_scale, causal, window_size, softcap)
-    VA._check_fa2_options(None, None, deterministic, return_lse, check_values)
+    VA._check_fa2_options(None, deterministic, return_lse, check_values)
     device = q.device
     batch = VA.check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], max_q, device, read_values=check_values)
     VA.check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], max_k, device, batch, read_values=check_values)

@@ -36,6 +36,7 @@ from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402
 from rocmflash.api.sinks import check_sinks  # noqa: E402
+from rocmflash.api.varlen_paged import BAD_PAGE, BAD_PAGE_TEXT  # noqa: E402
 from rocmflash.api import varlen_incumbent as VI  # noqa: E402
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -145,7 +146,7 @@ _TEXTS = ((VC.BAD_FIRST.value, "cu_seqlens_{s} must start at 0"),
 _REPORT = EW.Report(
     "flash_attn_varlen_func",
     tuple((bit << shift, text.format(s=side)) for side, shift in (("q", 0), ("k", VC.K_SHIFT.value))
-          for bit, text in _TEXTS),
+          for bit, text in _TEXTS) + ((BAD_PAGE, BAD_PAGE_TEXT),),
     " (clamped into the packed tensors, so no memory outside them was touched, but those sequences' outputs are "
     "wrong); pass check_values=True to have each call checked on the host, with the index and value")
 _WATCHES = VC.ERRORS.watches  #: device -> error_words.Watch
@@ -272,8 +273,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             attention or SDPA (their backward accumulates with atomics).
         return_attn_probs: also return the LSE, flash-attn's way: ``(out, softmax_lse, None)`` (the attention
             matrix is never formed; flash-attn returns it only with dropout).
-        block_table: must be None (paged prefill is not implemented: a one-line ``NotImplementedError``;
-            :func:`rocmflash.flash_attn_with_kvcache` reads paged caches).
+        block_table: paged prefill: int32 ``(batch, max_pages)``; k and v are then page pools ``(num_blocks,
+            page_block_size, Hkv, D)`` and sequence ``b``'s key ``j`` is row ``j % page_block_size`` of page
+            ``block_table[b, j // page_block_size]`` (flash-attn 2.8's form; see *Paged prefill* below).
         return_lse: (keyword only, rocmflash's) also return the fp32 natural-log LSE, ``(Hq, total_q)``, as
             ``(out, lse)``.
         s_aux: (keyword only, vLLM's name) attention sinks (gpt-oss): a float ``(Hq,)`` tensor on q's device,
@@ -316,21 +318,30 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     above and reports through the same error word. As with ``flash_attn_func``, a backward served by the
     platform's SDPA may accumulate with atomics: set ``torch.use_deterministic_algorithms(True)`` for bitwise
     reproducible gradients.
+
+    **Paged prefill** (``block_table``): k and v are page pools and the pages each sequence uses are gathered
+    into a packing first (:mod:`rocmflash.api.varlen_paged`: one copy of the keys the call reads, nothing read
+    back); the varlen kernel then runs on it (no dense route or platform kernel).
     """
-    check_qkv(q, k, v)
+    if block_table is None:
+        check_qkv(q, k, v)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p={dropout_p}: rocmflash does not implement attention dropout; "
                                   "use dropout_p=0.0")
     left, right = check_options(softmax_scale, causal, window_size, softcap)
-    _check_fa2_options(alibi_slopes, block_table, deterministic, return_attn_probs, check_values)
+    _check_fa2_options(alibi_slopes, deterministic, return_attn_probs, check_values)
     if return_attn_probs:  # flash-attn's form of the same call: (out, softmax_lse, S_dmask), no S_dmask without dropout
         out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                           softmax_scale, causal, window_size, softcap, None, deterministic,
-                                          return_lse=True, check_values=check_values, s_aux=s_aux)
+                                          block_table=block_table, return_lse=True, check_values=check_values,
+                                          s_aux=s_aux)
         return out, lse, None
     sinks = None if s_aux is None else check_sinks(s_aux, q.shape[1], q.device, "s_aux", read_values=check_values)
+    if block_table is not None:
+        return _paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
+                      (left, right), return_lse, check_values, sinks, block_table)
     if torch.compiler.is_compiling():  # one custom op (rocmflash::varlen_fwd): values, errors, config at run time
         return _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, softcap,
                        (left, right), return_lse, True, check_values, sinks)
@@ -363,13 +374,41 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                 (left, right), return_lse, True, device)
 
 
-def _check_fa2_options(alibi_slopes, block_table, deterministic, return_attn_probs, check_values) -> None:
+def _paged(q, k, v, cu_q, cu_k, max_q: int, max_k: int, softmax_scale, softcap, band: tuple, return_lse: bool,
+           check_values: bool, sinks, block_table):
+    """:func:`flash_attn_varlen_func` with ``block_table``: the pages gathered into a packing with an unused tail
+    (:func:`rocmflash.api.varlen_paged.gather_pages`), then the varlen kernel (cu_seqlens' ends not strict)."""
+    from rocmflash.api import varlen_paged as VP
+
+    device = q.device
+    _check_tensor("q", q, 3, "(total_q, Hq, D)")
+    batch = check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], max_q, device, read_values=check_values)
+    VP.check_pages(q, k, v, block_table, batch, max_k)
+    check_qkv(q, k[:, 0], v[:, 0], layout_kv="(num_blocks, page_block_size, Hkv, D) pages")  # dtypes, heads, D
+    if check_values and not _capturing(device):
+        check_cu_seqlens("cu_seqlens_k", cu_k, int(cu_k[-1]) if cu_k.numel() else 0, max_k, device, batch,
+                         read_values=True)
+        VP.check_page_values(block_table, cu_k, k.shape[0], k.shape[1])
+    else:
+        check_cu_seqlens("cu_seqlens_k", cu_k, batch * max_k, max_k, device, batch, read_values=False)
+    k2, v2 = VP.gather_pages(k, v, block_table, cu_k, batch, max_k)
+    if torch.compiler.is_compiling():
+        if check_values:
+            raise ValueError("check_values=True reads block_table on the host, which torch.compile cannot trace")
+        return _traced(q, k2, v2, cu_q, cu_k, max_q, max_k, softmax_scale, softcap, band, return_lse, False, False,
+                       sinks)
+    if check_values:
+        check_errors(device)
+    else:
+        _poll_errors(device)
+    return _run(q, k2, v2, cu_q, cu_k, batch, max_q, max_k, softmax_scale, softcap, band, return_lse, False, device,
+                sinks)
+
+
+def _check_fa2_options(alibi_slopes, deterministic, return_attn_probs, check_values) -> None:
     """flash-attn 2's options rocmflash takes (bools) or refuses (one-line ``NotImplementedError``s)."""
     if alibi_slopes is not None:
         raise NotImplementedError("rocmflash: ALiBi (alibi_slopes) is not implemented; pass alibi_slopes=None")
-    if block_table is not None:
-        raise NotImplementedError("rocmflash: paged prefill (block_table in flash_attn_varlen_func) is not "
-                                  "implemented; pass packed k/v (flash_attn_with_kvcache reads paged caches)")
     for name, flag in (("deterministic", deterministic), ("return_attn_probs", return_attn_probs),
                        ("check_values", check_values)):
         if not isinstance(flag, bool):
