@@ -11,7 +11,10 @@ answer shows
   dim or group size builds another kernel: their winners do not carry over);
 * what the chosen config compiles to on the GPU's arch for the asked problem
   (cross-compiled on this CPU, cached) and the pruner's verdict: a config that spills or
-  fails to compile there is flagged, and the first candidate that does not is named.
+  fails to compile there is flagged, and the first candidate that does not is named;
+* the decision of run time's first-use build check (:mod:`rocmflash.api.build_check`) for the chosen entry:
+  its configs cross-compiled here and compared with the entry's record as run time compares its compiled
+  kernel ("served X instead of Y because ...").
 """
 
 from __future__ import annotations
@@ -103,7 +106,44 @@ def explain(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen: int,
         result["verdict"] = _verdict(gpu, problem, KernelConfig.from_dict(choice["config"]), cache_dir)
         if not result["verdict"]["kept"]:
             result["fallback"] = _first_clean(gpu, problem, rows, result["choice"], cache_dir, variant)
+        if match is not None:
+            result["build_check"] = _build_check(gpu, problem, match, variant)
     return result
+
+
+def _build_check(gpu: GPU, problem: Problem, match, variant: str) -> dict:
+    """What run time's first-use build check (:mod:`rocmflash.api.build_check`) decides for the entry ``match``
+    names, with each candidate cross-compiled here for the GPU's arch (in this process) and read and compared as
+    run time reads and compares its compiled kernel: ``{"checked", "served", "label", "replaced", "text"}``."""
+    from rocmflash.api import build_check
+    from rocmflash.api.selection import match_entry
+
+    if build_check.disabled():
+        return {"checked": False, "served": match.config.to_dict(), "label": "best", "replaced": False,
+                "text": f"{build_check.NO_BUILD_CHECK_ENV} is set: the entry's config serves unchecked"}
+    entry = match_entry(gpu.name, problem.head_dim, problem.dtype, problem.causal,
+                        problem.heads_q // problem.heads_kv, match)
+    backend = gpu.triton_target().backend
+    check = build_check.Check(match.key, match.path, backend,
+                              build_check.candidates(entry, match.config, gpu.arch, problem.head_dim, variant),
+                              entry.get("compiler") if isinstance(entry.get("compiler"), dict) else None, warn=False)
+    build_check.decide(check, lambda cfg: _cross_profile(gpu, problem, cfg, backend))
+    return {"checked": True, "served": check.config().to_dict(), "label": check.candidates[check.index].label,
+            "replaced": check.replaced, "text": check.summary()}
+
+
+def _cross_profile(gpu: GPU, problem: Problem, cfg: KernelConfig, backend: str) -> dict:
+    """The profile of ``cfg`` cross-compiled for the GPU's arch at ``problem``, read by the run-time check's own
+    reader (:func:`rocmflash.api.build_check.kernel_profile`); a build that fails: its failed profile."""
+    from rocmflash.api import build_check
+    from rocmflash.kernels.launch import CompiledLaunch
+    from rocmflash.static.compile import compile_forward
+
+    try:
+        kernels = compile_forward(gpu.triton_target(), cfg, problem, gpu)
+    except Exception as err:  # noqa: BLE001 - a config that does not build is the evidence itself
+        return build_check.failed_profile(err)
+    return build_check.kernel_profile(CompiledLaunch(kernels[0].name, cfg, kernels[0]), backend)
 
 
 def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q: int, seqlen_k: int,
@@ -343,6 +383,9 @@ def print_explanation(result: dict, console) -> None:
             fb = result.get("fallback")
             console.print("  first candidate that compiles clean: " +
                           (_label(fb["config"]) if fb else "none (every candidate is rejected)"), highlight=False)
+    bc = result.get("build_check")
+    if bc:
+        console.print(f"first-use build check (run time, on {result['gpu']}): {bc['text']}", highlight=False)
 
 
 __all__ = ["explain", "print_explanation"]

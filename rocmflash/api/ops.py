@@ -292,11 +292,47 @@ def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, ba
     return backend
 
 
-def _call_cfg(call: _Call, q, k, causal: bool) -> KernelConfig:
-    """The call's forward config: :func:`select_config` on its first launch, then kept in the plan."""
-    cfg = call.cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], q.shape[2],
-                                   k.shape[2], "online")
-    return cfg
+def _call_cfg(call: _Call, q, k, causal: bool) -> tuple:
+    """``(the call's forward config, its entry's undecided build check or None)``: :func:`select_config` on its
+    first launch, then kept in the plan -- once the entry's first-use build check
+    (:mod:`rocmflash.api.build_check`) has decided: until then the plan keeps none, so each call launches what
+    the check serves now (:func:`_launch_checked`)."""
+    cfg, check = _selected(q, k, causal, "online")
+    if check is None:
+        call.cfg = cfg
+    return cfg, check
+
+
+def _selected(q, k, causal: bool, variant: str) -> tuple:
+    """``(config, undecided build check or None)`` of a forward without a config (:func:`select_config`)."""
+    args = (q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1])
+    cfg = select_config(*args, q.shape[2], k.shape[2], variant)
+    return cfg, _selection.pending_check(*args, k.shape[2], variant)
+
+
+def _launch_checked(check, call: Optional[_Call], q, k, v, causal: bool, scale: float, variant: str, out, lse):
+    """A forward launch of what ``check`` serves, whose first compile it judges (:mod:`rocmflash.api.build_check`):
+    the launch's compiled kernel is read (Triton compiled it anyway); a config that no longer holds is replaced for
+    the next call (this call's result is right either way), and one that fails to build is replaced at once, this
+    call launching the next candidate. Once decided, ``call`` (the plan, if any) keeps the decided config."""
+    from rocmflash.api import build_check
+
+    while True:
+        cfg = check.config()
+        try:
+            with L.watch_compiles() as seen, L.on_device(q):
+                get_variant(variant).launch(q, k, v, cfg, bool(causal), float(scale), out=out, lse=lse)
+        except Exception as err:  # a build that fails: the next candidate serves this call; anything else raises
+            if check.final or not build_check.is_build_failure(err):
+                raise
+            check.observe(build_check.failed_profile(err))
+            if check.exhausted:
+                raise
+            continue
+        build_check.observe_launch(check, seen, cfg)
+        break
+    if call is not None and check.final:
+        call.cfg = check.config()
 
 
 def _alloc(call: _Call, q, need_lse: bool):
@@ -348,10 +384,17 @@ def _forward_impl(q, k, v, causal: bool, scale: float, variant: str, cfg: Option
             attend_whole_cache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal,
                                out.transpose(1, 2), lse, call)
             return out, lse
-        cfg = call.cfg or _call_cfg(call, q, k, causal)
+        cfg = call.cfg
+        if cfg is None:  # the signature's first launch (or its entry's build check is undecided)
+            cfg, check = _call_cfg(call, q, k, causal)
+            if check is not None:
+                _launch_checked(check, call, q, k, v, causal, scale, "online", out, lse)
+                return out, lse
     elif cfg is None:  # another variant, no config: that variant's selection
-        cfg = select_config(q.device, q.shape[3], q.dtype, causal, q.shape[1] // k.shape[1], q.shape[2], k.shape[2],
-                            variant)
+        cfg, check = _selected(q, k, causal, variant)
+        if check is not None and sinks is None:
+            _launch_checked(check, None, q, k, v, causal, scale, variant, out, lse)
+            return out, lse
     switch = L.on_device(q)
     if sinks is not None:  # (only the online kernel takes them: checked above)
         with switch:

@@ -37,6 +37,7 @@ import os
 import warnings
 from typing import Optional
 
+from rocmflash.api import build_check
 from rocmflash.config import KernelConfig, default_config, normalize_dtype
 from rocmflash.kernels.launch import env_reader
 
@@ -49,6 +50,7 @@ _BWD: dict = {}
 _VARLEN: dict = {}  # packed-forward problem key -> KernelConfig
 _VARLEN_BWD: dict = {}  # packed-backward problem key -> BwdConfig
 _LAST_SOURCE: dict = {}  # problem key -> "db" | "default" (introspection / tests)
+_PENDING: dict = {}  # forward problem key -> its entry's undecided first-use build check (build_check.Check)
 _CLEAR_HOOKS: list = []  # callables that forget what callers keep from a selection (rocmflash.api.ops's call plans)
 
 
@@ -68,6 +70,8 @@ def clear_cache() -> None:
     _VARLEN.clear()
     _VARLEN_BWD.clear()
     _LAST_SOURCE.clear()
+    _PENDING.clear()
+    build_check.clear()
     _INCUMBENT.clear()
     try:
         from rocmflash import db
@@ -169,9 +173,52 @@ def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, se
     cfg = match.config if match is not None else default_config(arch, int(head_dim), variant)
     _LAST_SOURCE[key] = _describe(match, gpu_name, arch, int(head_dim), dtype, bool(causal), int(gqa_ratio),
                                   int(seqlen_k), cfg)
+    check = _build_check(device, match, gpu_name, arch, int(head_dim), dtype, bool(causal), int(gqa_ratio), variant)
+    if check is not None:  # the entry's decision under this compiler (made, or made at the first compiled launch)
+        cfg = check.config()
+        _LAST_SOURCE[key]["build_check"] = check.summary()
+        if not check.final:
+            _PENDING[key] = check
+            check.listeners.append(lambda c, key=key: _rechecked(key, c))
     _log.info("rocmflash: %s", _LAST_SOURCE[key]["text"])
     _FWD[key] = cfg
     return cfg
+
+
+def _build_check(device, match, gpu_name, arch, head_dim: int, dtype, causal: bool, gqa_ratio: int, variant: str):
+    """The first-use build check (:mod:`rocmflash.api.build_check`) of the entry ``match`` names, or None: no entry,
+    no live GPU, or ``ROCMFLASH_NO_BUILD_CHECK`` is set."""
+    if match is None or not build_check.armed(device):
+        return None
+    entry = match_entry(gpu_name, head_dim, dtype, causal, gqa_ratio, match)
+    if not entry:
+        return None
+    from rocmflash.kernels.common import torch_backend
+
+    return build_check.check_for(match.path, match.key, entry, match.config, arch, head_dim, variant,
+                                 torch_backend())
+
+
+def _rechecked(key: tuple, check) -> None:
+    """A build check moved on: the selection of problem ``key`` serves what it serves now (and says why)."""
+    _FWD[key] = check.config()
+    details = _LAST_SOURCE.get(key)
+    if details is not None:
+        details["build_check"] = check.summary()
+        details["config"] = check.config().to_dict()
+    if check.final:
+        _PENDING.pop(key, None)
+        _log.info("rocmflash: build check of %s: %s", check.key, check.summary())
+
+
+def pending_check(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_k: int,
+                  variant: str = "online"):
+    """The undecided first-use build check of a forward problem :func:`select_config` answered, or None (the usual
+    case: decided, no entry, or not checked). A launcher asks this once, at a call signature's first launch."""
+    if not _PENDING:
+        return None
+    return _PENDING.get((getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
+                         int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), variant))
 
 
 _INCUMBENT: dict = {}  #: (device, problem, bucket, train) -> the entry's SDPA backend (before the switch) or None
@@ -485,4 +532,4 @@ def _bucket(seqlen: int) -> int:
 __all__ = ["select_config", "select_bwd_config", "select_varlen_config", "select_varlen_bwd_config",
            "varlen_selection_details", "varlen_bwd_selection_details", "bwd_selection_details", "clear_cache",
            "device_identity", "selection_source", "selection_details", "select_incumbent", "entry_incumbent",
-           "incumbent_disabled", "incumbent_timing", "register_clear"]
+           "incumbent_disabled", "incumbent_timing", "register_clear", "pending_check"]

@@ -185,6 +185,37 @@ def observe_launches():
         _LAUNCH_OBSERVERS.remove(seen)
 
 
+class CompiledLaunch(NamedTuple):
+    """A launch that :func:`watch_compiles` saw: the kernel's name, the config it was launched with, and Triton's
+    ``CompiledKernel`` (None for an interpreted launch, which compiles nothing)."""
+
+    kernel: str
+    cfg: Any
+    compiled: Any
+
+
+_COMPILE_WATCHERS: list = []
+
+
+@contextlib.contextmanager
+def watch_compiles():
+    """Record, as :class:`CompiledLaunch` rows, every launch inside the block that went through Triton's JIT (a
+    first launch: it compiled, or took the kernel from Triton's cache) or the interpreter; a replayed plan is not
+    seen. For the run-time build check (:mod:`rocmflash.api.build_check`), which reads the kernel Triton compiled
+    anyway. Unlike :func:`observe_launches`, it does not take launches off their fast path."""
+    seen: list = []
+    _COMPILE_WATCHERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _COMPILE_WATCHERS.remove(seen)
+
+
+def _report_compile(fn, cfg, compiled) -> None:
+    for seen in _COMPILE_WATCHERS:
+        seen.append(CompiledLaunch(getattr(fn, "__name__", repr(fn)), cfg, compiled))
+
+
 #: reuse compiled kernels through :func:`launch_cached`'s own cache (False: every launch
 #: goes through ``JITFunction.run``); ``ROCMFLASH_JIT_LAUNCH=1`` turns it off at import
 FAST_LAUNCH = os.environ.get("ROCMFLASH_JIT_LAUNCH", "0") in ("", "0")
@@ -472,6 +503,8 @@ def launch_cached(fn: JITFunction, scalars, tensors: tuple, build, cfg: KernelCo
             failed = err
     grid, args, constexprs = build()
     compiled = _jit_launch(fn, grid, {**args, **constexprs, **compile_options(cfg, backend)})
+    if _COMPILE_WATCHERS:  # (a first launch only: a replay above never gets here)
+        _report_compile(fn, cfg, compiled)
     if failed is not None:  # the JIT launched what the replay could not: the plan was at fault, not the call
         _jit_only(fn, f"its plan's replay raised {type(failed).__name__}: {failed}")
     elif _is_compiled_kernel(compiled) and len(_PLANS) < _MAX_PLANS and id(fn) not in _JIT_ONLY:
@@ -495,8 +528,11 @@ def launch_kernel(fn: JITFunction, grid, args: dict, constexprs: dict, cfg: Kern
         _patch_interpreter_bf16_dot()
         with _jit_functions_interpreted():
             fn.interpreted[grid](**args, **constexprs)
+        compiled = None
     else:
-        _jit_launch(fn, grid, {**args, **constexprs, **options})
+        compiled = _jit_launch(fn, grid, {**args, **constexprs, **options})
+    if _COMPILE_WATCHERS:
+        _report_compile(fn, cfg, compiled)
 
 
 @functools.lru_cache(maxsize=4096)
