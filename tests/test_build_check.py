@@ -171,7 +171,9 @@ def test_explain_shows_the_same_decision(gpu_db, stand_in, monkeypatch):
 
     from rocmflash.api import explain as E
 
-    monkeypatch.setattr(E, "_verdict", lambda gpu, problem, cfg, cache_dir: {"kept": True})  # not under test
+    verdict = {"kept": True, "reason": None, "detail": None, "vgprs": 128, "agprs": 0, "spills": 0,
+               "sgpr_spills": 0, "scratch_bytes": 0, "waves_per_simd": 4}
+    monkeypatch.setattr(E, "_verdict", lambda gpu, problem, cfg, cache_dir: verdict)  # the pruner's: not under test
     compiled = []
     monkeypatch.setattr("rocmflash.static.compile.compile_forward",
                         lambda target, cfg, problem, gpu: compiled.append(cfg) or (_Kernel(),))
@@ -181,6 +183,13 @@ def test_explain_shows_the_same_decision(gpu_db, stand_in, monkeypatch):
     assert KernelConfig.from_dict(bc["served"]) == NEAR
     assert bc["text"] == runtime
     assert compiled == [BEST, NEAR]  # cross-compiled the winner, then the near-best one
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=400)
+    E.print_explanation(result, console)
+    assert f"first-use build check (run time, on h100): {runtime}" in console.file.getvalue()
 
 
 class _Kernel:
@@ -289,3 +298,31 @@ def test_the_comparison_hook():
     ok, why = build_check.holds(_profile(), _profile(waves_per_simd=3))
     assert not ok and why == ["waves/SIMD 4 -> 3 (vgpr-limited)"]
     assert build_check.holds(build_check.DEFAULT_RECORD, SPILLS)[0] is False
+
+
+@pytest.mark.parametrize("gpu_name", ["mi300x", "h100"])
+def test_the_real_reader_reads_what_the_tune_recorded(gpu_name, tmp_path):
+    """:func:`kernel_profile` on a real cross-compiled kernel (an AMD code object; a CUDA cubin, and the same kernel
+    as if loaded on a device: its ``n_regs`` / ``n_spills``) gives the profile the tune's static phase records for
+    it, so run time compares like with like. Compile-only (no interpreter needed)."""
+    from rocmflash.hw.gpus import get_gpu
+    from rocmflash.config import Problem
+    from rocmflash.kernels.launch import CompiledLaunch
+    from rocmflash.static.compile import compile_forward, sweep
+    from rocmflash.static.profile import static_profile
+
+    gpu = get_gpu(gpu_name)
+    problem = Problem(head_dim=64, dtype="fp16", causal=False, heads_q=8, heads_kv=8, seqlen_q=256, seqlen_k=256)
+    cfg = KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)
+    (obs,), _ = sweep([cfg], problem, gpu, cache_dir=str(tmp_path), workers=1)
+    recorded = static_profile(obs)
+    (kernel,) = compile_forward(gpu.triton_target(), cfg, problem, gpu)
+    backend = gpu.triton_target().backend
+    now = build_check.kernel_profile(CompiledLaunch(kernel.name, cfg, kernel), backend)
+    assert recorded["status"] == "ok" and now == recorded
+    if backend == "cuda":  # as a launch leaves it: Triton's counts from the loaded module
+        kernel.n_regs, kernel.n_spills = recorded["vgprs"], 0
+        loaded = build_check.kernel_profile(CompiledLaunch(kernel.name, cfg, kernel), backend)
+        assert {k: loaded[k] for k in ("vgprs", "waves_per_simd", "scratch_bytes", "status")} == \
+            {k: recorded[k] for k in ("vgprs", "waves_per_simd", "scratch_bytes", "status")}
+        assert build_check.holds(recorded, loaded) == (True, [])

@@ -259,12 +259,16 @@ def _warn_once(check: Check) -> None:
 
 
 def compiler_text(compiler: Optional[dict]) -> str:
-    """``Triton 3.6.0 (LLVM 22.0.0 f6ded0be12)``, or ``an unrecorded compiler``."""
+    """``Triton 3.6.0 (LLVM 22.0.0 f6ded0be12)`` (CUDA: ptxas's version line in its place), or ``an unrecorded
+    compiler``."""
     if not compiler:
         return "an unrecorded compiler"
     llvm = compiler.get("llvm") or ""
     tail = " ".join(x for x in (llvm, (compiler.get("llvm_hash") or "")[:10]) if x)
-    return f"Triton {compiler.get('triton')}" + (f" (LLVM {tail})" if tail else "")
+    if tail:
+        return f"Triton {compiler.get('triton')} (LLVM {tail})"
+    producer = compiler.get("producer")
+    return f"Triton {compiler.get('triton')}" + (f" ({str(producer)[:80]})" if producer else "")
 
 
 def _installed_compiler(backend: str) -> dict:

@@ -23,6 +23,12 @@ fp8``), else None (the fp8 kernel's per-arch default, :func:`rocmflash.kernels.f
 :func:`select_varlen_bwd_config` (its backward) reads ``varlen-bwd-`` entries, then the dense ``bwd-``
 entry, then the per-arch backward default, and serves only configs that build as the varlen kernels.
 
+On a live GPU, a forward entry's config is checked at its first compiled launch against the profile the
+entry records (:mod:`rocmflash.api.build_check`; ``ROCMFLASH_NO_BUILD_CHECK=1`` turns it off): one that no
+longer holds under the installed compiler is replaced by the entry's next near-best config (then ranked, then
+the arch default), and the answer cached here becomes that (:func:`pending_check`; ``selection_details``'s
+``"build_check"`` says why).
+
 Nothing is ever tuned here. Every answer is cached per (device, problem key), so a
 repeat call is one dict lookup (well under a microsecond; see
 ``tests/test_selection_interp.py``). ``ROCMFLASH_NO_DB=1`` skips step 2 (defaults only).

@@ -3,7 +3,8 @@
 :func:`launch_kernel` launches a ``@kernel_jit`` kernel (compiled, or on the CPU through Triton's
 interpreter when ``TRITON_INTERPRET=1`` at call time); :func:`launch_cached` keeps a plan per
 specialisation (:func:`launch_key`) and replays Triton's compiled runner without re-binding
-arguments -- most of a launch's host cost; :func:`observe_launches` records launches for tests.
+arguments -- most of a launch's host cost; :func:`observe_launches` records launches for tests;
+:func:`watch_compiles` hands first launches' compiled kernels to the run-time build check.
 The interpreter needs two patches of Triton 3.6 (bf16 dots; Triton's own ``@jit`` helpers called
 from an interpreted kernel), applied only around interpreted launches.
 """
