@@ -214,3 +214,35 @@ def fake_triton(monkeypatch):
     monkeypatch.setattr(L, "_is_compiled_kernel", lambda obj: isinstance(obj, _FakeCompiled))
     monkeypatch.setattr(L, "_PLANS", {})
     return log
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every float torch.empty_like / torch.empty in the test (the kernels' outputs among them) starts as NaN, so a
+    row a kernel forgets to write shows up."""
+    real_like, real_empty = torch.empty_like, torch.empty
+
+    def like(t, *a, **kw):
+        x = real_like(t, *a, **kw)
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    def empty(*a, **kw):
+        x = real_empty(*a, **kw)
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty_like", like)
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.fixture
+def fresh_decode():
+    """No decode error bits or kept decode plans from another test, before and after this one (plans skip the
+    arch check for a known signature)."""
+    from rocmflash.api import decode as Dm
+    from rocmflash.kernels import kv_decode as KD
+
+    KD._ERROR_WORDS.clear()
+    Dm.clear_cache()
+    yield
+    KD._ERROR_WORDS.clear()
+    Dm.clear_cache()

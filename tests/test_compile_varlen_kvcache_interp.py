@@ -32,23 +32,6 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every float torch.empty_like / torch.empty (the ops' outputs among them) starts as NaN."""
-    real_like, real_empty = torch.empty_like, torch.empty
-
-    def like(t, *a, **kw):
-        x = real_like(t, *a, **kw)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    def empty(*a, **kw):
-        x = real_empty(*a, **kw)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    monkeypatch.setattr(torch, "empty_like", like)
-    monkeypatch.setattr(torch, "empty", empty)
-
-
 class Graphs:
     """A counting backend: keeps each captured graph, runs it as ``aot_eager`` does (AOTAutograd, eager graphs)."""
 

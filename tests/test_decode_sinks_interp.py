@@ -22,17 +22,7 @@ from varlen_reference import band_mask, rel_err
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2.5e-2}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    """No error bits or kept plans from another test."""
-    from rocmflash.api import decode as Dm
-    from rocmflash.kernels import kv_decode as KD
-
-    KD._ERROR_WORDS.clear()
-    Dm.clear_cache()
-    yield
-    KD._ERROR_WORDS.clear()
-    Dm.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_decode")  # no error bits or kept plans from another test
 
 
 def sink_attention_fp64(q, k, v, sinks, scale, causal=False, window=(-1, -1), softcap=0.0):

@@ -21,17 +21,7 @@ NAN_BYTE = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m
             torch.float8_e5m2fnuz: 0x80}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    """No error bits or kept plans from another test (plans skip the arch check for a known signature)."""
-    from rocmflash.api import decode as Dm
-    from rocmflash.kernels import kv_decode as KD
-
-    KD._ERROR_WORDS.clear()
-    Dm.clear_cache()
-    yield
-    KD._ERROR_WORDS.clear()
-    Dm.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_decode")  # no error bits or kept plans from another test
 
 
 def _quantise(x, descale, dtype):

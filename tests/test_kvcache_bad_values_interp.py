@@ -26,16 +26,7 @@ FP8 = torch.float8_e4m3fn
 NAN_BYTE = 0x7F  # e4m3fn's NaN; fp16's NaN is written as a float
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    from rocmflash.api import decode as Dm
-    from rocmflash.kernels import kv_decode as KD
-
-    KD._ERROR_WORDS.clear()
-    Dm.clear_cache()
-    yield
-    KD._ERROR_WORDS.clear()
-    Dm.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_decode")  # no error bits or kept plans from another test
 
 
 def _check_errors():

@@ -16,23 +16,6 @@ from varlen_reference import rel_err, varlen_fp64
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2.5e-2}
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every torch.empty_like / torch.empty in the test returns NaN-filled memory (floats)."""
-    real_like, real_empty = torch.empty_like, torch.empty
-
-    def like(t, *a, **kw):
-        x = real_like(t, *a, **kw)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    def empty(*a, **kw):
-        x = real_empty(*a, **kw)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    monkeypatch.setattr(torch, "empty_like", like)
-    monkeypatch.setattr(torch, "empty", empty)
-
-
 def packed(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32)

@@ -403,9 +403,9 @@ def _position_packing(query, key, attention_mask, causal: bool, window_left: int
     return kept[1]
 
 
-def _run_packed(query, key, value, packed: Packed, causal: bool, scale, window_left, softcap, kwargs):
+def _run_packed(query, key, value, packed: Packed, causal: bool, scale, window_left, softcap, kwargs, sinks):
     """A packed batch, ``(B, H, S, D)`` in (its ``B * S`` tokens the packed sequences), through the varlen kernel
-    (forward and backward): ``(B, S, H, D)`` out, contiguous."""
+    (forward and backward): ``(B, S, H, D)`` out, contiguous. ``sinks``: the checked sinks of :func:`_sinks`."""
     from rocmflash.api.varlen import flash_attn_varlen_func
 
     B, Hq, Sq, D = query.shape
@@ -417,7 +417,7 @@ def _run_packed(query, key, value, packed: Packed, causal: bool, scale, window_l
     _STATS["packed"] += 1
     out = flash_attn_varlen_func(q, k, v, packed.cu_q, packed.cu_k, packed.max_q, packed.max_k, softmax_scale=scale,
                                  causal=causal, window_size=(window_left, -1), softcap=softcap or 0.0,
-                                 deterministic=_deterministic(kwargs), s_aux=_sinks(query, kwargs))
+                                 deterministic=_deterministic(kwargs), s_aux=sinks)
     return out.view(B, Sq, Hq, D)
 
 
@@ -458,7 +458,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
     module_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     packed = _kwargs_packing(query, key, attention_mask, bool(module_causal), window_left, kwargs)
     if packed is not None:  # transformers' packing kwargs: they define the sequences, whatever the call's shape
-        return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs), None
+        return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs,
+                           sinks), None
     if q_len == 1 and query.shape[0] == 1 and attention_mask is not None and not softcap and window_left < 0 \
             and sinks is None and _decode_backend(query, key) is not None:
         # one sequence's step, masked only where a static cache has free slots (or the caller's own mask): where
@@ -490,7 +491,7 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
             packed = _position_packing(query, key, attention_mask, bool(module_causal), window_left, kwargs)
             if packed is not None:
                 return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap,
-                                   kwargs), None
+                                   kwargs, sinks), None
         got = _mask_plan(attention_mask, ("varlen", q_len, kv_len, bool(module_causal), window_left),
                          lambda: _varlen_mask_plan(attention_mask, q_len, kv_len, bool(module_causal), window_left))
         if got is None:
@@ -504,7 +505,8 @@ def rocmflash_attention_forward(module, query, key, value, attention_mask, dropo
 
     packed = _position_packing(query, key, None, bool(module_causal), window_left, kwargs)
     if packed is not None:  # packed by position_ids, no mask (transformers skips its check when a cache is passed)
-        return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs), None
+        return _run_packed(query, key, value, packed, bool(module_causal), scale, window_left, softcap, kwargs,
+                           sinks), None
 
     # the same decision as transformers' sdpa_attention_forward
     causal = bool(q_len > 1 and module_causal)  # attention_mask is None here

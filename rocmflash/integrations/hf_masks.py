@@ -214,17 +214,23 @@ def decode_key_range(mask, batch: int, kv_len: int, window_left: int) -> Optiona
 _MASK_PLANS: dict = {}  #: the last mask tensor, its version counter, and what was read from it (by route)
 
 
-def _mask_plan(mask, key: tuple, build):
-    """``build()`` for ``mask`` and ``key``, kept while the same mask tensor comes back unchanged
-    (its version counter: an in-place change reads it anew). Inference-mode tensors have no version
-    counter: nothing is kept for them."""
+def kept_per_tensor(store: dict, tensor, key: tuple, build):
+    """``build()`` for ``tensor`` and ``key``, kept in ``store`` while the same tensor comes back unchanged (its
+    version counter: an in-place change reads it anew; another tensor empties the store). Inference-mode tensors
+    have no version counter: nothing is kept for them."""
     try:
-        version = mask._version
+        version = tensor._version
     except (AttributeError, RuntimeError):
         return build()
-    if _MASK_PLANS.get("mask") is not mask or _MASK_PLANS.get("version") != version:
-        _MASK_PLANS.clear()
-        _MASK_PLANS.update(mask=mask, version=version)
-    if key not in _MASK_PLANS:
-        _MASK_PLANS[key] = build()
-    return _MASK_PLANS[key]
+    if store.get("tensor") is not tensor or store.get("version") != version:
+        store.clear()
+        store.update(tensor=tensor, version=version)
+    if key not in store:
+        store[key] = build()
+    return store[key]
+
+
+def _mask_plan(mask, key: tuple, build):
+    """``build()`` for ``mask`` and ``key``, kept while the same mask tensor comes back unchanged
+    (:func:`kept_per_tensor`)."""
+    return kept_per_tensor(_MASK_PLANS, mask, key, build)

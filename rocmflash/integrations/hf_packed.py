@@ -28,6 +28,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from rocmflash.integrations.hf_masks import kept_per_tensor
+
 #: the packing kwargs, all four or none (transformers' flash path takes them only together)
 PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -173,13 +175,4 @@ _POSITION_PLANS: dict = {}  #: the last position_ids tensor, its version, and th
 def position_plan(position_ids, key: tuple, build):
     """``build()`` for ``position_ids`` and ``key``, kept while the same tensor comes back unchanged (every layer
     of a forward gets the same one); inference-mode tensors (no version counter) are read each time."""
-    try:
-        version = position_ids._version
-    except (AttributeError, RuntimeError):
-        return build()
-    if _POSITION_PLANS.get("ids") is not position_ids or _POSITION_PLANS.get("version") != version:
-        _POSITION_PLANS.clear()
-        _POSITION_PLANS.update(ids=position_ids, version=version)
-    if key not in _POSITION_PLANS:
-        _POSITION_PLANS[key] = build()
-    return _POSITION_PLANS[key]
+    return kept_per_tensor(_POSITION_PLANS, position_ids, key, build)

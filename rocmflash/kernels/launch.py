@@ -178,12 +178,20 @@ def observe_launches():
     options are those a compiled launch passes to Triton for that backend, also when the
     interpreter ran the kernel (so CPU tests see what a GPU launch would choose).
     """
+    with _collecting(_LAUNCH_OBSERVERS) as seen:
+        yield seen
+
+
+@contextlib.contextmanager
+def _collecting(registry: list):
+    """A fresh list registered in ``registry`` for the block (launches append their records to every registered
+    list), unregistered after it."""
     seen: list = []
-    _LAUNCH_OBSERVERS.append(seen)
+    registry.append(seen)
     try:
         yield seen
     finally:
-        _LAUNCH_OBSERVERS.remove(seen)
+        registry.remove(seen)
 
 
 class CompiledLaunch(NamedTuple):
@@ -204,12 +212,8 @@ def watch_compiles():
     first launch: it compiled, or took the kernel from Triton's cache) or the interpreter; a replayed plan is not
     seen. For the run-time build check (:mod:`rocmflash.api.build_check`), which reads the kernel Triton compiled
     anyway. Unlike :func:`observe_launches`, it does not take launches off their fast path."""
-    seen: list = []
-    _COMPILE_WATCHERS.append(seen)
-    try:
+    with _collecting(_COMPILE_WATCHERS) as seen:
         yield seen
-    finally:
-        _COMPILE_WATCHERS.remove(seen)
 
 
 def _report_compile(fn, cfg, compiled) -> None:
