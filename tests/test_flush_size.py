@@ -3,7 +3,7 @@
 A flush no larger than the cache leaves part of it warm: MI300X, MI325X and MI355X have a
 256 MiB Infinity Cache (the flush was 256 MiB), an H100 a 50 MB L2. Every timing worker
 (forward, backward, varlen forward and backward, decode) takes its flush buffer from
-:func:`rocmflash.tuning.live_gate.flush_buffer`, sized by :func:`rocmflash.hw.gpus.flush_bytes`.
+:func:`rocmflash.measure.flush_buffer`, sized by :func:`rocmflash.hw.gpus.flush_bytes`.
 """
 
 import types
@@ -13,7 +13,8 @@ import torch
 
 from rocmflash.hw import gpus
 from rocmflash.hw.roofline import Shape
-from rocmflash.tuning import live, live_gate
+from rocmflash import measure
+from rocmflash.tuning import live
 
 MIB = 1024 * 1024
 MI300X = {"name": "AMD Instinct MI300X", "gcn_arch_name": "gfx942:sramecc+:xnack-", "multi_processor_count": 304,
@@ -44,7 +45,7 @@ def test_a_device_off_the_catalog_counts_its_reported_l2_and_on_amd_an_infinity_
 
 @pytest.mark.parametrize("fake_rocm", [MI300X], indirect=True)
 def test_a_live_mi300x_gets_twice_its_infinity_cache(fake_rocm):
-    assert live_gate.device_flush_bytes(torch.device("cuda")) == 512 * MIB
+    assert measure.device_flush_bytes(torch.device("cuda")) == 512 * MIB
 
 
 def test_a_live_h100_gets_at_least_twice_its_l2(monkeypatch):
@@ -52,25 +53,25 @@ def test_a_live_h100_gets_at_least_twice_its_l2(monkeypatch):
                                   warp_size=32, L2_cache_size=50 * MIB)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
-    assert live_gate.device_flush_bytes(torch.device("cuda", 0)) >= 100 * MIB
+    assert measure.device_flush_bytes(torch.device("cuda", 0)) >= 100 * MIB
     props.L2_cache_size = 300 * MIB  # what the runtime reports counts too
-    assert live_gate.device_flush_bytes(torch.device("cuda", 0)) == 600 * MIB
+    assert measure.device_flush_bytes(torch.device("cuda", 0)) == 600 * MIB
 
 
 def test_flush_buffer_sizes_a_gpu_s_flush_and_none_off_a_gpu(monkeypatch):
     made = []
-    monkeypatch.setattr(live_gate, "device_flush_bytes", lambda dev: 3 * 256 * MIB)
+    monkeypatch.setattr(measure, "device_flush_bytes", lambda dev: 3 * 256 * MIB)
     monkeypatch.setattr(torch, "empty", lambda n, device, dtype: made.append((n, device, dtype)) or "buffer")
-    assert live_gate.flush_buffer(torch.device("cuda")) == "buffer"
+    assert measure.flush_buffer(torch.device("cuda")) == "buffer"
     assert made == [(3 * 64 * MIB, torch.device("cuda"), torch.int32)]
-    assert live_gate.flush_buffer(torch.device("cpu")) is None and len(made) == 1
+    assert measure.flush_buffer(torch.device("cpu")) is None and len(made) == 1
 
 
 @pytest.fixture
 def flushes(monkeypatch):
     """Every flush_buffer call: ``[(device, nbytes), ...]`` (the buffer itself: None, as on a CPU)."""
     calls = []
-    monkeypatch.setattr(live_gate, "flush_buffer", lambda dev, nbytes=None: calls.append((dev, nbytes)))
+    monkeypatch.setattr(measure, "flush_buffer", lambda dev, nbytes=None: calls.append((dev, nbytes)))
     return calls
 
 
@@ -95,7 +96,7 @@ def test_the_decode_worker_takes_its_flush_and_its_cold_copies_from_the_one_size
         inp = decode._decode_inputs(decode.DecodeProblem(head_dim=16, heads_q=2, heads_kv=1, batch=1,
                                                          seqlen_k=32).validate(), CPU)
         per_copy = 2 * inp["k"].numel() * inp["k"].element_size()
-        monkeypatch.setattr(live_gate, "device_flush_bytes", lambda dev: 5 * per_copy - 1)
+        monkeypatch.setattr(measure, "device_flush_bytes", lambda dev: 5 * per_copy - 1)
         assert len(decode._cold_copies(inp)) == 5
     finally:
         decode._INPUTS.clear()

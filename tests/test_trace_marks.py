@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from rocmflash.tuning.items import TRACE_ENV, trace_mark
+from rocmflash.tuning.output import TRACE_ENV, trace_mark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

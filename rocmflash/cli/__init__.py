@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     if os.environ.get("ROCMFLASH_PIPELINE_TRACE"):  # a traced tune: when the CLI got control (imports done)
-        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.output import trace_mark
 
         trace_mark("cli_main")
     parser = build_parser()

@@ -53,7 +53,7 @@ def _node_pool(args, settings, speculate: bool = False, gpu_name: str = "auto") 
     torch where the devices can be told without it (:func:`~rocmflash.tuning.pool.early_node_pool`), and are
     kept when torch agrees. ``speculate``: where the driver's files also name the GPU kind, this returns at once
     with it, and torch confirms it in a thread (the pool's ``confirm``, run before the first job or entry)."""
-    from rocmflash.tuning.items import trace_mark
+    from rocmflash.tuning.output import trace_mark
     from rocmflash.tuning.pool import early_node_pool, early_pool_matches, node_gpu, node_pool, parse_gpus
 
     early = early_node_pool(args.gpus, settings, _triton_cache(args), args.workers)
@@ -150,7 +150,7 @@ def _plan_and_tune(args, console, passes: tuple, mode: str, speculate: bool) -> 
     (:func:`make_pool`), and :class:`~rocmflash.tuning.pool.DiscardPlan` leaves here when torch disagrees."""
     from rocmflash.db import DBError
     from rocmflash.hw.gpus import UnknownGPUError
-    from rocmflash.tuning.items import trace_mark
+    from rocmflash.tuning.output import trace_mark
     from rocmflash.tuning.model_run import print_model_summary, tune_model
     from rocmflash.tuning.models import load_model
     from rocmflash.tuning.plan import make_plan, plan_table

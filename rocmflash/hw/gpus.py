@@ -193,7 +193,7 @@ def flush_bytes(gpu: Optional[GPU] = None, l2_bytes: int = 0, amd: bool = False)
     (50 MB L2). ``l2_bytes``: the L2 the runtime reports for the live device (counted too);
     ``amd`` with no catalog ``gpu`` (a device off the catalog): its last-level cache is taken
     to be 256 MiB. The one place the flush is sized: every timing worker calls it through
-    :func:`rocmflash.tuning.live_gate.flush_buffer`.
+    :func:`rocmflash.measure.flush_buffer`.
     """
     if gpu is not None and not isinstance(gpu, GPU):
         raise TypeError(f"flush_bytes: expected a catalog GPU or None, got {type(gpu).__name__}")

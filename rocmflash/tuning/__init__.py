@@ -63,18 +63,41 @@ the live GPU runner is :class:`rocmflash.tuning.live.LiveRunner`), :mod:`~rocmfl
 :mod:`~rocmflash.tuning.run` (the tune). ``rocmflash.tune`` re-exports them.
 """
 
-from rocmflash.tuning.entries import measured_entry, shape_key, static_entry
-from rocmflash.tuning.output import print_summary
-from rocmflash.tuning.run import ProblemOutcome, TuneInterrupted, TuneResult, resolve_gpu, tune
-from rocmflash.tuning.runners import ReplayRunner
-from rocmflash.tuning.spec import (DEFAULT_TOP_K_FRACTION, HEADS_TIMES_D, INJECT_ENV, NEAR_BEST_PCT,
-                                   STATIC_SCORE_DOC, STRATEGIES, TOKENS_PER_BATCH, NoLiveGPUError, TuneSpec,
-                                   parse_inject, static_problem)
-from rocmflash.tuning.static import Candidate, StaticResult, default_top_k, static_key, static_phase, work_factor
-from rocmflash.tuning.strategies import choose, seeded
+# Lazy (PEP 562): importing ``rocmflash.tuning.x`` costs only ``x`` and what it imports, not the whole tune
+# (run, the items, the pipeline); a name below is imported from its module the first time it is read.
+_NAMES = {
+    "rocmflash.tuning.entries": ("measured_entry", "shape_key", "static_entry"),
+    "rocmflash.tuning.output": ("print_summary",),
+    "rocmflash.tuning.run": ("ProblemOutcome", "TuneInterrupted", "TuneResult", "resolve_gpu", "tune"),
+    "rocmflash.tuning.runners": ("ReplayRunner",),
+    "rocmflash.tuning.spec": ("DEFAULT_TOP_K_FRACTION", "HEADS_TIMES_D", "INJECT_ENV", "NEAR_BEST_PCT",
+                              "STATIC_SCORE_DOC", "STRATEGIES", "TOKENS_PER_BATCH", "NoLiveGPUError", "TuneSpec",
+                              "parse_inject", "static_problem"),
+    "rocmflash.tuning.static": ("Candidate", "StaticResult", "default_top_k", "static_key", "static_phase",
+                                "work_factor"),
+    "rocmflash.tuning.strategies": ("choose", "seeded"),
+}
+#: public name -> the module that defines it
+_MODULE_OF = {name: module for module, names in _NAMES.items() for name in names}
 
 __all__ = ["tune", "TuneSpec", "TuneResult", "TuneInterrupted", "ProblemOutcome", "NoLiveGPUError", "ReplayRunner",
            "static_phase", "static_problem", "static_key", "work_factor", "Candidate", "StaticResult", "choose",
            "seeded", "default_top_k", "measured_entry", "static_entry", "shape_key", "resolve_gpu", "print_summary",
            "parse_inject", "STRATEGIES", "NEAR_BEST_PCT", "DEFAULT_TOP_K_FRACTION", "INJECT_ENV",
            "TOKENS_PER_BATCH", "HEADS_TIMES_D", "STATIC_SCORE_DOC"]
+
+
+def __getattr__(name: str):
+    """A public name of the package, imported from its module on first use (then kept as a global)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))

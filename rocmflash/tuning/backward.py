@@ -283,7 +283,7 @@ def _bwd_inputs(shape, device):
     """q, k, v, dO, the forward's out and LSE, delta, the fp32 reference and an L2 flush buffer (per shape)."""
     import torch
 
-    from rocmflash.tuning.live_gate import flush_buffer
+    from rocmflash.measure import flush_buffer
 
     if _INPUTS.get("shape") != shape:
         _INPUTS.clear()
@@ -331,8 +331,16 @@ def _forward_and_delta(q, k, v, do, shape, scale: float) -> tuple:
     return out, lse, delta, dq
 
 
-def _rel_err(got, ref) -> float:
-    return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+def _gated_parts(inp: dict, kernel: str, group: int) -> tuple:
+    """``(outputs, reference, inputs)`` of one kernel's gate (:func:`rocmflash.measure.gate`): dQ, or dK and dV,
+    whole (every element must be written) and compared on their first GQA group / K/V head with the fp32 reference
+    gradients; the inputs the launch reads (delta only for dK/dV: the dQ kernel writes it)."""
+    ref_dq, ref_dk, ref_dv = inp["ref"]
+    if kernel == "dq":
+        return ({"dq": inp["dq"]}, {"dq": [((0, slice(None, group)), ref_dq)]},
+                {n: inp[n] for n in ("q", "k", "v", "do", "out", "lse")})
+    return ({"dk": inp["dk"], "dv": inp["dv"]}, {"dk": [((0, 0), ref_dk)], "dv": [((0, 0), ref_dv)]},
+            {n: inp[n] for n in ("q", "k", "v", "do", "lse", "delta")})
 
 
 def measure_bwd(task: dict) -> dict:
@@ -350,9 +358,9 @@ def measure_bwd(task: dict) -> dict:
     from rocmflash.hw.roofline import Shape
     from rocmflash.kernels import backward as bw
     from rocmflash.kernels.common import interpreting, torch_backend
-    from rocmflash.tuning.isolated import back_to_back_ms, time_flushed
+    from rocmflash.measure import back_to_back_ms, time_flushed
+    from rocmflash.measure import gate
     from rocmflash.tuning.live_worker import error_line, interpreted_shape
-    from rocmflash.tuning.live_gate import TOLERANCE
 
     shape = Shape.from_dict(task["shape"])
     kernel = task["config"]["kernel"]
@@ -374,21 +382,14 @@ def measure_bwd(task: dict) -> dict:
             else:
                 bw.launch_dkdv(q, k, v, do, lse, delta, inp["dk"], inp["dv"], shape.causal, scale, cfg, n, backend)
 
-        ref_dq, ref_dk, ref_dv = inp["ref"]
-        tol = TOLERANCE[shape.dtype]
+        outputs, reference, inputs = _gated_parts(inp, kernel, group)
         for n in dict.fromkeys((splits[0], splits[-1])):  # the gate, on NaN-poisoned outputs
-            for t in (inp["dq"], inp["dk"], inp["dv"]):
-                t.fill_(float("nan"))
-            run(n)
-            got = [(inp["dq"], ref_dq)] if kernel == "dq" else [(inp["dk"], ref_dk), (inp["dv"], ref_dv)]
-            errs = [_rel_err(g[0, :group] if g is inp["dq"] else g[0, 0], r) for g, r in got]
-            written = all(bool(torch.isfinite(g).all()) for g, _ in got)
-            err = max(errs) if written else float("nan")
+            verdict = gate(lambda n=n: run(n), reference, outputs, inputs, shape.dtype)
+            err = verdict.rel_err
             result["rel_err"] = err if result["rel_err"] is None else max(result["rel_err"], err)
-            if not written or not err <= tol:
-                why = "unwritten or non-finite gradients" if not written else f"relative error {err:.3g} > {tol:g}"
-                result.update(status="incorrect", error=f"{why} against the fp32 reference (head_splits={n})")
-                if kernel == "dq":  # delta is the dQ kernel's output too: rebuild it for the next config
+            if not verdict.passed:
+                result.update(status="incorrect", error=f"{verdict.why} (head_splits={n})")
+                if kernel == "dq" or verdict.inputs_written:  # delta is the dQ kernel's output too: rebuild it
                     _INPUTS.clear()
                 return result
         result["gpu_ms"], result["call_ms"] = {}, {}

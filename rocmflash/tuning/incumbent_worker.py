@@ -116,18 +116,17 @@ def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, i
     start, timed = time.perf_counter(), not interpreting()
     held = list(_decode_inputs(torch, p, torch.device("cuda" if timed else "cpu")))  # q, k, v, ref: freed at the end
     q, k, v, ref = held
-    tol = 1e-2 if p.dtype == "fp16" else 2e-2
     paths, results = {}, {}
     with _served_decode(config) as served:
         route = _route(held, None)
-        r = _gated(route, ref, tol, error_line)
+        r = _gated(route, held, p.dtype, error_line)
         result = {"status": r["status"], "error": r["error"], "triton_rel_err": r["rel_err"], "triton_ms": None,
                   "config": served(p), "timing": DECODE_TIMING, "backends": results, "timed_on": sdpa_record()}
         if r["status"] == "ok":
             paths["rocmflash"] = route
         for name in backends or candidates():
             call = _route(held, name)
-            results[name] = _gated(call, ref, tol, error_line)
+            results[name] = _gated(call, held, p.dtype, error_line)
             if results[name]["status"] == "ok":
                 paths[name] = call
         if timed and "rocmflash" in paths:
@@ -181,18 +180,17 @@ def measure_eager(problem: dict, backends=None, rounds: int = 3, iters: int = 20
 
     start, timed = time.perf_counter(), not interpreting()
     held = list(_dense_inputs(torch, problem, torch.device("cuda" if timed else "cpu")))
-    tol = 1e-2 if problem["dtype"] == "fp16" else 2e-2
     causal = bool(problem["causal"])
     results, paths = {}, {}
     with _served_decode(None):  # ROCMFLASH_NO_INCUMBENT unset within; the dispatch plans forgotten on exit
-        r = _gated(_dense_route(held, None, causal, False), held[3], tol, error_line)
+        r = _gated(_dense_route(held, None, causal, False), held, problem["dtype"], error_line)
         result = {"status": r["status"], "error": r["error"], "triton_rel_err": r["rel_err"], "triton_ms": None,
                   "triton_train_ms": None, "backends": results, "timed_on": sdpa_record()}
         if r["status"] == "ok":
             paths["rocmflash"] = _dense_route(held, None, causal, False)
             paths["rocmflash train"] = _dense_route(held, None, causal, True)
         for name in backends or candidates():
-            results[name] = _gated(_dense_route(held, name, causal, False), held[3], tol, error_line)
+            results[name] = _gated(_dense_route(held, name, causal, False), held, problem["dtype"], error_line)
             if results[name]["status"] == "ok":
                 paths[name] = _dense_route(held, name, causal, False)
                 paths[name + " train"] = _dense_route(held, name, causal, True)
@@ -262,18 +260,21 @@ def _decode_inputs(torch, p, device):
     return q, k, v, torch.softmax(s, -1) @ vr
 
 
-def _gated(fn, ref, tol: float, error_line) -> dict:
-    """``{"status", "time_ms", "rel_err", "error"}`` of one call of ``fn`` against ``ref`` (its first rows)."""
+def _gated(fn, held: list, dtype: str, error_line) -> dict:
+    """``{"status", "time_ms", "rel_err", "error"}`` of one call of ``fn`` gated (:func:`rocmflash.measure.gate`):
+    the output it returns, on its first rows, against the fp32 reference ``held[3]``; ``held``'s q, k, v intact."""
+    from rocmflash.measure import gate
+
     r = {"status": None, "time_ms": None, "rel_err": None, "error": None}
+    q, k, v, ref = held[:4]
     try:
-        out = fn()
-        rows = ref.shape[0]
-        err = ((out[:rows].float() - ref).norm() / ref.norm()).item()
-        r["rel_err"] = None if math.isnan(err) else round(err, 6)
-        if not math.isfinite(err) or err > tol:
-            r.update(status="incorrect", error=f"relative error {err:.3g} against the fp32 reference")
-        else:
+        verdict = gate(lambda: {"out": fn()}, {"out": [(slice(None, ref.shape[0]), ref)]}, {},
+                       {"q": q, "k": k, "v": v}, dtype)
+        r["rel_err"] = None if math.isnan(verdict.rel_err) else round(verdict.rel_err, 6)
+        if verdict.passed:
             r["status"] = "ok"
+        else:
+            r.update(status="incorrect", error=verdict.why)
     except Exception as exc:  # a backend that does not take this shape, dtype or GQA on this GPU
         r.update(status="failed", error=error_line(exc))
     return r
@@ -353,7 +354,7 @@ def _interleaved_ms(torch, paths: dict, rounds: int, iters: int) -> dict:
     """``{path: median ms per call}`` over ``rounds`` rounds, each timing every path's ``iters`` back-to-back calls
     (after one warm-up call) between two events (:func:`rocmflash.tuning.live_worker.events_ms`), path after path
     (drift hits all alike)."""
-    from rocmflash.tuning.live_worker import events_ms
+    from rocmflash.measure import events_ms
 
     times = {name: [] for name in paths}
     for _ in range(max(1, rounds)):

@@ -18,6 +18,9 @@ import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
+# the timers live in rocmflash.measure (re-exported: their users imported them from here)
+from rocmflash.measure import back_to_back_ms, capture_graph, graph_replay_ms, time_flushed  # noqa: F401
+
 
 def _device_env() -> dict:
     import torch
@@ -66,7 +69,7 @@ class TaskPrewarmPool:
 
     def start(self) -> None:
         """Start every worker now (non-blocking): each imports torch and opens the device while the caller goes on."""
-        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.output import trace_mark
 
         pool = self._started()
         ready = []
@@ -211,90 +214,6 @@ def _measure_on_pool(tasks: list, fn: Callable, timeout_s: float, on_result, poo
             if on_result:
                 on_result(result)
     return results
-
-
-def time_flushed(fn: Callable[[], None], flush, reps: int) -> float:
-    """Median ms of ``reps`` runs of ``fn``, the L2 flushed before each (device events; wall clock in the
-    interpreter, where ``flush`` is None and the time measures the interpreter, never a GPU)."""
-    import statistics
-    import time
-
-    import torch
-
-    fn()
-    if flush is None:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    for _ in range(3):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def back_to_back_ms(fn: Callable[[], None], reps: int) -> float:
-    """ms per call of ``reps`` back-to-back calls of ``fn`` between two device events (no flush): what a
-    user's loop sees, host cost included wherever the host is slower than the GPU work it launches."""
-    import torch
-
-    from rocmflash.tuning.live_worker import events_ms
-
-    fn()
-    torch.cuda.synchronize()
-    return events_ms([fn], reps)
-
-
-def capture_graph(fns: list, calls: int, warmup: int = 1) -> Callable[[], None]:
-    """``calls`` calls cycling through ``fns`` captured into one CUDA/HIP graph (after ``warmup`` calls of each
-    on a side stream); returns the graph's ``replay``: no host work per replay but the replay itself."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            for fn in fns:
-                fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    return graph.replay
-
-
-def graph_replay_ms(fns: list, calls: int, replays: int = 5, warmup: int = 1) -> float:
-    """ms per call of a CUDA/HIP graph of ``calls`` calls cycling through ``fns`` (median over ``replays``).
-
-    How a server runs decode: captured, back to back, no host work between kernels. ``fns``
-    should touch different buffers (e.g. copies of a KV cache together larger than the L2), so
-    that a call does not find the previous call's data in the cache: each layer of a model
-    reads its own cache.
-    """
-    import statistics
-
-    import torch
-
-    replay = capture_graph(fns, calls, warmup)
-    replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
 
 
 __all__ = ["TaskPrewarmPool", "prewarm_pool_size", "warm_up", "measure_isolated", "time_flushed",

@@ -25,6 +25,8 @@ from rocmflash.tuning.items_base import (FamilyTiming, SharedStatics, TuneContex
 from rocmflash.tuning.items_bwd import BackwardItem, backward_items
 from rocmflash.tuning.items_decode import DecodeItem
 from rocmflash.tuning.items_fwd import ForwardItem, forward_items
+# the pipeline trace lives in output (re-exported: TRACE_ENV and trace_mark were importable from here)
+from rocmflash.tuning.output import TRACE_ENV, _Trace, trace_mark  # noqa: F401
 
 
 # ---------------------------------------------------------------------- plans
@@ -71,11 +73,6 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
     return items
 
 
-#: set to a file path, every pipeline event of a tune (static phases, jobs, workers, on the wall clock since the
-#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (bench/scale_gpus.py)
-TRACE_ENV = "ROCMFLASH_PIPELINE_TRACE"
-
-
 def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: Optional[list] = None,
               compile_slots: int = 1, gate=None):
     """Run ``items`` through one :class:`~rocmflash.tuning.pipeline.Pipeline` on ``runners`` (a list, or a
@@ -110,47 +107,6 @@ def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: O
                 trace.close()
             if pool_stats is not None and hasattr(runners, "_alive"):  # WorkerPool.parallelism counts the living
                 runners._alive = sum(not s.lost for s in pool_stats)
-
-
-def trace_mark(name: str) -> None:
-    """Append ``{"event": "mark", "name": name, "wall": time.time()}`` to ``$ROCMFLASH_PIPELINE_TRACE`` (no-op
-    unset): where a tune process spends its time outside the pipeline (start-up, workers, saving, closing), on
-    the wall clock a caller that started the process can subtract from (bench/scale_gpus.py)."""
-    import os
-    import time
-
-    path = os.environ.get(TRACE_ENV)
-    if path:
-        trace = _Trace.open()
-        trace({"event": "mark", "name": name, "wall": time.time()})
-        trace.close()
-
-
-class _Trace:
-    """The pipeline's events as JSON lines in ``$ROCMFLASH_PIPELINE_TRACE`` (see :data:`TRACE_ENV`)."""
-
-    def __init__(self, f):
-        self.f = f
-
-    @classmethod
-    def open(cls):
-        import os
-
-        path = os.environ.get(TRACE_ENV)
-        if not path:
-            return None
-        try:
-            return cls(open(path, "a", encoding="utf-8"))
-        except OSError as err:
-            raise ValueError(f"${TRACE_ENV}={path}: cannot write it ({err})") from None
-
-    def __call__(self, event: dict) -> None:
-        import json
-
-        self.f.write(json.dumps(event, default=str) + "\n")
-
-    def close(self) -> None:
-        self.f.close()
 
 
 def timing_workers(runner):

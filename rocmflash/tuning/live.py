@@ -196,7 +196,7 @@ class LiveRunner:
             if self._worker_started:  # started early (the CLI, before the plan): once is enough
                 return
             self._worker_started = True
-        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.output import trace_mark
 
         pool = self._get_pool()
         # a runner made before torch was imported (an early pool) learns its device from its worker: the tune

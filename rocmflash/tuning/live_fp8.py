@@ -50,10 +50,11 @@ def input_dtype(arch: Optional[str]):
 
 
 def tolerance(dtype) -> float:
-    """The gate's bound on the relative L2 error of an fp8 run: V's unit roundoff (see the module docstring)."""
-    from rocmflash.hw.fp8 import unit_roundoff
+    """The gate's bound on the relative L2 error of an fp8 run: V's unit roundoff (see the module docstring;
+    the one table is :data:`rocmflash.measure.TOLERANCE`)."""
+    from rocmflash.measure import tolerance as bound
 
-    return unit_roundoff(dtype)
+    return bound(dtype)
 
 
 def fill(t, generator=None):

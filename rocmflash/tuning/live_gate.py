@@ -5,9 +5,9 @@ Fresh random inputs of the tuned shape with batch 1
 a worker first gates that shape and kept, with their fp32 reference (TF32 off), for every
 config the worker gates on it: the reference of a long sequence costs more than the
 config's own measurement (~0.19 s at S=16k, 32 heads, on an H100), and a race gates its
-finalists again in every pass. Each config's output is poisoned with NaN first; every
-element must be finite and the relative error ``||out - ref|| / ||ref||`` must be
-<= 1e-2 (fp16) or 2e-2 (bf16), and the kernel must have left its inputs as they were (the
+finalists again in every pass. The rule is :func:`rocmflash.measure.gate`, the one every tune uses:
+the output poisoned with NaN first, every element finite, the relative error ``||out - ref|| / ||ref||``
+within :data:`rocmflash.measure.TOLERANCE` (1e-2 fp16, 2e-2 bf16), the inputs left as they were (the
 next configs are gated on them). A config that fails is ``incorrect`` and is never timed.
 Runs in the live runner's worker (:mod:`rocmflash.tuning.live`).
 
@@ -23,7 +23,7 @@ storage just past the line (:func:`stand_ins`); :func:`beyond_32bit_range` is th
 that the static builds (:func:`rocmflash.tuning.spec.static_problem`, :func:`build_bytes`) follow too.
 
 The cache flush. Every timing worker (forward, backward, varlen, decode) zeroes the buffer of
-:func:`flush_buffer` before each timed run, sized by :func:`rocmflash.hw.gpus.flush_bytes`.
+:func:`rocmflash.measure.flush_buffer` before each timed run, sized by :func:`rocmflash.hw.gpus.flush_bytes`.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import math
 import os
 from typing import Optional
 
+from rocmflash import measure
 from rocmflash.config import FP8, KernelConfig
 from rocmflash.hw.roofline import Shape
-
-#: the gate's bound on the relative L2 error; fp8: V's unit roundoff, 2**-4 for e4m3 (:func:`tolerance`)
-TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2, "fp8": 2.0 ** -4}
+# the gate's bound and the cache flush live in measure (re-exported: their users imported them from here)
+from rocmflash.measure import TOLERANCE, device_flush_bytes, flush_buffer  # noqa: F401
 
 
 def interpreting() -> bool:
@@ -72,12 +72,9 @@ def torch_dtype(torch, name: str):
 
 
 def tolerance(shape: Shape, dtype=None) -> float:
-    """The gate's bound for ``shape`` (:data:`TOLERANCE`); for fp8 the unit roundoff of the inputs' format ``dtype``."""
-    if shape.dtype == FP8 and dtype is not None:
-        from rocmflash.tuning.live_fp8 import tolerance as fp8_tolerance
-
-        return fp8_tolerance(dtype)
-    return TOLERANCE[shape.dtype]
+    """The gate's bound for ``shape`` (:func:`rocmflash.measure.tolerance`); for fp8 the unit roundoff of the
+    inputs' format ``dtype``."""
+    return measure.tolerance(dtype if shape.dtype == FP8 and dtype is not None else shape.dtype)
 
 
 def reference(q, k, v, causal: bool, scale: float):
@@ -101,33 +98,6 @@ def reference(q, k, v, causal: bool, scale: float):
             p = torch.softmax(s, dim=-1).nan_to_num_(0.0)
             out[b, h] = p @ v[b, h // group].float()
     return out
-
-
-# ---------------------------------------------------------------------- the cache flush
-def device_flush_bytes(dev) -> int:
-    """:func:`rocmflash.hw.gpus.flush_bytes` of a live device: its catalog GPU's caches (when
-    :mod:`rocmflash.hw.detect` knows it) and the L2 its runtime reports."""
-    import torch
-
-    from rocmflash.hw.detect import identify_torch_device
-    from rocmflash.hw.gpus import flush_bytes
-
-    index = torch.cuda.current_device() if dev.index is None else dev.index
-    l2 = int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0)
-    hip = bool(getattr(torch.version, "hip", None))
-    return flush_bytes(identify_torch_device(index).gpu, l2, amd=hip)
-
-
-def flush_buffer(dev, nbytes: Optional[int] = None):
-    """The buffer a timing worker zeroes before each timed run (every worker's flush comes from here), or
-    None off a GPU (the interpreter's CPU tensors: nothing to flush). ``nbytes`` None: sized for the device
-    (:func:`device_flush_bytes`)."""
-    import torch
-
-    if dev.type != "cuda":
-        return None
-    nbytes = device_flush_bytes(dev) if nbytes is None else int(nbytes)
-    return torch.empty(nbytes // 4, device=dev, dtype=torch.int32)
 
 
 # ---------------------------------------------------------------------- the 2 GiB line
@@ -276,7 +246,7 @@ def gate_inputs(shape: Shape, pad: Optional[bool] = None):
         t = stand_ins(gate_specs(shape), torch_dtype(torch, shape.dtype), dev, pad, gen)
         q, k, v = t["q"], t["k"], t["v"]
         ref = reference(q, k, v, shape.causal, 1.0 / math.sqrt(shape.head_dim))
-        _GATE.update(shape=shape, tensors=(q, k, v, ref), out=t["out"], fingerprint=_fingerprint((q, k, v)))
+        _GATE.update(shape=shape, tensors=(q, k, v, ref), out=t["out"])
     return _GATE["tensors"]
 
 
@@ -295,42 +265,23 @@ def _fp8_gate_inputs(shape: Shape, dev, pad: bool, gen):
     q, k, v = t["q"], t["k"], t["v"]
     ref = reference(*(live_fp8.dequantised(x, s) for x, s in zip((q, k, v), d)), shape.causal,
                     1.0 / math.sqrt(shape.head_dim))
-    _GATE.update(shape=shape, tensors=(q, k, v, ref), out=out, descales=d, dtype=dtype,
-                 fingerprint=_fingerprint((q, k, v, *d)))
+    _GATE.update(shape=shape, tensors=(q, k, v, ref), out=out, descales=d, dtype=dtype)
     return _GATE["tensors"]
 
 
-def _fingerprint(tensors) -> list:
-    """Sum and sum of squares of each tensor (fp64): changes when a kernel writes into its inputs."""
-    return [(t.double().sum().item(), t.double().square().sum().item()) for t in tensors]
-
-
-def _inputs_intact() -> bool:
-    """Whether the kept gate inputs are unchanged; if not they are dropped (the next gate draws new ones)."""
-    intact = _fingerprint(_GATE["tensors"][:3] + _GATE.get("descales", ())) == _GATE["fingerprint"]
-    if not intact:
-        _GATE.clear()
-    return intact
-
-
 def gate(mod, cfg: KernelConfig, shape: Shape) -> tuple[bool, float, str]:
-    """``(passed, relative error, why not)`` of ``mod.launch`` with ``cfg`` on the gate inputs of ``shape``."""
-    import torch
-
+    """``(passed, relative error, why not)`` of ``mod.launch`` with ``cfg`` on the gate inputs of ``shape``
+    (:func:`rocmflash.measure.gate`); a config that wrote into the inputs drops them (the next gate draws new ones)."""
     q, k, v, ref = gate_inputs(shape)
-    out = _GATE["out"].fill_(float("nan"))  # poisoned: an unwritten element fails the gate
-    fp8 = {"descales": _GATE["descales"]} if shape.dtype == FP8 else {}
-    mod.launch(q, k, v, cfg, shape.causal, 1.0 / math.sqrt(shape.head_dim), out=out, **fp8)
-    synchronize()
-    finite = bool(torch.isfinite(out).all())
-    err = ((out.float() - ref).norm() / ref.norm()).item() if finite else float("nan")
-    if not _inputs_intact():
-        return False, err, "the kernel wrote into its inputs q/k/v" + ("/descales" if fp8 else "")
-    tol = tolerance(shape, _GATE.get("dtype"))
-    if not finite:
-        bad = int((~torch.isfinite(out)).sum())
-        return False, err, f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
-    if not err <= tol:
-        against = "the fp32 reference of the dequantised fp8 inputs" if fp8 else "the fp32 reference"
-        return False, err, f"relative error {err:.3e} > {tol:g} against {against}"
-    return True, err, ""
+    out, descales = _GATE["out"], _GATE.get("descales", ())
+    fp8 = {"descales": descales} if shape.dtype == FP8 else {}
+    inputs = {"q": q, "k": k, "v": v, **dict(zip(("q_descale", "k_descale", "v_descale"), descales))}
+
+    def launch():
+        mod.launch(q, k, v, cfg, shape.causal, 1.0 / math.sqrt(shape.head_dim), out=out, **fp8)
+
+    against = "the fp32 reference of the dequantised fp8 inputs" if fp8 else "the fp32 reference"
+    verdict = measure.gate(launch, {"out": ref}, {"out": out}, inputs, _GATE.get("dtype", shape.dtype), against)
+    if verdict.inputs_written:
+        _GATE.clear()
+    return verdict.passed, verdict.rel_err, verdict.why

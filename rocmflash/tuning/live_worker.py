@@ -15,6 +15,7 @@ from typing import Optional
 
 from rocmflash.config import FP8, KernelConfig, Problem
 from rocmflash.hw.roofline import Shape, tflops
+from rocmflash.measure import events_ms  # the timers live in measure (re-exported: users import it from here)
 from rocmflash.tuning.live_gate import gate as _gate
 from rocmflash.tuning.live_gate import interpreting as _interpreting
 from rocmflash.tuning.live_gate import torch_dtype as _torch_dtype
@@ -117,7 +118,7 @@ def _inputs(shape: Shape, settings: LiveSettings, dev=None, arch=None):
     this worker)."""
     import torch
 
-    from rocmflash.tuning.live_gate import flush_buffer
+    from rocmflash.measure import flush_buffer
 
     dev = torch.device("cuda") if dev is None else dev
     key = (shape, settings.n_inputs, settings.flush_bytes, dev, arch)
@@ -163,19 +164,6 @@ def _time(mod, cfg: KernelConfig, shape: Shape, settings: LiveSettings) -> list[
 
 #: a run at least this long (ms) is its own estimate in :func:`_time`
 ESTIMATE_ALONE_MS = 1.0
-
-
-def events_ms(fns: list, runs: int) -> float:
-    """ms per run of ``runs`` back-to-back runs cycling through ``fns`` (device events)."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(runs):
-        fns[i % len(fns)]()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / runs
 
 
 def interpreted_shape(shape: Shape) -> Shape:

@@ -40,7 +40,8 @@ def tune_model(plan: TunePlan, pool=None, db_path: Optional[str] = None, strateg
     Several static phases run at once (:func:`~rocmflash.tuning.pipeline.default_compile_slots`), each
     cross-compiling on its share of the cores (``workers``, when given, is each one's compile processes)."""
     from rocmflash.db import default_db_path, tune_lock
-    from rocmflash.tuning.items import items_for_plan, run_items, timing_workers, trace_mark
+    from rocmflash.tuning.items import items_for_plan, run_items, timing_workers
+    from rocmflash.tuning.output import trace_mark
     from rocmflash.tuning.pipeline import compile_workers, default_compile_slots
 
     start = time.perf_counter()

@@ -249,3 +249,50 @@ def print_summary(result, console) -> None:
 
 def log(*a) -> None:  # pragma: no cover - debugging aid
     print(*a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------- the pipeline trace
+#: set to a file path, every pipeline event of a tune (static phases, jobs, workers, on the wall clock since the
+#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (bench/scale_gpus.py)
+TRACE_ENV = "ROCMFLASH_PIPELINE_TRACE"
+
+
+def trace_mark(name: str) -> None:
+    """Append ``{"event": "mark", "name": name, "wall": time.time()}`` to ``$ROCMFLASH_PIPELINE_TRACE`` (no-op
+    unset): where a tune process spends its time outside the pipeline (start-up, workers, saving, closing), on
+    the wall clock a caller that started the process can subtract from (bench/scale_gpus.py)."""
+    import os
+    import time
+
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        trace = _Trace.open()
+        trace({"event": "mark", "name": name, "wall": time.time()})
+        trace.close()
+
+
+class _Trace:
+    """The pipeline's events as JSON lines in ``$ROCMFLASH_PIPELINE_TRACE`` (see :data:`TRACE_ENV`)."""
+
+    def __init__(self, f):
+        self.f = f
+
+    @classmethod
+    def open(cls):
+        import os
+
+        path = os.environ.get(TRACE_ENV)
+        if not path:
+            return None
+        try:
+            return cls(open(path, "a", encoding="utf-8"))
+        except OSError as err:
+            raise ValueError(f"${TRACE_ENV}={path}: cannot write it ({err})") from None
+
+    def __call__(self, event: dict) -> None:
+        import json
+
+        self.f.write(json.dumps(event, default=str) + "\n")
+
+    def close(self) -> None:
+        self.f.close()

@@ -25,7 +25,7 @@ class TorchConfirmation:
         self._thread.start()
 
     def _run(self, gpus: str) -> None:
-        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.output import trace_mark
         from rocmflash.tuning.pool import node_gpu, parse_gpus
 
         try:
@@ -52,7 +52,7 @@ class TorchConfirmation:
 
     def __call__(self) -> None:
         """Return when torch agrees with the guess; else raise :class:`~rocmflash.tuning.pool.DiscardPlan`."""
-        from rocmflash.tuning.items import trace_mark
+        from rocmflash.tuning.output import trace_mark
         from rocmflash.tuning.pool import DiscardPlan, early_pool_matches
 
         trace_mark("gate_called")  # the first job or entry is ready: from here the tune waits for the answer

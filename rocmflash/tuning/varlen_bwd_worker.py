@@ -41,7 +41,7 @@ def backward_inputs(p: VarlenProblem, device) -> dict:
     import torch
 
     import rocmflash
-    from rocmflash.tuning.live_gate import flush_buffer
+    from rocmflash.measure import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -68,28 +68,22 @@ def backward_inputs(p: VarlenProblem, device) -> dict:
     return _INPUTS
 
 
-def _rel_err(got, ref) -> float:
-    return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def gate_errors(inp: dict, p: VarlenProblem, kernel: str) -> dict:
-    """Relative error (norm) of each output of one kernel on the gated sequences against the fp32 reference:
-    ``{"dq", "delta"}`` (dQ of the first GQA group and the delta it wrote) or ``{"dk", "dv"}`` (key/value head
-    0), the worst gated sequence each; NaN for an output not finite everywhere in the packed batch (unwritten)."""
-    names = {"dq": "dq", "delta": "delta_out", "dk": "dk", "dv": "dv"}
-    outputs = ("dq", "delta") if kernel == "dq" else ("dk", "dv")
-    errs = {o: (0.0 if bool(inp[names[o]].isfinite().all()) else float("nan")) for o in outputs}
-    if "delta" in errs and errs["delta"] == 0.0:
-        errs["delta"] = _rel_err(inp["delta_out"], inp["delta"])
-    starts = inp["starts"]
-    for b, (ref_dq, ref_dk, ref_dv) in inp["refs"].items():
-        rows = slice(starts[b], starts[b + 1])
-        got = {"dq": (inp["dq"][rows, :p.group], ref_dq), "dk": (inp["dk"][rows, 0], ref_dk),
-               "dv": (inp["dv"][rows, 0], ref_dv)}
-        for o in outputs:
-            if o in got and not math.isnan(errs[o]):
-                errs[o] = max(errs[o], _rel_err(*got[o]))
-    return errs
+def gate_parts(inp: dict, p: VarlenProblem, kernel: str) -> tuple:
+    """``(outputs, reference, inputs)`` of one kernel's gate (:func:`rocmflash.measure.gate`): ``{"dq", "delta"}``
+    (dQ of the first GQA group of each gated sequence, and the whole delta it wrote) or ``{"dk", "dv"}`` (key/value
+    head 0 of each gated sequence) against the fp32 reference, every output finite in the whole packed batch; the
+    inputs the launch reads (delta only for dK/dV: the dQ kernel writes its own, ``delta_out``)."""
+    starts, refs = inp["starts"], inp["refs"]
+    rows = {b: slice(starts[b], starts[b + 1]) for b in refs}
+    reads = ("do", "q", "k", "v", "out", "lse", "cu")
+    if kernel == "dq":
+        return ({"dq": inp["dq"], "delta": inp["delta_out"]},
+                {"dq": [((rows[b], slice(None, p.group)), r[0]) for b, r in refs.items()], "delta": inp["delta"]},
+                {n: inp[n] for n in reads})
+    return ({"dk": inp["dk"], "dv": inp["dv"]},
+            {"dk": [((rows[b], 0), r[1]) for b, r in refs.items()],
+             "dv": [((rows[b], 0), r[2]) for b, r in refs.items()]},
+            {n: inp[n] for n in (*reads, "delta")})
 
 
 def _launcher(inp: dict, call, kernel: str, cfg):
@@ -108,7 +102,7 @@ def measure_varlen_bwd(task: dict) -> dict:
 
     ``task``: ``{"config": backward space point, "problem": VarlenProblem dict}``. The kernel's outputs
     are NaN-poisoned before the gated run, so a tile that skips rows fails the gate; ``rel_errs`` holds
-    the error of each output (:func:`gate_errors`), ``rel_err`` the worst. The time
+    the error of each output (:func:`gate_parts`), ``rel_err`` the worst. The time
     (``times_ms["1"]``: the dense backward tune's result format, one entry as there are no head splits)
     is the median of :data:`~rocmflash.tuning.varlen_worker.REPS` launches with the L2 flushed before
     each (the interpreter: the wall clock of one call, never a GPU time).
@@ -117,9 +111,9 @@ def measure_varlen_bwd(task: dict) -> dict:
 
     from rocmflash.kernels.common import interpreting
     from rocmflash.tuning.backward import kernel_config
-    from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.measure import time_flushed
+    from rocmflash.measure import gate
     from rocmflash.tuning.live_worker import error_line
-    from rocmflash.tuning.live_gate import TOLERANCE
 
     p = VarlenProblem.from_dict(task["problem"])
     kernel = task["config"]["kernel"]
@@ -129,17 +123,13 @@ def measure_varlen_bwd(task: dict) -> dict:
         interp = interpreting()
         inp = backward_inputs(p, torch.device("cpu" if interp else "cuda"))
         run = _launcher(inp, varlen_call(p), kernel, cfg)
-        for name in (("dq", "delta_out") if kernel == "dq" else ("dk", "dv")):
-            inp[name].fill_(float("nan"))
-        run()
-        errs = gate_errors(inp, p, kernel)
-        err = float("nan") if any(math.isnan(e) for e in errs.values()) else max(errs.values())
-        result.update(rel_err=err, rel_errs=errs)
-        tol = TOLERANCE[p.dtype]
-        if not err <= tol:
-            worst = ", ".join(f"{o} {e:.3g}" for o, e in errs.items())
-            why = "unwritten or non-finite gradients" if math.isnan(err) else f"relative error > {tol:g}"
-            result.update(status="incorrect", error=f"{why} against the fp32 reference gradient ({worst})")
+        verdict = gate(run, *gate_parts(inp, p, kernel), p.dtype, against="the fp32 reference gradient")
+        result.update(rel_err=verdict.rel_err, rel_errs=verdict.errors)
+        if not verdict.passed:
+            worst = ", ".join(f"{o} {e:.3g}" for o, e in verdict.errors.items())
+            result.update(status="incorrect", error=f"{verdict.why} ({worst})")
+            if verdict.inputs_written:
+                _INPUTS.clear()
             return result
         result["times_ms"]["1"] = time_flushed(run, inp["flush"], task.get("reps", REPS))
         result.update(status="ok", timing="interpreter" if interp else "gpu")
@@ -181,4 +171,4 @@ def prewarm_varlen_bwd(task: dict) -> Optional[str]:
         return error_line(err, 200)
 
 
-__all__ = ["measure_varlen_bwd", "prewarm_varlen_bwd", "backward_inputs", "gate_errors"]
+__all__ = ["measure_varlen_bwd", "prewarm_varlen_bwd", "backward_inputs", "gate_parts"]

@@ -56,7 +56,7 @@ def packed_inputs(p: VarlenProblem, device) -> dict:
     buffer; kept per problem (every config of a tune reuses them)."""
     import torch
 
-    from rocmflash.tuning.live_gate import flush_buffer
+    from rocmflash.measure import flush_buffer
 
     if _INPUTS.get("problem") != p:
         _INPUTS.clear()
@@ -85,30 +85,24 @@ def varlen_call(p: VarlenProblem):
                       1 / math.sqrt(p.head_dim), 0.0, M.UNBOUNDED, 0 if p.causal else M.UNBOUNDED)
 
 
-def gate_error(inp: dict, p: VarlenProblem) -> float:
-    """Largest relative error (norm) of the gated sequences' first GQA group against the fp32 reference;
-    NaN when an output the kernel should have written is not finite."""
-    worst = 0.0
-    for b, ref in inp["refs"].items():
-        got = inp["out"][inp["starts"][b]:inp["starts"][b + 1], :p.group].float()
-        if not bool(got.isfinite().all()):
-            return float("nan")
-        worst = max(worst, ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item())
-    return worst
+def gate_reference(inp: dict, p: VarlenProblem) -> dict:
+    """The gate's reference (:func:`rocmflash.measure.gate`): the first GQA group of each gated sequence's rows of
+    the output against its fp32 reference (the output must be finite everywhere, gated sequence or not)."""
+    starts = inp["starts"]
+    return {"out": [((slice(starts[b], starts[b + 1]), slice(None, p.group)), ref) for b, ref in inp["refs"].items()]}
 
 
 def gated(inp: dict, p: VarlenProblem, fill) -> tuple:
-    """NaN-poison the output, let ``fill()`` write it, gate it (:func:`gate_error`): ``(relative error, None)``, or
-    ``(relative error, why it failed)`` past the dtype's tolerance or for a non-finite output."""
-    from rocmflash.tuning.live_gate import TOLERANCE
+    """Let ``fill()`` write the NaN-poisoned output, gate it (:func:`rocmflash.measure.gate`): ``(relative error,
+    None)``, or ``(relative error, why it failed)`` past the dtype's tolerance, for a non-finite output or for a
+    launch that wrote into the inputs (they are dropped: the next config gets new ones)."""
+    from rocmflash.measure import gate
 
-    inp["out"].fill_(float("nan"))
-    fill()
-    err = gate_error(inp, p)
-    if err <= TOLERANCE[p.dtype]:
-        return err, None
-    why = "non-finite output" if math.isnan(err) else f"relative error {err:.3g} > {TOLERANCE[p.dtype]:g}"
-    return err, f"{why} against the fp32 reference"
+    inputs = {n: inp[n] for n in ("q", "k", "v", "cu")}
+    verdict = gate(fill, gate_reference(inp, p), {"out": inp["out"]}, inputs, p.dtype)
+    if verdict.inputs_written:
+        _INPUTS.clear()
+    return verdict.rel_err, (None if verdict.passed else verdict.why)
 
 
 def measure_varlen(task: dict) -> dict:
@@ -124,7 +118,7 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import varlen as VK
     from rocmflash.kernels.common import interpreting
-    from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.measure import time_flushed
     from rocmflash.tuning.live_worker import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
@@ -165,7 +159,7 @@ def measure_varlen_incumbent(task: dict) -> dict:
 
     from rocmflash.api import varlen_incumbent as VI
     from rocmflash.kernels.common import interpreting
-    from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.measure import time_flushed
     from rocmflash.tuning.live_worker import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
@@ -216,7 +210,7 @@ def _train_step_ms(inp: dict, forward, reps: int) -> float:
     """Median ms of one step, ``forward`` then ``torch.autograd.grad`` of q, k and v, the L2 flushed before each."""
     import torch
 
-    from rocmflash.tuning.isolated import time_flushed
+    from rocmflash.measure import time_flushed
 
     q, k, v = (inp[name].detach().requires_grad_(True) for name in ("q", "k", "v"))
     dout = torch.randn_like(inp["q"])

@@ -40,7 +40,7 @@ def _torch_ops(dev) -> None:
 
 def _flush(dev) -> None:
     """The cache-flush buffer every timed run zeroes (its size comes from the device's identity)."""
-    from rocmflash.tuning.live_gate import flush_buffer
+    from rocmflash.measure import flush_buffer
 
     buffer = flush_buffer(dev)
     if buffer is not None:
