@@ -99,7 +99,7 @@ def test_no_incumbent_switch_still_wins(tmp_path, monkeypatch):
 
 
 def test_explain_shows_the_expected_eager_times_and_agrees_with_the_dispatch(tmp_path, monkeypatch):
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
 
     _db(tmp_path, monkeypatch, with_floors=True)
     db_path = str(tmp_path / "h100.json")
