@@ -60,23 +60,27 @@ METRICS = ("gpu__time_duration.sum", "sm__pipe_tensor_cycles_active.avg.pct_of_p
 def summarise(path: str) -> str:
     """A markdown table, one row per profiled kernel and one column per metric, from ncu's CSV
     (``--csv --page details`` or ``--page raw``; other lines ncu prints are skipped)."""
-    import io
+    import csv
 
-    import pandas as pd
-
-    with open(path) as f:
+    with open(path, newline="") as f:
         lines = f.readlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
-    df = pd.read_csv(io.StringIO("".join(lines[start:])))
-    if "Metric Name" in df.columns:  # details page: one row per metric
-        df = df.pivot_table(index=["ID", "Kernel Name"], columns="Metric Name", values="Metric Value",
-                            aggfunc="first").reset_index()
+    records = list(csv.DictReader(lines[start:]))
+    if records and "Metric Name" in records[0]:  # details page: one row per metric, folded into one per kernel
+        kernels: dict = {}
+        for r in records:
+            row = kernels.setdefault((r["ID"], r["Kernel Name"]), {"ID": r["ID"], "Kernel Name": r["Kernel Name"]})
+            row.setdefault(r["Metric Name"], r["Metric Value"])  # the first value of a metric, as ncu lists it
+        head = ["ID", "Kernel Name", *sorted({k for row in kernels.values() for k in row} - {"ID", "Kernel Name"})]
+        table = [[row.get(k, "") for k in head] for row in kernels.values()]
     else:  # raw page: one row per kernel (the second row holds units); the METRICS columns
-        df = df.iloc[1:][["ID", "Kernel Name", "Block Size", "Grid Size", *[m for m in METRICS if m in df.columns]]]
-    df["Kernel Name"] = df["Kernel Name"].astype(str).str.slice(0, 40)
-    head = [str(c) for c in df.columns]
+        head = ["ID", "Kernel Name", "Block Size", "Grid Size", *[m for m in METRICS if records and m in records[0]]]
+        table = [[r.get(k, "") for k in head] for r in records[1:]]
+    name = head.index("Kernel Name")
+    for row in table:
+        row[name] = str(row[name])[:40]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rows += ["| " + " | ".join(str(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    rows += ["| " + " | ".join(str(v) for v in r) + " |" for r in table]
     return "\n".join(rows)
 
 

@@ -169,7 +169,7 @@ def test_explain_shows_the_same_decision(gpu_db, stand_in, monkeypatch):
         _attention(1)
     runtime = selection.selection_details(q_dev(), D, torch.float16, False, 1, S)["build_check"]
 
-    from rocmflash.api import explain as E
+    from rocmflash.cli import explain as E
 
     verdict = {"kept": True, "reason": None, "detail": None, "vgprs": 128, "agprs": 0, "spills": 0,
                "sgpr_spills": 0, "scratch_bytes": 0, "waves_per_simd": 4}

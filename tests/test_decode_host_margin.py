@@ -120,7 +120,7 @@ def test_no_incumbent_switch_still_runs_the_kernel(interpret, tmp_path, monkeypa
 
 
 def test_explain_says_the_host_margin_decided(tmp_path, monkeypatch):
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
 
     path = _margin_db(tmp_path, monkeypatch)
     fwd = explain("h100", D, "fp16", False, 1, seqlen_k=SK, gqa_ratio=HQ // HKV, db_path=path, check=False,

@@ -266,7 +266,7 @@ def test_hf_masked_single_sequence_step_follows_the_entry(interpret, tmp_path, m
 
 
 def test_explain_shows_the_decode_entry_both_times_and_the_kvcache_route(tmp_path, monkeypatch):
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
 
     path = _decode_db(tmp_path, monkeypatch, SDPA_WINS)
     res = explain("h100", D, "fp16", False, 1, seqlen_k=SK, gqa_ratio=4, db_path=path, check=False, batch=B)

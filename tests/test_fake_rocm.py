@@ -451,7 +451,7 @@ def test_a_cuda_tuned_entry_naming_cudnn_runs_rocmflash_on_rocm(fake_rocm, tmp_p
     import warnings
 
     import rocmflash
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
     from rocmflash.kernels.launch import observe_launches
 
     _served_db(tmp_path, monkeypatch, runtime, record)
@@ -477,7 +477,7 @@ def test_a_cuda_tuned_entry_naming_cudnn_runs_rocmflash_on_rocm(fake_rocm, tmp_p
     assert dec["forward"]["runs"].startswith("rocmflash") and says in dec["forward"]["why"], dec["forward"]
     from rich.console import Console
 
-    from rocmflash.api.explain import print_explanation
+    from rocmflash.cli.explain import print_explanation
 
     console = Console(record=True, width=400)
     print_explanation(explain("mi250", 32, "fp16", False, 64, gqa_ratio=4, check=False), console)
@@ -492,7 +492,7 @@ def test_the_record_of_a_rocm_entry_serves_and_keeps_another_torch_version(fake_
     """The same entries timed on ROCm (an older torch) serve ROCm's flash backend: a torch upgrade keeps them, and
     ``explain`` says both versions."""
     import rocmflash
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
 
     record = {"platform": "hip", "torch": "2.9.0+rocm6.4", "cuda": None, "hip": "6.4.1", "rocm_fa_library": "AOTriton"}
     _served_db(tmp_path, monkeypatch, "hip 6.4.1", record, backend="flash")

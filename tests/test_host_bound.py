@@ -99,7 +99,7 @@ def test_no_incumbent_switch_still_wins(tmp_path, monkeypatch):
 
 
 def test_explain_shows_the_expected_eager_times_and_agrees_with_the_dispatch(tmp_path, monkeypatch):
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
 
     _db(tmp_path, monkeypatch, with_floors=True)
     db_path = str(tmp_path / "h100.json")
@@ -112,3 +112,35 @@ def test_explain_shows_the_expected_eager_times_and_agrees_with_the_dispatch(tmp
     assert large["runs"]["forward"]["runs"] == "rocmflash" and large["runs"]["forward+backward"]["runs"] == "rocmflash"
     with pytest.raises(ValueError, match="--heads 3 is invalid"):
         explain("h100", 32, "fp16", True, 2048, gqa_ratio=2, db_path=db_path, check=False, heads=3)
+
+
+def test_explain_prints_the_asked_calls_times_not_only_the_entrys(tmp_path, monkeypatch):
+    """The entry was timed at B8 H32 S2048; a B1 H2 S1500 call is a sliver of that work: explain gives the asked
+    call's expected times (floors where host-bound, the scaled kernel time otherwise) beside the entry's."""
+    from rich.console import Console
+
+    from rocmflash.cli.explain import explain, print_explanation
+
+    _db(tmp_path, monkeypatch, with_floors=True)
+    db_path = str(tmp_path / "h100.json")
+    small = explain("h100", 32, "fp16", True, 1500, gqa_ratio=2, db_path=db_path, check=False, batch=1, heads=2)
+    scale = (1 * 2 * 1500 * 1500) / (8 * 32 * 2048 * 2048)
+    fwd = small["runs"]["forward"]["asked"]
+    assert fwd["shape"] == {"batch": 1, "heads_q": 2, "seqlen_q": 1500, "seqlen_k": 1500}
+    assert fwd["scale"] == pytest.approx(scale, rel=1e-4)
+    assert (fwd["sdpa_ms"], fwd["rocmflash_ms"]) == (FLOORS["time_ms"], FLOORS["triton_ms"])  # host-bound: floors
+    console = Console(width=200, record=True)
+    print_explanation(small, console)
+    text = console.export_text()
+    assert "this call (B1 H2 Sq1500 Sk1500): SDPA 0.026 ms vs rocmflash 0.031 ms" in text
+    assert "entry's times: SDPA cudnn 0.6 ms vs rocmflash 0.55 ms" in text
+    # no floors: the kernel time scaled to the call, said as such
+    (tmp_path / "b").mkdir()
+    _db(tmp_path / "b", monkeypatch, with_floors=False)
+    bare = explain("h100", 32, "fp16", True, 1024, gqa_ratio=2, db_path=str(tmp_path / "b" / "h100.json"),
+                   check=False, batch=4, heads=32)
+    asked = bare["runs"]["forward+backward"]["asked"]
+    eighth = (4 * 1024 * 1024) / (8 * 2048 * 2048)
+    assert asked["rocmflash_ms"] == pytest.approx(TRITON_KERNEL["train"]["triton_ms"] * eighth, rel=1e-3)
+    assert asked["sdpa_ms"] == pytest.approx(TRITON_KERNEL["train"]["time_ms"] * eighth, rel=1e-3)
+    assert "no host floor" in asked["basis"]

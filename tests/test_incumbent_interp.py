@@ -173,7 +173,7 @@ def test_far_buckets_and_the_switch_keep_rocmflash(interpret, tmp_path, monkeypa
 
 
 def test_explain_says_what_runs_and_why(tmp_path, monkeypatch):
-    from rocmflash.api.explain import explain
+    from rocmflash.cli.explain import explain
 
     _entry_db(tmp_path, monkeypatch, FASTER_FWD)
     path = str(tmp_path / "h100.json")

@@ -215,7 +215,7 @@ def test_safe_entries_equal_right_lists_and_clamp_wrong_ones(interpret):
 def test_explain_says_which_varlen_path_runs_and_why(stand_in, tmp_path, capsys):
     from rich.console import Console
 
-    from rocmflash.api.explain import explain, print_explanation
+    from rocmflash.cli.explain import explain, print_explanation
 
     _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): _entry(0.05),
                          TV.varlen_key(32, "fp16", 2, False, 64): _entry(0.2)})

@@ -20,6 +20,7 @@ from typing import Optional
 
 from isa_tools.cli import add_isa_arguments
 from isa_tools.cli import run as run_isa
+from rocmflash.hw import compat
 from rocmflash.hw.compat import UnsupportedVersionError
 from rocmflash.hw.gpus import UnknownGPUError, get_gpu, known_gpu_names
 
@@ -35,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rocmflash",
         description="Tune Triton FlashAttention kernels for AMD wave-64 GPUs from compiler truth.",
     )
+    parser.add_argument("--version", action=VersionAction,
+                        help="print rocmflash's version and the torch and Triton it finds, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -142,6 +145,46 @@ def build_parser() -> argparse.ArgumentParser:
                                         "CPU-only box; exit code 1 when rocmflash cannot run here.")
     doctor.add_argument("--json", action="store_true", help="the same report as JSON")
     return parser
+
+
+def version_text() -> str:
+    """``rocmflash X``, then torch's and Triton's versions (with the distribution that provides Triton where it is
+    not ``triton``: ``pytorch-triton-rocm``). Each is imported, as a kernel build would: one that is installed but
+    fails to import says so in one line, one that is missing says that; neither stops ``--version``."""
+    import rocmflash
+
+    lines = [f"rocmflash {rocmflash.__version__}"]
+    for info in (compat.installed_torch(), compat.installed_triton()):
+        lines.append(_version_line(info))
+    return "\n".join(lines)
+
+
+def _version_line(info) -> str:
+    """``torch 2.13.0``, ``triton 3.5.0 (pytorch-triton-rocm)``, ``... not installed`` or ``... import fails: ...``
+    for a :class:`rocmflash.hw.compat.Installed`."""
+    import importlib
+
+    if info.version is None:
+        return f"{info.module} not installed"
+    line = f"{info.module} {info.version}" + (f" ({info.distribution})"
+                                              if info.distribution not in (None, info.module) else "")
+    try:
+        importlib.import_module(info.module)
+    except Exception as err:  # noqa: BLE001 - a broken install is what --version must report, not raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        line += f": import fails ({type(err).__name__}: {first})"
+    return line
+
+
+class VersionAction(argparse.Action):
+    """``--version``: like argparse's own, but the text is built only when the flag is given."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -343,7 +386,7 @@ def compile_demo_kernel(gpu, cache_dir: str, num_warps: int = 4) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from rocmflash.api.explain import explain, print_explanation
+    from rocmflash.cli.explain import explain, print_explanation
 
     if args.variant not in ("online", "split_kv", "two_phase", "split_d"):
         raise ValueError(f"--variant {args.variant!r} is unknown; expected online, split_kv, two_phase or split_d")

@@ -179,6 +179,8 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
                      "rocmflash_ms": times.get("triton_ms") if times else None,
                      "why": why or refused or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
         floor = (floors.get("train") if train else floors) if floors else None
+        out[side]["asked"] = _asked_times(times, floor, _entry_shape(gpu_name, head_dim, dtype, causal, gqa_ratio,
+                                                                     match), batch, heads, seqlen_q, seqlen_k, causal)
         if not why and not refused and shape is not None and times and floor and times.get("time_ms") is not None \
                 and floor.get("time_ms") is not None:
             scale = work_scale(shape, batch, heads, seqlen_q, seqlen_k, causal)
@@ -188,6 +190,44 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
                                  f"its kernel time scaled to this call, x{scale:.3g} of the entry's work): "
                                  + ("SDPA faster" if backend else "rocmflash as fast or faster"))
     return out
+
+
+def _entry_shape(gpu_name, head_dim, dtype, causal, gqa_ratio, match) -> Optional[dict]:
+    """The shape (batch, heads, lengths) the entry ``match`` names was timed at, or None."""
+    from rocmflash.api.selection import match_entry
+
+    shape = match_entry(gpu_name, head_dim, dtype, causal, gqa_ratio, match).get("shape")
+    return shape if isinstance(shape, dict) else None
+
+
+def _asked_times(times: Optional[dict], floor: Optional[dict], shape: Optional[dict], batch: int, heads: int,
+                 seqlen_q: int, seqlen_k: int, causal: bool) -> Optional[dict]:
+    """Each side's time for the asked call, not the entry's: ``{"sdpa_ms", "rocmflash_ms", "shape", "scale",
+    "basis"}``, or None where the entry holds no times to start from. A kernel-timed entry is scaled by the call's
+    work over the entry shape's, and held at each side's host floor where one was measured
+    (:mod:`rocmflash.api.host_bound`, as dispatch expects it); an eager-timed entry's times are per call at its
+    own shape, so they are the asked call's only where the shapes agree (else scale and basis say so)."""
+    from rocmflash.api.host_bound import expected_ms, work_scale
+    from rocmflash.api.incumbent import EAGER_TIMING
+
+    if not times or times.get("time_ms") is None or times.get("triton_ms") is None or shape is None:
+        return None
+    asked = {"batch": batch, "heads_q": heads, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    scale = work_scale(shape, batch, heads, seqlen_q, seqlen_k, causal)
+    if times.get("timing") == EAGER_TIMING:
+        same = all(shape.get(k) == v for k, v in asked.items())
+        return {"sdpa_ms": times["time_ms"] if same else None, "rocmflash_ms": times["triton_ms"] if same else None,
+                "shape": asked, "scale": round(scale, 6),
+                "basis": "eager per-call times of this very shape" if same else
+                "eager per-call times of the entry's shape only (host time does not scale): not estimated"}
+    if floor and floor.get("time_ms") is not None and floor.get("triton_ms") is not None:
+        sdpa, triton_ms = expected_ms(times, floor, scale)
+        basis = f"kernel times x{scale:.3g} of the entry's work, at least each side's host floor"
+    else:
+        sdpa, triton_ms = times["time_ms"] * scale, times["triton_ms"] * scale
+        basis = f"kernel times x{scale:.3g} of the entry's work (no host floor measured: kernel time only)"
+    return {"sdpa_ms": round(sdpa, 5), "rocmflash_ms": round(triton_ms, 5), "shape": asked, "scale": round(scale, 6),
+            "basis": basis}
 
 
 def _timed_on(field: Optional[dict], path: Optional[str]) -> Optional[dict]:
@@ -336,8 +376,15 @@ def print_explanation(result: dict, console) -> None:
         r = result["runs"][side]
         times = ""
         if r["sdpa_ms"] is not None and r["rocmflash_ms"] is not None:
-            times = f" (SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
+            times = f" (entry's times: SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
         console.print(f"{side} runs: {r['runs']}{times}: {r['why']}", highlight=False)
+        asked = r.get("asked")
+        if asked:  # the call asked about, which the entry's shape rarely is
+            sh = asked["shape"]
+            at = f"B{sh['batch']} H{sh['heads_q']} Sq{sh['seqlen_q']} Sk{sh['seqlen_k']}"
+            shown = (f"SDPA {asked['sdpa_ms']} ms vs rocmflash {asked['rocmflash_ms']} ms"
+                     if asked["sdpa_ms"] is not None else "no estimate")
+            console.print(f"  this call ({at}): {shown} ({asked['basis']})", highlight=False)
     if (result["runs"].get("timed_on") or {}).get("note"):
         console.print(f"incumbent: {result['runs']['timed_on']['note']}", highlight=False)
     if "decode_entry" in result["runs"]:
