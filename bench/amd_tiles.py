@@ -6,9 +6,9 @@ perf-kernels, ROCm/flash-attention, vLLM), plus the ``matrix_instr_nonkdim``/``k
 siblings of the 128x64 w4 s1 wpe2 default, for D = 64 and 128, causal and not, bf16 and
 fp16, on gfx942 and gfx950, twice:
 
-* **before**: the kernel at a git ref (default ``HEAD``): ``rocmflash/kernels/online.py``
+* **before**: the kernel at a git ref (default ``HEAD``): ``rocmflash/kernels/forward/online.py``
   and ``rocmflash/kernels/common.py`` of that ref, loaded as a private package;
-* **after**: the kernel of the working tree (``rocmflash.kernels.online``).
+* **after**: the kernel of the working tree (``rocmflash.kernels.forward.online``).
 
 Each build is read with ``isa_tools`` (VGPR, AGPR, VGPR spills, scratch, waves/SIMD from
 the occupancy model). Prints one markdown table (``--out`` also writes it) and a summary
@@ -106,7 +106,7 @@ def before_module(ref: str):
     where = os.path.join(tempfile.gettempdir(), f"rocmflash-amd-tiles-{os.getuid()}", pkg)
     os.makedirs(where, exist_ok=True)
     common = _git_show(ref, "rocmflash/kernels/common.py")
-    online = _git_show(ref, "rocmflash/kernels/online.py")
+    online = _git_show(ref, "rocmflash/kernels/forward/online.py")
     online = online.replace("from rocmflash.kernels import common as C", f"from {pkg} import common as C")
     online = online.replace("from rocmflash.kernels.common import kernel_jit", f"from {pkg}.common import kernel_jit")
     for name, text in (("__init__.py", ""), ("common.py", common), ("online.py", online)):
@@ -121,7 +121,7 @@ def before_module(ref: str):
 
 
 def after_module():
-    from rocmflash.kernels import online
+    from rocmflash.kernels.forward import online as online
 
     return online
 

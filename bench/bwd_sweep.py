@@ -81,7 +81,7 @@ def _mock(value):
 def _warm_one(job):
     """Worker: compile one launch (kernel name, args with dtype stand-ins, constexprs, config)."""
     name, args, constexprs, cfg = job
-    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.backward import host as bw
     from rocmflash.kernels import common as C
 
     try:
@@ -122,7 +122,7 @@ def sweep_problem(name, spec, dtype, workers, rounds, log):
     import rocmflash
     from rocmflash.api.selection import select_bwd_config
     from rocmflash.config import KernelConfig as K
-    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.backward import host as bw
     from rocmflash.kernels import common as C
 
     B, Hq, Hkv, S, D, causal = spec

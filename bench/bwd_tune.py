@@ -70,7 +70,7 @@ def bench_all(names, out: str, rounds: int, walls: dict, log) -> list:
     from rocmflash.api import ops
     from rocmflash.api import selection
     from rocmflash.hw.detect import detect_live_gpu
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
     from rocmflash.tuning.backward import reference_grads
     from user_grid import _build
 

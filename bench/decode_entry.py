@@ -12,7 +12,7 @@ rocmflash path is the public call with the shipped databases, host time included
 - ``kvcache``: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)`` (the default call);
 - ``kvcache unchecked``: the same with ``check_values=False``;
 - with ``--fused``, also ``attention fused``/``kvcache fused`` and ``attention two launches``/``kvcache two
-  launches``: the same calls with the decode kernel's fused merge forced on (``rocmflash.kernels.kv_decode.FUSED_COMBINE``
+  launches``: the same calls with the decode kernel's fused merge forced on (``rocmflash.kernels.decode.host.FUSED_COMBINE``
   = True: one launch, the last split program of each (sequence, K/V head) merges the splits) and forced off
   (split + combine), timed in the same interleaved rounds as the default rows, which run the shipped rule
   (``kv_decode.fuses_merge``: fused for small caches on CUDA).
@@ -33,7 +33,7 @@ from interleaved import MarkdownTable, gpu_table_head, interleaved_medians
 
 def _with_fused_merge(fn, on: bool = True):
     """``fn`` run with the decode kernel's fused merge forced on (``on``) or off (and the flag restored after)."""
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     def call():
         before, KD.FUSED_COMBINE = KD.FUSED_COMBINE, on

@@ -9,7 +9,7 @@ CUDA/HIP graph over cache copies larger than twice the L2:
   no dot): the rate the access pattern allows;
 * ``widen``: the tiles are widened fp8 -> fp16 and summed in fp32 (the decode kernel's conversions,
   no dot);
-* ``decode``: the decode kernel itself (:mod:`rocmflash.kernels.kv_decode`, split + combine).
+* ``decode``: the decode kernel itself (:mod:`rocmflash.kernels.decode.host`, split + combine).
 
 A bf16 cache with half the K/V heads (the same bytes) runs ``bytes`` and ``decode`` too. Output: µs and %
 of the HBM peak per kernel.
@@ -78,7 +78,7 @@ def _graph_us(fns) -> float:
 
 
 def probe(torch, batch: int, kv: int, kv_heads: int, dtype, configs) -> list:
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.kernels import masks as M
 
     Hq, D, dev = 32, 128, "cuda"

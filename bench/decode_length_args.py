@@ -48,7 +48,7 @@ def _registers(kernel) -> dict:
 def builds(target: str, paged: bool) -> dict:
     """``{build name: (registers or {}, ops)}`` of the three builds of the split kernel for ``target``."""
     from rocmflash.kernels import common as C
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     cfg = KD.default_decode_config(target, 128)
     nvidia = target.startswith("sm_")

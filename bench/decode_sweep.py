@@ -2,7 +2,7 @@
 
 For each decode problem (one new token, D=128, Hq=32 / Hkv=4, bf16, contiguous cache), every
 config of a small grid -- ``BLOCK_N`` x warps x stages x split count (a multiple of what
-:func:`rocmflash.kernels.kv_decode.choose_num_splits` picks) -- runs the split and combine
+:func:`rocmflash.kernels.decode.host.choose_num_splits` picks) -- runs the split and combine
 kernels captured in a CUDA/HIP graph (20 calls per replay), so what is timed is GPU time. The
 same is done for SDPA on the dense cache. Each replay cycles through copies of the K/V cache
 larger than twice the last-level cache together (each call finds its cache cold, as each layer
@@ -53,7 +53,7 @@ GRIDS = {"default": ((64, 128), (4, 8), (1, 2, 3), (0.5, 1, 2, 4)),
 
 def sweep(torch, F, problems, kv_heads: int = 4, kv_dtype: str = "bf16", grid: str = "default"):
     from rocmflash.hw.fp8 import FAMILY_DTYPES
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.kernels import masks as M
     from rocmflash.kernels.common import num_compute_units
 

@@ -90,7 +90,7 @@ def attn_sweep(tokens=16384, hd=2048):
     from triton.testing import do_bench
 
     from rocmflash.config import KernelConfig
-    from rocmflash.kernels.backward import BwdConfig, backward
+    from rocmflash.kernels.backward.host import BwdConfig, backward
     from rocmflash.api.ops import attention_op
     from rocmflash.api.selection import select_bwd_config
 

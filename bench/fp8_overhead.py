@@ -3,17 +3,17 @@
 ``flash_attn_func`` on fp8 q/k/v (B 4, Hq 32, Hkv 8, D 128, e4m3) at each ``--seqlens`` length, causal and not, timed
 seven ways in the same interleaved rounds (CUDA events around ``--iters`` back-to-back calls, host included):
 
-- ``api``: the public call (V made K-major by :func:`rocmflash.kernels.fp8_forward.as_kmajor_v` where the arch
+- ``api``: the public call (V made K-major by :func:`rocmflash.kernels.fp8.forward.as_kmajor_v` where the arch
   wants it, the launch, the error-word poll; the checks, the selection and the launch keys once per call
   signature: :mod:`rocmflash.api.fp8_plans`);
 - ``api, checked every call``: the same with the kept plans cleared before each call, so each runs the checks,
   the selection and the launch-key computation (as every call did before the plans);
-- ``kernel``: :func:`rocmflash.kernels.fp8_forward.launch` with the same config on a V that is K-major already
+- ``kernel``: :func:`rocmflash.kernels.fp8.forward.launch` with the same config on a V that is K-major already
   (no copy), the output preallocated;
-- ``kmajor copy``: :func:`~rocmflash.kernels.fp8_forward.as_kmajor_v` alone (the Triton transpose,
-  :func:`rocmflash.kernels.fp8_vlayout.kmajor_copy`);
+- ``kmajor copy``: :func:`~rocmflash.kernels.fp8.forward.as_kmajor_v` alone (the Triton transpose,
+  :func:`rocmflash.kernels.fp8.vlayout.kmajor_copy`);
 - ``torch copy`` and ``api, torch copy``: the same copy made as rocmflash made it before that kernel
-  (:func:`~rocmflash.kernels.fp8_vlayout.torch_kmajor_copy`: ``copy_`` of the transposed view into the padded
+  (:func:`~rocmflash.kernels.fp8.vlayout.torch_kmajor_copy`: ``copy_`` of the transposed view into the padded
   buffer), alone and swapped into the public call;
 - ``byte copy``: ``torch.Tensor.copy_`` of V's bytes into a contiguous buffer (the same bytes moved, no
   transpose): what a copy at the memory's speed costs.
@@ -39,8 +39,8 @@ from interleaved import MarkdownTable, gpu_table_head, interleaved_medians, kern
 def _paths(torch, S: int, causal: bool):
     import rocmflash
     from rocmflash.api.selection_fp8 import select_fp8_config
-    from rocmflash.kernels import fp8_forward as F8
-    from rocmflash.kernels import fp8_vlayout as VL
+    from rocmflash.kernels.fp8 import forward as F8
+    from rocmflash.kernels.fp8 import vlayout as VL
 
     B, Hq, Hkv, D = 4, 32, 8, 128
     f8 = torch.float8_e4m3fn

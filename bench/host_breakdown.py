@@ -41,7 +41,7 @@ def _rows(torch, F, triton, tl):
     import rocmflash
     from rocmflash.api import ops
     from rocmflash.api.selection import select_bwd_config, select_config
-    from rocmflash.kernels import backward as kb
+    from rocmflash.kernels.backward import host as kb
     from rocmflash.kernels import common as C
     from rocmflash.kernels import get_variant
 

@@ -105,7 +105,7 @@ class _PinnedBackward:
 
     def __enter__(self):
         import rocmflash.api.selection as S
-        from rocmflash.kernels.backward import default_bwd_config
+        from rocmflash.kernels.backward.host import default_bwd_config
 
         self.real = S.select_varlen_bwd_config
 

@@ -335,7 +335,7 @@ class Problem:
 
     ``dtype``: ``fp16``, ``bf16`` or ``fp8`` (:data:`FP8`: Q, K and V in the target's e4m3 format,
     bf16 output). Only the forward's ``online`` variant has an fp8 build
-    (:mod:`rocmflash.kernels.fp8_forward`, routed by :func:`rocmflash.static.compile.compile_forward`).
+    (:mod:`rocmflash.kernels.fp8.forward`, routed by :func:`rocmflash.static.compile.compile_forward`).
     """
 
     head_dim: int = 128

@@ -14,8 +14,8 @@ The families, by key (:func:`family`):
   written before ``PRE_LOAD_V`` existed still serves, and exports, with ``PRE_LOAD_V: false``);
   ``best_per_variant`` (forward) maps a variant to ``{"config": <KernelConfig dict>, "tflops": ...}``;
 * ``bwd-...`` and ``varlen-bwd-...``: ``best`` is ``{"dkdv": <KernelConfig dict>, "dq": <KernelConfig
-  dict>, "head_splits": int >= 0}`` (:class:`~rocmflash.kernels.backward.BwdConfig`);
-* ``decode-...``: ``best`` holds :class:`~rocmflash.kernels.kv_decode.DecodeConfig`'s fields
+  dict>, "head_splits": int >= 0}`` (:class:`~rocmflash.kernels.backward.host.BwdConfig`);
+* ``decode-...``: ``best`` holds :class:`~rocmflash.kernels.decode.host.DecodeConfig`'s fields
   (``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``waves_per_eu`` and ``num_splits``).
 
 Every family: the entry is an object; ``measured`` (if present) is true or false; ``incumbent`` (if present
@@ -48,7 +48,7 @@ _PREFIXES = (("varlen-bwd-", VARLEN_BWD), ("varlen-", VARLEN), ("bwd-", BWD), ("
 
 #: the tile fields a stored config must name (the others have defaults every rocmflash agrees on)
 _TILE = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-#: DecodeConfig's fields (:class:`rocmflash.kernels.kv_decode.DecodeConfig`, not imported: it imports Triton)
+#: DecodeConfig's fields (:class:`rocmflash.kernels.decode.host.DecodeConfig`, not imported: it imports Triton)
 _DECODE_REQUIRED = ("BLOCK_N", "num_warps", "num_stages")
 _DECODE_FIELDS = _DECODE_REQUIRED + ("waves_per_eu", "num_splits")
 _DECODE_BLOCKS = (16, 32, 64, 128, 256)
@@ -240,7 +240,7 @@ def _forward_extras(entry: dict, out: dict) -> None:
 
 
 def _bwd_config(best: dict) -> dict:
-    """A backward ``best`` (:class:`~rocmflash.kernels.backward.BwdConfig`'s dict), its two configs completed."""
+    """A backward ``best`` (:class:`~rocmflash.kernels.backward.host.BwdConfig`'s dict), its two configs completed."""
     out = dict(best)
     for kernel in ("dkdv", "dq"):
         if kernel not in best:

@@ -239,10 +239,11 @@ def fresh_decode():
     """No decode error bits or kept decode plans from another test, before and after this one (plans skip the
     arch check for a known signature)."""
     from rocmflash.api import decode as Dm
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
 
-    KD._ERROR_WORDS.clear()
+    DC._ERROR_WORDS.clear()
     Dm.clear_cache()
     yield
-    KD._ERROR_WORDS.clear()
+    DC._ERROR_WORDS.clear()
     Dm.clear_cache()

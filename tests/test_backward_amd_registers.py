@@ -10,7 +10,7 @@ import pytest
 
 from isa_tools import kernel_summary, read_code_object
 from rocmflash.config import Problem
-from rocmflash.kernels.backward import compile_for, default_bwd_config
+from rocmflash.kernels.backward.host import compile_for, default_bwd_config
 
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942"])

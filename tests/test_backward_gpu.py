@@ -7,7 +7,7 @@ import torch
 
 from rocmflash.api.selection import select_bwd_config, select_config
 from rocmflash.kernels import get_variant
-from rocmflash.kernels.backward import backward
+from rocmflash.kernels.backward.host import backward
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 

@@ -15,7 +15,7 @@ import torch
 import rocmflash
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import get_variant
-from rocmflash.kernels.backward import BwdConfig, backward, check_head_dim, default_bwd_config
+from rocmflash.kernels.backward.host import BwdConfig, backward, check_head_dim, default_bwd_config
 
 pytestmark = [pytest.mark.usefixtures("interpret"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]
@@ -171,7 +171,7 @@ def test_head_splits_that_do_not_divide_the_group_are_refused(attention_referenc
     (1, 1, 6, 256, 6),      # 4 programs: the whole group is not enough either
 ])
 def test_choose_head_splits(batch, heads_kv, group, seqlen_k, expected):
-    from rocmflash.kernels.backward import choose_head_splits
+    from rocmflash.kernels.backward.host import choose_head_splits
 
     got = choose_head_splits(batch, heads_kv, group, seqlen_k, block_n=64, compute_units=132)
     assert got == expected and group % got == 0

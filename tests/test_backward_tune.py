@@ -49,7 +49,7 @@ def test_space_shape(arch, head_dim, per_kernel):
 
 
 def test_default_configs_are_points_of_the_space():
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
 
     for arch in ("sm_90", "gfx90a", "gfx942"):
         for d in (64, 128, 256):
@@ -163,7 +163,7 @@ def test_measure_gates_and_times_both_kernels(interpret):
 
 
 def test_measure_rejects_wrong_gradients(interpret, monkeypatch):
-    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.backward import host as bw
 
     real = bw.launch_dkdv
 
@@ -261,7 +261,7 @@ def test_selection_and_autograd_use_a_measured_entry(fake_rocm, tmp_path, monkey
     """Under a fake ROCm MI250 the autograd backward asks for the problem's entry and runs it correctly."""
     import rocmflash
     from rocmflash.api import selection
-    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.backward import host as bw
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
@@ -293,7 +293,7 @@ def test_cli_tune_bwd_under_fake_rocm_measures_in_the_interpreter(fake_rocm, tmp
     """`tune --gpu mi250 --pass bwd` on a (fake) MI250: gates and times every survivor and the defaults in
     isolated interpreter workers; the entry is recorded as interpreter-timed and never served."""
     from rocmflash.cli import main
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
 
     small = [TB.space_point("dq", K(BLOCK_M=32, BLOCK_N=16, num_stages=1)),
              TB.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32, num_stages=1))]

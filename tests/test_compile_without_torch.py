@@ -10,7 +10,13 @@ _SCRIPT = """
 import sys
 from rocmflash.static import compile as SC, families
 from rocmflash.tuning import backward, decode, varlen, varlen_bwd
-from rocmflash.kernels import backward as KB, kv_decode as KD, split_kv, varlen as KV, kv_quant, kv_append, online
+from rocmflash.kernels.backward import host as KB
+from rocmflash.kernels.decode import host as KD
+from rocmflash.kernels.forward import split_kv as split_kv
+from rocmflash.kernels.varlen import host as KV
+from rocmflash.kernels.decode import quant as kv_quant
+from rocmflash.kernels.decode import append as kv_append
+from rocmflash.kernels.forward import online as online
 from rocmflash.hw import fp8
 assert "torch" not in sys.modules, "importing the compile path imported torch"
 cfg = KD.DecodeConfig(BLOCK_N=64, num_warps=4, num_stages=1)

@@ -123,7 +123,7 @@ def test_an_entry_without_a_config_is_absent_without_a_warning(entry, tmp_path):
                                   dict(DECODE_BEST, waves_per_eu=11), dict(DECODE_BEST, num_warps=32)])
 def test_the_decode_check_agrees_with_decodeconfig(best):
     """The check copies DecodeConfig's rules (DecodeConfig's module imports Triton, the check must not)."""
-    from rocmflash.kernels.kv_decode import DecodeConfig
+    from rocmflash.kernels.decode.host import DecodeConfig
 
     try:
         DecodeConfig.from_dict(best)

@@ -3,7 +3,8 @@
 import pytest
 
 from isa_tools import kernel_summary, read_code_object
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
+from rocmflash.kernels.decode import kernel as DK
 
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx950"])
@@ -100,8 +101,8 @@ def test_unspecialised_lengths_keep_the_specialised_build_s_loads_and_registers(
 
     cfg = KD.default_decode_config(arch, 128)
     unspecialised = KD.compile_for(arch, cfg, 128, "bf16", group=8, paged=paged, page_size=256)[0]
-    specialised_fn = C._DualJIT(KD._decode_split.fn)  # every integer specialised, as before LENGTH_ARGS
-    assert KD._decode_split.unspecialised == KD.LENGTH_ARGS and specialised_fn.unspecialised == ()
+    specialised_fn = C._DualJIT(DK._decode_split.fn)  # every integer specialised, as before LENGTH_ARGS
+    assert DK._decode_split.unspecialised == DK.LENGTH_ARGS and specialised_fn.unspecialised == ()
     monkeypatch.setattr(KD, "_decode_split", specialised_fn)
     monkeypatch.setattr(KD, "strides_aligned", lambda lengths: False)  # the divisibility comes from Triton
     specialised = KD.compile_for(arch, cfg, 128, "bf16", group=8, paged=paged, page_size=256)[0]
@@ -125,7 +126,7 @@ def test_unspecialised_lengths_keep_the_specialised_build_s_loads_on_sm90(monkey
 
     cfg = KD.default_decode_config("sm_90", 128)
     unspecialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
-    monkeypatch.setattr(KD, "_decode_split", C._DualJIT(KD._decode_split.fn))
+    monkeypatch.setattr(KD, "_decode_split", C._DualJIT(DK._decode_split.fn))
     monkeypatch.setattr(KD, "strides_aligned", lambda lengths: False)
     specialised = KD.compile_for("sm_90", cfg, 128, "bf16", group=8)[0]
     counts = [_instruction_counts(k.asm["ptx"], nvidia=True) for k in (unspecialised, specialised)]

@@ -21,7 +21,7 @@ from varlen_reference import attention_fp64, rel_err
 @pytest.fixture
 def fused(monkeypatch):
     from rocmflash.api import decode
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     monkeypatch.setattr(KD, "FUSED_COMBINE", True)
     monkeypatch.setattr(KD, "_ARRIVALS", {})

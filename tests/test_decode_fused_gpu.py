@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 @pytest.fixture
 def fused(monkeypatch):
     from rocmflash.api import decode
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     monkeypatch.setattr(KD, "FUSED_COMBINE", True)
     decode.clear_cache()
@@ -74,7 +74,7 @@ def test_the_shipped_rule_fuses_small_caches_only(monkeypatch, B, L, Hkv, kernel
     one split + combine; every repeat call gives the forced two-launch answer of the same random inputs."""
     from rocmflash import flash_attn_with_kvcache
     from rocmflash.api import decode
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.kernels.launch import observe_launches
 
     monkeypatch.setattr(KD, "FUSED_COMBINE", None)
@@ -99,7 +99,7 @@ def test_the_rule_fuses_a_small_fp8_cache_and_gives_the_two_launch_answer(monkey
     with a one-token append (quantised into the cache), equal to the forced two-launch call on a copy of the cache."""
     from rocmflash import flash_attn_with_kvcache
     from rocmflash.api import decode
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.kernels.launch import observe_launches
 
     gen = torch.Generator(device="cuda").manual_seed(3 + paged)

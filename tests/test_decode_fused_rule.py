@@ -6,7 +6,7 @@ the launch itself, ``tests/test_decode_fused_gpu.py``)."""
 
 import pytest
 
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
 
 SMALL = KD.FUSED_AUTO_MAX_KV_BYTES  # B1, 8k keys, GQA 32:8, D128, bf16: K and V together
 

@@ -16,7 +16,8 @@ import torch
 from rocmflash.api import decode as Dm
 from rocmflash.kernels import common as C
 from rocmflash.kernels import launch as L
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
+from rocmflash.kernels.decode import kernel as DK
 
 
 class _FakeCompiled:
@@ -394,7 +395,7 @@ def test_a_cache_one_key_longer_each_call_replays_one_plan(fake_triton, num_spli
         Dm.flash_attn_with_kvcache(q, k, v, num_splits=num_splits)  # nothing kept: every launch through the JIT
         want = [(r[1], r[2], _normalised(r[3], user)) for r in fake_triton[n:]]
         assert all(r[0] == "jit" for r in fake_triton[n:]) and got == want, k.shape
-        split_args = dict(zip(KD._decode_split.arg_names, fake_triton[n][3]))
+        split_args = dict(zip(DK._decode_split.arg_names, fake_triton[n][3]))
         assert split_args["CAPACITY"] == k.shape[1] and split_args["stride_kh"] == k.stride(2)
         assert split_args["WHOLE_CACHE"] is True  # no cache_seqlens: no (B,) lengths tensor filled per call
         aligned.append(split_args["KV_ALIGNED"])

@@ -102,7 +102,7 @@ def test_decode_route_strided_views_and_repeat_calls(interpret):
 
 @pytest.mark.parametrize("Sq,Sk,group", [(1, 128, 4), (32, 2048, 4), (17, 4096, 4), (64, 300, 1)])
 def test_other_shapes_stay_on_the_dense_kernel(interpret, Sq, Sk, group):
-    from rocmflash.kernels.kv_decode import is_decode_shaped
+    from rocmflash.kernels.decode.shape import is_decode_shaped
 
     assert not is_decode_shaped(Sq, Sk, group)
 

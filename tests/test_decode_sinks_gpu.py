@@ -21,7 +21,7 @@ def test_gpu_decode_sinks_match_the_eager_formula(monkeypatch, fused, page, spli
     from rocmflash import flash_attn_with_kvcache
     from rocmflash.api import decode
     from rocmflash.api.decode import check_errors
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     monkeypatch.setattr(KD, "FUSED_COMBINE", fused)
     decode.clear_cache()

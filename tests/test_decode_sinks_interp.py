@@ -124,7 +124,7 @@ def test_sinks_with_host_value_checks(interpret):
 def test_sinks_in_the_fused_merge(interpret, monkeypatch):
     """The one-launch path whose last split program merges (``FUSED_COMBINE``): split 0's sink counted once."""
     from rocmflash.api import decode
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.kernels.common import observe_launches
 
     monkeypatch.setattr(KD, "FUSED_COMBINE", True)
@@ -305,7 +305,7 @@ def test_sinks_build_cross_compiles_and_the_plain_build_has_no_sink_load():
     kernel never loads through the sink pointer (argument unused). On gfx942 (AMD's default, D=128) the sinks
     build spills nothing and keeps the plain build's waves/SIMD (VGPRs 150 -> 154 with Triton 3.6)."""
     from isa_tools import kernel_summary, read_code_object
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     for target, key, head_dim in (("gfx942", "amdgcn", 128), ("sm_90", "ptx", 64)):
         cfg = KD.default_decode_config(target, head_dim)

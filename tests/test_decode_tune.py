@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rocmflash import db as D
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
 from rocmflash.tuning import decode as TD
 
 

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu]
 def test_decode_tune_then_decode_serves_the_entry(live, run_cli_tune, monkeypatch):
     import rocmflash
     from rocmflash.api import decode
-    from rocmflash.kernels.kv_decode import DecodeConfig
+    from rocmflash.kernels.decode.host import DecodeConfig
 
     configs = run_cli_tune(["--mode", "decode", "--gpu", "auto", "--head-dim", "128", "--dtype", "bf16",
                             "--heads", "32", "--kv-heads", "4", "--seqlen", "8192", "--batch", "4"])

@@ -28,14 +28,15 @@ pytestmark = [pytest.mark.usefixtures("interpret"), pytest.mark.filterwarnings("
 def _fresh():
     """No error bits or kept decode plans from another test."""
     from rocmflash.api import decode as Dm
-    from rocmflash.kernels import fp8_errors
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.fp8 import errors as fp8_errors
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
 
-    for words in (KD._ERROR_WORDS, fp8_errors._ERROR_WORDS):
+    for words in (DC._ERROR_WORDS, fp8_errors._ERROR_WORDS):
         words.clear()
     Dm.clear_cache()
     yield
-    for words in (KD._ERROR_WORDS, fp8_errors._ERROR_WORDS):
+    for words in (DC._ERROR_WORDS, fp8_errors._ERROR_WORDS):
         words.clear()
     Dm.clear_cache()
 
@@ -101,7 +102,7 @@ def test_forward_zero_and_negative_descales_are_exact(which, value, causal):
     out = _forward(args, causal)
     ref, vf = _reference(args, causal)
     err = (out.double() - ref).abs()
-    # the fp8 forward's bound (kernels/fp8_forward.py): P rounded to e4m3 (u = 2**-4) times max|V|, the bf16 cast
+    # the fp8 forward's bound (kernels/fp8/forward.py): P rounded to e4m3 (u = 2**-4) times max|V|, the bf16 cast
     assert (err <= 2.0 ** -4 * vf.abs().amax((-1, -2), keepdim=True) + 2.0 ** -8 * ref.abs() + 1e-6).all()
     head = out[1, 0:HQ // HKV].double()  # the query heads of kv head 0 of sequence 1
     if which == "v_descale" and value == 0.0:

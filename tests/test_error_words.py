@@ -34,9 +34,10 @@ def _families():
     """Each family's :class:`Family`, by name."""
     import rocmflash.api.varlen as V
     from rocmflash.api import decode_errors as DE
-    from rocmflash.kernels import fp8_errors as FE
-    from rocmflash.kernels import kv_decode as KD
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.fp8 import errors as FE
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
+    from rocmflash.kernels.varlen import checks as VC
 
     varlen = Family("varlen", VC.ERRORS, V._poll_errors, V.check_errors, V.ERROR_POLL_CALLS,
                     VC.BAD_ORDER.value | (VC.BAD_LONG.value << VC.K_SHIFT.value),
@@ -45,8 +46,8 @@ def _families():
                     (" (clamped into the packed tensors, so no memory outside them was touched, but those sequences' "
                      "outputs are wrong); pass check_values=True to have each call checked on the host, with the "
                      "index and value"))
-    decode = Family("decode", KD.ERRORS, DE._poll_errors, DE.check_errors, DE.ERROR_POLL_CALLS,
-                    KD.BAD_PAGE.value | KD.BAD_DESCALE.value,
+    decode = Family("decode", DC.ERRORS, DE._poll_errors, DE.check_errors, DE.ERROR_POLL_CALLS,
+                    DC.BAD_PAGE.value | DC.BAD_DESCALE.value,
                     ("block_table pointing outside the cache's pages; a k_descale/v_descale not finite and > 0 "
                      "(that call appended nothing)"),
                     "flash_attn_with_kvcache on cuda:0: ",
@@ -112,19 +113,19 @@ def _gpu_word(errors, bits=0, host_bits=0, event=None):
 def test_every_family_keeps_its_word_in_the_one_mechanism():
     from rocmflash.api import fp8
     from rocmflash.kernels import error_words as EW
-    from rocmflash.kernels import fp8_errors as FE
-    from rocmflash.kernels import kv_decode as KD
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.fp8 import errors as FE
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.varlen import checks as VC
 
     cpu = torch.device("cpu")
     for errors, words, error_word in ((VC.ERRORS, VC._ERROR_WORDS, VC.error_word),
-                                      (KD.ERRORS, KD._ERROR_WORDS, KD.error_word),
+                                      (DC.ERRORS, DC._ERROR_WORDS, KD.error_word),
                                       (FE.ERRORS, fp8._ERROR_WORDS, fp8.error_word)):
         assert isinstance(errors, EW.ErrorWord) and words is errors.words
         word = error_word(cpu)
         assert word.dtype == torch.int32 and tuple(word.shape) == (1,) and int(word) == 0
         assert error_word(cpu) is word and errors.words[cpu] is word
-    assert len({id(VC.ERRORS), id(KD.ERRORS), id(FE.ERRORS)}) == 3  # one word per family and device
+    assert len({id(VC.ERRORS), id(DC.ERRORS), id(FE.ERRORS)}) == 3  # one word per family and device
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -230,7 +231,7 @@ def _message(family: str, bits: int, device, how: str) -> str:
     """What ``family``'s Report says of ``bits`` (the families' texts are checked whole above)."""
     import rocmflash.api.varlen as V
     from rocmflash.api import decode_errors as DE
-    from rocmflash.kernels import fp8_errors as FE
+    from rocmflash.kernels.fp8 import errors as FE
 
     return {"varlen": V._REPORT, "decode": DE._REPORT, "fp8": FE._REPORT}[family].message(bits, device, how)
 

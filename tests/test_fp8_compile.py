@@ -35,7 +35,7 @@ def _compile_arch(arch: str, cache_dir: str) -> dict:
 
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     from rocmflash.config import Problem, default_config
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
 
     results = []
     for dtype, *_ in FORMATS[arch]:
@@ -138,7 +138,7 @@ def test_second_amd_generation_in_one_process_is_refused(builds):
 @pytest.mark.parametrize("D", [64, 128])
 def test_sm90_both_gemms_in_fp8_and_p_converted_saturating(D):
     from rocmflash.config import Problem
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
 
     for dtype, ty in ((torch.float8_e4m3fn, "e4m3"), (torch.float8_e5m2, "e5m2")):
         cfg = fp8_forward.default_config("sm_90", D)
@@ -158,7 +158,7 @@ def test_sm90_v_is_k_major_no_byte_transpose(seqlen_k):
     shared memory byte by byte (64 st.shared.b8 at D=128). The launch's K-major V (key count padded to 16)
     arrives by 16-byte cp.async, also in masked blocks at an odd key count; no byte loads or stores."""
     from rocmflash.config import Problem
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
 
     cfg = fp8_forward.default_config("sm_90", 128)
     problem = Problem(head_dim=128, causal=True, seqlen_q=seqlen_k, seqlen_k=seqlen_k)
@@ -179,7 +179,7 @@ def test_sm90_v_is_k_major_no_byte_transpose(seqlen_k):
 def test_cross_compile_refuses_a_format_the_target_lacks(target, dtype, match):
     """Refused before anything compiles (so no AMD generation is claimed in this process)."""
     from rocmflash.config import KernelConfig, Problem
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
 
     with pytest.raises(TypeError, match=match):
         fp8_forward.compile_for(target, KernelConfig(), Problem(head_dim=64), dtype)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from isa_tools import kernel_summary, read_code_object
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
 from rocmflash.tuning import decode as TD
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -1,7 +1,7 @@
-"""fp8 forward (rocmflash.api.fp8, kernels/fp8_forward): numerics in Triton's interpreter, formats per arch, bad input.
+"""fp8 forward (rocmflash.api.fp8, kernels/fp8/forward): numerics in Triton's interpreter, formats per arch, bad input.
 
 The reference is fp64 attention of the *dequantised* inputs (``x_fp8 * descale``). The bound
-each element is held to (derived in ``rocmflash/kernels/fp8_forward.py``):
+each element is held to (derived in ``rocmflash/kernels/fp8/forward.py``):
 
     |O - O_ref| <= u * sum_j(P_j |V_j|) + n_keys * delta * max|V| + u_out * |O_ref| + 2**-12 * max|V|
 
@@ -23,7 +23,7 @@ import torch
 import rocmflash
 from rocmflash.api import fp8
 from rocmflash.config import KernelConfig
-from rocmflash.kernels import fp8_forward
+from rocmflash.kernels.fp8 import forward as fp8_forward
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 IDS = ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]

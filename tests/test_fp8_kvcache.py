@@ -166,7 +166,7 @@ def _fp8_bound(q, k, v, ks, vs, dtype, scale: float) -> float:
     ``sum_j |p'_j - p_j| <= e^2E - 1``; the output moves by at most ``(e^2E - 1) max|v'|`` from the weights and
     ``max_j |v'_j - v_j|`` from V. Per (row, head) this is computed exactly and the worst is returned.
     """
-    from rocmflash.kernels.kv_quant import LAYOUTS
+    from rocmflash.kernels.decode.quant import LAYOUTS
 
     lay = LAYOUTS[dtype]
     u8, sub = 2.0 ** -(lay.mant + 1), 2.0 ** (-lay.bias - lay.mant)
@@ -402,7 +402,7 @@ def test_fp8_decode_cross_compiles_for_amd(arch, kv_dtype, cvt, paged):
     """The arch's own fp8 cache builds with the per-arch default: no spill, no scratch, the occupancy of the
     bf16-cache build; half the bytes per cache load (byte loads of K/V, not 16-bit ones); on gfx942 the
     cache is widened with the hardware fp8/bf8 -> f32 conversions (Triton 3.6 converts in software on gfx950)."""
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     cfg = KD.default_decode_config(arch, 128)
     fp8 = KD.compile_for(arch, cfg, 128, "bf16", group=8, paged=paged, kv_dtype=kv_dtype)[0]
@@ -425,7 +425,7 @@ def test_fp8_decode_cross_compiles_for_sm90():
     it with the hardware fp8 -> f16x2 conversion straight into fp16 MMAs (no second, scalar f16 -> bf16
     conversion per element: that made the first H100 build slower than the bf16 cache)."""
     from isa_tools import read_cubin
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     k = KD.compile_for("sm_90", KD.default_decode_config("sm_90", 128, kv_fp8=True), 128, "bf16",
                        kv_dtype="fp8e4nv")[0]
@@ -442,7 +442,7 @@ def test_fp8_decode_cross_compiles_for_sm90():
                                                  ("gfx942", "fp16", ["kv_dtype", "fp8e4b8"])])
 def test_fp8_decode_build_for_the_wrong_format_is_refused(arch, kv_dtype, words):
     """Refused before compiling: Triton 3.6 asserts (gfx950 FNUZ) or LLVM aborts the process (gfx90a)."""
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     with pytest.raises(TypeError) as info:
         KD.compile_for(arch, KD.default_decode_config(arch, 128), 128, "bf16", kv_dtype=kv_dtype)
@@ -455,7 +455,7 @@ def test_quantise_append_kernel_cross_compiles(arch, dtype):
     """The append kernel (integer rounding, div_rn, one atomic) builds for each arch's format without spills."""
     from rocmflash.config import KernelConfig
     from rocmflash.kernels import common as C
-    from rocmflash.kernels import kv_quant as KQ
+    from rocmflash.kernels.decode import quant as KQ
 
     class P(C.Ptr):
         def __init__(self, ty, strides):
@@ -512,7 +512,7 @@ def test_fp8_cache_gets_its_own_config_and_twice_the_programs(interpret, monkeyp
     default_decode_config) -- and never a database entry tuned for the 16-bit cache."""
     from rocmflash.api import decode as Dm
     from rocmflash.api import selection
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.tuning import decode as TD
 
     tuned = KD.DecodeConfig(BLOCK_N=32, num_warps=8, num_stages=2)

@@ -12,7 +12,7 @@ import rocmflash
 from rocmflash.api import attention as api
 from rocmflash.api import fp8 as F8
 from rocmflash.api import fp8_plans, selection
-from rocmflash.kernels import fp8_forward
+from rocmflash.kernels.fp8 import forward as fp8_forward
 from rocmflash.tuning import live_fp8, live_gate
 
 pytestmark = [pytest.mark.usefixtures("interpret", "fresh_selection"),
@@ -173,7 +173,7 @@ def test_kept_launch_keys_replay_the_launch_a_checked_call_makes(monkeypatch):
     the interpreter switch): a plan's launches on an arch that reads V K-major keep the V copy's and the kernel's
     launch keys, equal to the keys a launch without a plan computes (one launch plan each, replayed); a misaligned
     tensor gets no kept key."""
-    from rocmflash.kernels import fp8_vlayout as VL
+    from rocmflash.kernels.fp8 import vlayout as VL
     from rocmflash.kernels import launch as L
 
     launched = []

@@ -40,7 +40,7 @@ def test_problem_takes_fp8_but_selection_dtypes_do_not():
 
 
 def test_fp8_min_key_block_is_the_kernels():
-    from rocmflash.kernels.fp8_forward import MIN_PIECE
+    from rocmflash.kernels.fp8.forward import MIN_PIECE
     from rocmflash.static.space import FP8_MIN_BLOCK_N
 
     assert FP8_MIN_BLOCK_N == MIN_PIECE
@@ -94,7 +94,7 @@ def test_cache_key_holds_the_fp8_format_and_the_fp8_sources(monkeypatch):
     import rocmflash.static.space as space
     from rocmflash.static.compile import FORWARD_SOURCES, fingerprint
 
-    assert {"kernels/fp8_forward.py", "hw/fp8.py"} <= set(FORWARD_SOURCES)  # the formats per arch moved to hw/fp8.py
+    assert {"kernels/fp8/forward.py", "hw/fp8.py"} <= set(FORWARD_SOURCES)  # the formats per arch moved to hw/fp8.py
     gpu, cfg = get_gpu("mi300x"), KernelConfig()
     key = fingerprint(cfg, Problem(dtype="fp8"), gpu)
     assert key != fingerprint(cfg, Problem(dtype="bf16"), gpu)
@@ -146,7 +146,7 @@ def _truth(arch: str, configs: list, cache_dir: str) -> list:
     import torch
 
     from isa_tools import kernel_summary, read_code_object
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
 
     dtype = torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
     out = []

@@ -117,7 +117,7 @@ def test_each_timed_gfx942_launch_copies_v_k_major_as_an_api_call_does(gate_on_c
     error against the dequantised reference within e4m3's unit roundoff, as the gate asks."""
     import math
 
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
     from rocmflash.tuning.live_worker import input_set, launch_set
 
     copies, real = [], fp8_forward.kmajor_copy

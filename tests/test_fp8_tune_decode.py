@@ -8,7 +8,7 @@ import torch
 
 from rocmflash import db as D
 from rocmflash.hw.gpus import get_gpu
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
 from rocmflash.tuning import decode as TD
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

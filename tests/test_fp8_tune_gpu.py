@@ -72,7 +72,7 @@ def test_fp8_tune_then_attention_serves_the_entry(live, fp8_dtype, run_cli_tune,
 def test_fp8_kv_decode_tune_then_kvcache_serves_the_entry(live, fp8_dtype, run_cli_tune, monkeypatch):
     import rocmflash
     from rocmflash.api import decode
-    from rocmflash.kernels.kv_decode import DecodeConfig
+    from rocmflash.kernels.decode.host import DecodeConfig
     from rocmflash.tuning import live_fp8
 
     configs = run_cli_tune(["--mode", "decode", "--gpu", "auto", "--kv-dtype", "fp8", "--head-dim", "128", "--dtype",

@@ -24,7 +24,7 @@ def _entries(gpu: str) -> dict:
 
 @pytest.mark.parametrize("gpu", sorted(FORMATS))
 def test_shipped_fp8_entries_load_unmeasured_in_the_arch_format(gpu, tmp_path, monkeypatch):
-    from rocmflash.kernels.fp8_forward import check_config
+    from rocmflash.kernels.fp8.forward import check_config
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))  # an empty user database: the shipped file alone
     D.clear_cache()

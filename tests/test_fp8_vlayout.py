@@ -1,4 +1,4 @@
-"""The fp8 forward's K-major V copy (``rocmflash.kernels.fp8_vlayout``): the same bytes in ``(B, H, D, Sk16)`` memory
+"""The fp8 forward's K-major V copy (``rocmflash.kernels.fp8.vlayout``): the same bytes in ``(B, H, D, Sk16)`` memory
 with a zeroed pad, in Triton's interpreter on poisoned buffers; real builds for sm_90 and gfx942 move V in 16-byte
 global accesses and spill nothing."""
 
@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from rocmflash.kernels import fp8_vlayout as VL
-from rocmflash.kernels.fp8_forward import as_kmajor_v
+from rocmflash.kernels.fp8 import vlayout as VL
+from rocmflash.kernels.fp8.forward import as_kmajor_v
 
 POISON = 0x7F  #: e4m3fn NaN: a byte the copy failed to write shows up as NaN, never as a plausible value
 

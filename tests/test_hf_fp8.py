@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 import rocmflash.integrations.hf as rf_hf  # noqa: E402
 from rocmflash.hw.fp8 import fp8_max  # noqa: E402
 from rocmflash.integrations.hf_fp8 import Fp8Cache, Fp8Layer  # noqa: E402
-from rocmflash.kernels.kv_quant import LAYOUTS  # noqa: E402
+from rocmflash.kernels.decode.quant import LAYOUTS  # noqa: E402
 from test_fp8_kvcache import _kernel_bound, _quantise  # noqa: E402
 from varlen_reference import attention_fp64  # noqa: E402
 
@@ -42,15 +42,16 @@ LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
 def _fresh():
     """No decode error bits or kept plans from another test (a kept plan skips the arch check)."""
     from rocmflash.api import decode as Dm
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
 
-    KD._ERROR_WORDS.clear()
+    DC._ERROR_WORDS.clear()
     Dm.clear_cache()
     yield
     from rocmflash.api.decode import check_errors
 
     check_errors()  # nothing in any test was out of range or a bad scale
-    KD._ERROR_WORDS.clear()
+    DC._ERROR_WORDS.clear()
     Dm.clear_cache()
 
 

@@ -18,7 +18,7 @@ import torch
 import rocmflash
 from rocmflash.api import ops, selection
 from rocmflash.config import KernelConfig
-from rocmflash.kernels.backward import empty_like_layout
+from rocmflash.kernels.backward.host import empty_like_layout
 from rocmflash.kernels.launch import observe_launches
 
 pytestmark = [pytest.mark.usefixtures("interpret", "fresh_selection"),

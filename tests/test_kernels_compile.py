@@ -97,7 +97,7 @@ def test_head_dim_pieces(D, expected):
 
 def test_online_halves_head_dim_only_where_registers_are_scarce():
     """The two-halves rule: AMD's 128x64 w4 wpe2 at D>=128, not NVIDIA configs, 8 warps, small accumulators."""
-    from rocmflash.kernels import online
+    from rocmflash.kernels.forward import online as online
 
     def pieces(cfg, D):
         c = online._constexprs(cfg, D, True, False)
@@ -138,7 +138,7 @@ def test_online_half_width_masked_blocks_only_on_amd_wide_tiles():
     """online._masked_blocks: 128-wide key blocks at an occupancy target and a >= 64-VGPR accumulator run
     masked blocks 64 wide (first, but last with 16x16 MFMAs); narrower blocks, no target, small accumulators
     and every CUDA default keep them."""
-    from rocmflash.kernels import online
+    from rocmflash.kernels.forward import online as online
 
     def plan(cfg, D=128):
         c = online._constexprs(cfg, D, True, False)

@@ -108,7 +108,7 @@ def test_online_head_dim_halves(D, causal, plv, attention_reference):
 
     D=112 pads to 128 and masks the second half's last 16 columns; D=256 becomes 128 + 128.
     """
-    from rocmflash.kernels import online
+    from rocmflash.kernels.forward import online as online
 
     cfg = KernelConfig(BLOCK_M=32, BLOCK_N=64, num_warps=1, waves_per_eu=2, PRE_LOAD_V=plv)
     pieces = online._constexprs(cfg, D, causal, True)
@@ -123,7 +123,7 @@ def test_online_head_dim_halves(D, causal, plv, attention_reference):
 def test_online_wide_tile_half_masked_blocks(nonkdim, causal, shape, attention_reference):
     """AMD's 128x128 w4 wpe2 tile runs its masked blocks 64 keys wide, before the unmasked loop
     except with 16x16 MFMAs (online._masked_blocks): diagonal, key tail, rows with no key (Sq > Sk)."""
-    from rocmflash.kernels import online
+    from rocmflash.kernels.forward import online as online
 
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=2,
                        matrix_instr_nonkdim=nonkdim)

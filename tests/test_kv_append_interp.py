@@ -1,4 +1,4 @@
-"""The one-launch append of new keys/values into a 16-bit KV cache (``rocmflash.kernels.kv_append``), in Triton's
+"""The one-launch append of new keys/values into a 16-bit KV cache (``rocmflash.kernels.decode.append``), in Triton's
 interpreter: the rows land where torch's index writes put them, the lengths it returns are ``cache_seqlens +
 Sk_new``, a sequence with an out-of-range length or page stores nothing (nothing else in the cache, nothing outside
 it is written; the error word says so), and ``flash_attn_with_kvcache`` answers as a reference that appends in torch
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rocmflash.kernels import kv_append
+from rocmflash.kernels.decode import append as kv_append
 
 pytestmark = pytest.mark.usefixtures("interpret")
 
@@ -77,7 +77,8 @@ def test_out_of_range_lengths_and_pages_write_nothing():
     """A length past the end, a negative one and a page outside the pool store none of that sequence's rows (the
     good sequence's land); the memory right after the cache keeps its poison; the returned lengths keep the bad
     values for the decode kernel, and the error word names what was wrong."""
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
 
     B, new, hkv, d, rows = 3, 2, 2, 32, 24
     store_k = torch.full((B * rows * hkv * d + 4096,), 7.0, dtype=torch.float16)
@@ -97,7 +98,7 @@ def test_out_of_range_lengths_and_pages_write_nothing():
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
     assert bool((store_k[B * rows * hkv * d:] == 7.0).all()) and bool((store_v[B * rows * hkv * d:] == 7.0).all())
     assert torch.equal(got_lens, lens + new)
-    assert int(err[0]) == KD.BAD_LENGTH.value | KD.NOT_STORED.value
+    assert int(err[0]) == DC.BAD_LENGTH.value | DC.NOT_STORED.value
 
     pool_k, pool_v, k1, v1 = _inputs(3, 1, hkv, d, 8, torch.float16, seed=4)  # 3 pages of 8 rows
     bt = torch.tensor([[1, 99], [-3, 0], [2, 0]], dtype=torch.int32)
@@ -106,7 +107,7 @@ def test_out_of_range_lengths_and_pages_write_nothing():
     err.zero_()
     kv_append.append(pool_k, pool_v, k1, v1, lens, bt, 8, "cuda", err=err)
     assert torch.equal(pool_k, want_k) and torch.equal(pool_v, want_v)
-    assert int(err[0]) == KD.BAD_PAGE.value | KD.NOT_STORED.value
+    assert int(err[0]) == DC.BAD_PAGE.value | DC.NOT_STORED.value
 
 
 def test_flash_attn_with_kvcache_appends_and_attends_as_a_torch_reference():

@@ -248,7 +248,9 @@ def test_the_append_kernel_masks_a_table_narrower_than_its_new_keys(interpret, p
     """Called directly (no host check), an append of more keys than the cache or block table holds stores nothing
     and reports every sequence."""
     from rocmflash.api.decode_errors import _REPORT
-    from rocmflash.kernels import kv_append, kv_decode as KD
+    from rocmflash.kernels.decode import append as kv_append
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
 
     case = Case(paged, False)
     before = [b.clone() for b in case.bufs]
@@ -259,12 +261,12 @@ def test_the_append_kernel_masks_a_table_narrower_than_its_new_keys(interpret, p
     kv_append.append(*case.caches, big, big, torch.zeros(B, dtype=torch.int32), table, PAGE if paged else 0, "cuda",
                      err=err)
     assert case.bytes_equal(before)
-    assert int(err[0]) == KD.BAD_LENGTH.value | KD.NOT_STORED.value, _REPORT.message(int(err[0]), "cpu", "")
+    assert int(err[0]) == DC.BAD_LENGTH.value | DC.NOT_STORED.value, _REPORT.message(int(err[0]), "cpu", "")
 
 
 def test_narrow_int32_saturates_and_reports(interpret):
     """The int64 -> int32 narrowing the default path runs instead of torch's (which wraps), on a strided view."""
-    from rocmflash.kernels import kv_checks as KC
+    from rocmflash.kernels.decode import checks as KC
 
     values = torch.tensor([0, 7, -7, 2 ** 31 - 1, -(2 ** 31), 2 ** 31, 2 ** 32 + 3, -(2 ** 40)])
     strided = torch.stack([values, -values], 1)[:, 0]

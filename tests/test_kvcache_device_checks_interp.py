@@ -17,11 +17,12 @@ G = 8  # guard rows (contiguous) or pages (paged) on each side of the cache
 
 @pytest.fixture(autouse=True)
 def _clean_error_words():
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
 
-    KD._ERROR_WORDS.clear()
+    DC._ERROR_WORDS.clear()
     yield
-    KD._ERROR_WORDS.clear()
+    DC._ERROR_WORDS.clear()
 
 
 def _guarded(B=3, S=64, Hkv=2, D=32, page=0, seed=0):

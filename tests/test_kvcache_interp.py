@@ -299,7 +299,7 @@ def test_decode_accepts_unused_bad_pages_and_any_length_type(interpret):
 
 # ----------------------------------------------------------------------------- pure host functions
 def test_choose_num_splits_heuristic():
-    from rocmflash.kernels.kv_decode import choose_num_splits
+    from rocmflash.kernels.decode.host import choose_num_splits
 
     # B=1, Hkv=8, 64k keys on 304 CUs: enough programs (>= 2 per CU) but capped at 64
     assert choose_num_splits(1, 8, 65536, 64, 304) == 64
@@ -323,7 +323,7 @@ def test_choose_num_splits_heuristic():
 
 
 def test_decode_default_configs_per_arch():
-    from rocmflash.kernels.kv_decode import DecodeConfig, default_decode_config
+    from rocmflash.kernels.decode.host import DecodeConfig, default_decode_config
 
     amd = default_decode_config("gfx942", 128)
     assert (amd.num_stages, amd.waves_per_eu) == (1, 2)
@@ -341,7 +341,7 @@ def test_decode_default_configs_per_arch():
 
 def test_decode_config_hook_without_gpu(interpret):
     from rocmflash.api.decode import decode_config
-    from rocmflash.kernels.kv_decode import default_decode_config
+    from rocmflash.kernels.decode.host import default_decode_config
 
     if torch.cuda.is_available():
         pytest.skip("the interpreter reads the live GPU's config when there is one")

@@ -13,7 +13,7 @@ import rocmflash
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
 from rocmflash.kernels import launch as L
-from rocmflash.kernels.backward import _bwd_dq
+from rocmflash.kernels.backward.host import _bwd_dq
 
 
 def _key(tensors, scalars=(), backend="cuda", cfg=KernelConfig()):
@@ -61,7 +61,7 @@ def _same_args(a, b):
 def test_replayed_launches_pass_exactly_what_triton_would_be_given(fake_triton):
     """Forward and both backward kernels: each replay's arguments equal a fresh build's, for new
     tensors (same key), and a new shape, stride, scale or flag goes through Triton again."""
-    from rocmflash.kernels import backward as kb
+    from rocmflash.kernels.backward import host as kb
     from rocmflash.kernels import get_variant
 
     cfg = KernelConfig(BLOCK_M=32, BLOCK_N=32)

@@ -83,7 +83,7 @@ def test_the_tuning_workers_prewarms_of_big_problems_stand_for_their_storage():
 def test_decode_prewarm_builds_each_side_of_the_partial_buffers():
     """Split counts of one specialisation (multiples of 16) whose fp32 partials lie on both sides of the
     line run two binaries: the pre-warm launches both, each with a workspace on its side."""
-    from rocmflash.kernels.kv_decode import DecodeCall
+    from rocmflash.kernels.decode.host import DecodeCall
     from rocmflash.tuning import decode
 
     p = decode.DecodeProblem(batch=1024, heads_q=64, heads_kv=8, seqlen_k=8192).validate()
@@ -147,7 +147,7 @@ def _one_uses_global_loads(small, big):
 
 
 def test_decode_builds_for_a_large_cache_use_global_loads():
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
 
     cfg = KD.default_decode_config("gfx942", 128)
     for paged in (False, True):
@@ -159,7 +159,7 @@ def test_decode_builds_for_a_large_cache_use_global_loads():
 
 
 def test_varlen_forward_builds_for_a_large_packed_batch_use_global_loads():
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
 
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2)
     small = VK.compile_forward_for("gfx942", cfg, 128, "bf16", group=4, total_tokens=65536)  # 0.5 GiB q
@@ -187,7 +187,7 @@ def test_the_static_phases_build_a_big_problem_with_its_storage(monkeypatch):
     """decode, varlen and varlen-bwd static phases hand their sweeps the real storage of a big problem, so its
     builds (and its compile-cache keys) are the global-load ones; a small problem's keep buffer loads."""
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.kernels.kv_decode import default_decode_config
+    from rocmflash.kernels.decode.host import default_decode_config
     from rocmflash.static.compile import family_fingerprint
     from rocmflash.static.families import get_family
     from rocmflash.tuning import decode, varlen, varlen_bwd

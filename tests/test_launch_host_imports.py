@@ -34,7 +34,7 @@ def test_spy_sees_an_import_statement(monkeypatch):
 def test_warm_launch_forward_and_torch_backend_import_nothing(monkeypatch):
     from rocmflash.hw.platform import is_rocm
     from rocmflash.kernels import common as C
-    from rocmflash.kernels import online
+    from rocmflash.kernels.forward import online as online
 
     launches = []
     monkeypatch.setattr(C, "launch_cached", lambda *args: launches.append(args))

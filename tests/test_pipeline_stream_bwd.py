@@ -44,7 +44,7 @@ def cache_dir(tmp_path_factory):
 
 def small_bwd(arch, head_dim):
     """Three configs per backward kernel and each kernel's default (the full space takes minutes on 2 cores)."""
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
 
     default = default_bwd_config(arch, head_dim)
     points = TB.bwd_space(arch, head_dim) if small_bwd.full is None else small_bwd.full(arch, head_dim)
@@ -181,7 +181,7 @@ def test_backward_worker_lost_mid_stream_repeats_only_its_config(tmp_path, cache
 
 
 def _bwd_observations(cache_dir, settings=None):
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
     from rocmflash.static.compile import sweep_family
 
     from rocmflash.tuning.spec import static_problem

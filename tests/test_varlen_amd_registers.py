@@ -1,6 +1,6 @@
 """The varlen kernels as served on AMD compile with no VGPR spill and no scratch (real compiler, HSACO metadata).
 
-The forward tile comes from :func:`rocmflash.kernels.varlen.amd_forward_tile` over the
+The forward tile comes from :func:`rocmflash.kernels.varlen.host.amd_forward_tile` over the
 dense per-arch default, the backward from ``default_bwd_config``; plain causal, soft-capped
 and sliding-window builds at D = 64/128/256, cross-compiled on this CPU for gfx90a and gfx942.
 """
@@ -9,8 +9,8 @@ import pytest
 
 from isa_tools import kernel_summary, read_code_object
 from rocmflash.config import default_config
-from rocmflash.kernels import varlen as VK
-from rocmflash.kernels.backward import default_bwd_config
+from rocmflash.kernels.varlen import host as VK
+from rocmflash.kernels.backward.host import default_bwd_config
 
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942"])

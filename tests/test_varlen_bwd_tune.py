@@ -17,7 +17,7 @@ import torch
 from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.config import KernelConfig as K
-from rocmflash.kernels.backward import BwdConfig, default_bwd_config
+from rocmflash.kernels.backward.host import BwdConfig, default_bwd_config
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning import varlen as TV
 from rocmflash.tuning import varlen_bwd as VB
@@ -77,7 +77,7 @@ def test_space_is_the_dense_backward_space_and_a_family_of_its_own():
     for arch in ("gfx942", "sm_90"):
         assert VB.varlen_bwd_space(arch, 128) == TB.bwd_space(arch, 128)
     family = get_family("varlen_bwd")
-    assert "kernels/varlen.py" in family.sources and family.module == "rocmflash.tuning.varlen_bwd"
+    assert "kernels/varlen/host.py" in family.sources and family.module == "rocmflash.tuning.varlen_bwd"
 
 
 # ----------------------------------------------------------------------------- static phase and the CLI
@@ -219,7 +219,7 @@ def worker(interpret):
 
 
 def test_gate_catches_wrong_and_unwritten_gradients(worker, monkeypatch):
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
 
     tasks = {k: {"config": point(k, m, n, wpe=0), "problem": PROBLEM.to_dict()} for k, m, n in
              (("dq", 32, 16), ("dkdv", 16, 32))}
@@ -358,7 +358,7 @@ def test_flash_attn_varlen_func_backward_runs_the_selected_entry(fake_rocm, tmp_
     backward runs, once per problem), with gradients matching an fp64 reference in the interpreter. With a cap
     and a left window the entry is first checked to build as those varlen kernels for gfx90a."""
     import rocmflash
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
     from varlen_reference import rel_err, varlen_fp64
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))

@@ -22,7 +22,7 @@ def test_varlen_bwd_tune_then_varlen_backward_serves_the_entry(live, compiled, r
     import rocmflash
     from rocmflash.api import selection
     from rocmflash.config import KernelConfig
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
     from rocmflash.tuning.backward import reference_grads
     from rocmflash.tuning.varlen import spread_lengths
 

@@ -13,7 +13,7 @@ import torch
 
 import rocmflash
 from rocmflash.api import varlen as api_varlen
-from rocmflash.kernels import varlen as VK
+from rocmflash.kernels.varlen import host as VK
 
 pytestmark = [pytest.mark.usefixtures("interpret", "fresh_selection"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]

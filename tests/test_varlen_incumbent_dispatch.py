@@ -85,7 +85,7 @@ def _inputs(lens=(7, 40, 23), hq=4, hkv=2, d=32, seed=3):
 
 
 def _triton_launches(monkeypatch):
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
 
     launched = []
     real = VK.launch_forward
@@ -189,8 +189,8 @@ def test_wrong_lengths_never_reach_the_platform_kernel_outside_the_tensors(stand
 
 
 def test_safe_entries_equal_right_lists_and_clamp_wrong_ones(interpret):
-    from rocmflash.kernels import varlen as VK
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.varlen import host as VK
+    from rocmflash.kernels.varlen import checks as VC
 
     def expected(cu, total):
         out, top = [], 0
@@ -238,8 +238,8 @@ def test_the_safe_list_kernel_cross_compiles_without_scratch(arch, monkeypatch):
     the code object by isa_tools)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from rocmflash.kernels import common as C
-    from rocmflash.kernels import varlen as VK
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.varlen import host as VK
+    from rocmflash.kernels.varlen import checks as VC
 
     P = C.Ptr
     args = dict(CU_Q=P("*i32"), CU_K=P("*i32"), SAFE_Q=P("*i32"), SAFE_K=P("*i32"), ERR=P("*i32"), TOTAL_Q=70001,

@@ -69,7 +69,7 @@ def _reference(q, k, v, cu, causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_incumbent_serves_and_matches_the_reference(incumbent_db, monkeypatch, causal):
     import rocmflash
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
 
     launched = []
     real = VK.launch_forward
@@ -104,7 +104,7 @@ def test_the_incumbent_serves_and_matches_the_reference(incumbent_db, monkeypatc
 
 def test_gqa_runs_the_incumbent_only_where_this_torch_takes_it(incumbent_db, monkeypatch):
     import rocmflash
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
 
     launched = []
     real = VK.launch_forward

@@ -14,7 +14,7 @@ import torch
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import launch as L
 from rocmflash.kernels import masks as M
-from rocmflash.kernels import varlen as VK
+from rocmflash.kernels.varlen import host as VK
 
 _CFG = KernelConfig(BLOCK_M=32, BLOCK_N=32)
 _KERNELS = 5  # forward, dQ, dK/dV, the length check, the safe lists

@@ -96,16 +96,17 @@ def no_host_reads(monkeypatch, allowed_ptrs=lambda: (), record=None):
 
 def cpu_error_word():
     """The varlen and decode error words of the CPU: read by the call itself where there is no GPU to wait for."""
-    from rocmflash.kernels import kv_decode as KD
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
+    from rocmflash.kernels.varlen import checks as VC
 
     cpu = torch.device("cpu")
-    return lambda: tuple(words[cpu].data_ptr() for words in (VC._ERROR_WORDS, KD._ERROR_WORDS) if cpu in words)
+    return lambda: tuple(words[cpu].data_ptr() for words in (VC._ERROR_WORDS, DC._ERROR_WORDS) if cpu in words)
 
 
 @pytest.fixture(autouse=True)
 def _clean_error_words():
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.varlen import checks as VC
 
     import rocmflash.api.varlen as V
 
@@ -265,7 +266,7 @@ def test_cpu_call_raises_at_once_and_check_values_true_names_the_index(interpret
     host check before any kernel runs, with the index, and leaves the error word alone."""
     from rocmflash import flash_attn_varlen_func
     from rocmflash.kernels import launch
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.varlen import checks as VC
 
     q, k, v, _, cu_k = _packed([5, 7], [5, 9])
     bad = torch.tensor([0, 13, 12], dtype=torch.int32)
@@ -304,8 +305,8 @@ def test_a_later_call_reports_an_earlier_bad_one(interpret, monkeypatch):
 
 def test_kernel_builds_do_not_specialise_on_packed_sizes():
     """Packed sizes change every call: the kernels leave them unspecialised (no new compile per size)."""
-    from rocmflash.kernels import varlen as VK
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.varlen import host as VK
+    from rocmflash.kernels.varlen import checks as VC
 
     expected = {VK._varlen_fwd: {"TOTAL_Q", "TOTAL_K", "MAX_Q", "MAX_K", "STRICT_END", "stride_lh"},
                 VK._varlen_bwd_dq: {"TOTAL_Q", "TOTAL_K", "stride_lh"},

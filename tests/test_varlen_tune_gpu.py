@@ -31,7 +31,7 @@ def test_varlen_tune_then_varlen_serves_the_entry(live, compiled, run_cli_tune, 
     import rocmflash
     from rocmflash.api import selection
     from rocmflash.config import KernelConfig
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
     from rocmflash.tuning.varlen import spread_lengths
 
     configs = run_cli_tune(["--mode", "varlen", "--gpu", "auto", "--head-dim", "128", "--dtype", "bf16", "--causal",

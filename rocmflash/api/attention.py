@@ -236,7 +236,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
             ``variant="online"`` only, not with fp8; always rocmflash's kernel (SDPA has no sinks).
 
     fp8 q/k/v (one dtype, the arch's format: FNUZ on gfx942, OCP on gfx950 and sm_89+) run
-    :mod:`rocmflash.kernels.fp8_forward` (``variant="online"`` only; inference only).
+    :mod:`rocmflash.kernels.fp8.forward` (``variant="online"`` only; inference only).
 
     Returns:
         ``(B, Hq, Sq, D)`` output in q's dtype (fp8: ``out_dtype``), or ``(out, lse)`` with ``return_lse``. Laid
@@ -395,7 +395,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
 
 
 _FP8_PLANS = []
-_FP8_SINKS = "sinks: fp8 attention (rocmflash.kernels.fp8_forward) has no attention-sink support; pass fp16/bf16 q/k/v"
+_FP8_SINKS = "sinks: fp8 attention (rocmflash.kernels.fp8.forward) has no attention-sink support; pass fp16/bf16 q/k/v"
 
 
 def _fp8_plans():

@@ -11,7 +11,7 @@
 ``cache_seqlens[b]`` (torch indexing: no host sync), then attention runs over
 ``cache_seqlens[b] + Sk_new`` keys per sequence (from key ``cache_leftpad[b]`` on, when given:
 a left-padded batch), through the split-KV decode kernels of
-:mod:`rocmflash.kernels.kv_decode`. ``num_splits=0`` takes the split count from the tuned
+:mod:`rocmflash.kernels.decode.host`. ``num_splits=0`` takes the split count from the tuned
 database (``rocmflash tune --mode decode``) or a CU-count heuristic.
 
 An fp8 cache (the arch's format) takes fp32 ``k_descale``/``v_descale`` ``(B, Hkv)`` (flash-attn 3's
@@ -50,11 +50,12 @@ from rocmflash.api.decode_errors import (  # noqa: E402,F401 (re-exported)
 )
 from rocmflash.api.varlen import check_options  # noqa: E402
 from rocmflash.kernels import common as C  # noqa: E402
-from rocmflash.kernels import kv_append  # noqa: E402
-from rocmflash.kernels import kv_decode as KD  # noqa: E402
-from rocmflash.kernels import kv_quant as KQ  # noqa: E402
+from rocmflash.kernels.decode import append as kv_append  # noqa: E402
+from rocmflash.kernels.decode import host as KD  # noqa: E402
+from rocmflash.kernels.decode import checks as DC
+from rocmflash.kernels.decode import quant as KQ  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
-from rocmflash.kernels.kv_decode import (  # noqa: E402,F401  (re-exported: the routing rule is the kernel's)
+from rocmflash.kernels.decode.shape import (  # noqa: E402,F401  (public here too: the routing rule is the kernel's)
     DECODE_MAX_QUERIES,
     DECODE_MAX_ROWS,
     DECODE_MIN_KEYS,
@@ -539,7 +540,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     with L.on_device(q):
         if new and fp8:  # quantise (one launch; a bad scale writes nothing and sets BAD_DESCALE)
             seqlens = KQ.append_quantised(k_cache, v_cache, k, v, lens, block_table, plan.page_size, k_descale,
-                                          v_descale, KD.error_word(device), KD.BAD_DESCALE.value, plan.backend)
+                                          v_descale, KD.error_word(device), DC.BAD_DESCALE.value, plan.backend)
         elif new:  # one launch: the rows, and the lengths after them
             seqlens = kv_append.append(k_cache, v_cache, k, v, lens, block_table, plan.page_size, plan.backend,
                                        plan.launch_keys, KD.error_word(device))

@@ -1,6 +1,6 @@
 """What a decode call does to the KV cache itself: the cache lengths it reads, the checks of their values
 (``cache_seqlens``, ``cache_leftpad``, ``block_table``) where reading them costs nothing (the append of the new
-tokens is one kernel: :mod:`rocmflash.kernels.kv_append`). :mod:`rocmflash.api.decode` (``flash_attn_with_kvcache``)
+tokens is one kernel: :mod:`rocmflash.kernels.decode.append`). :mod:`rocmflash.api.decode` (``flash_attn_with_kvcache``)
 re-exports these names.
 """
 
@@ -12,15 +12,15 @@ import torch
 
 from rocmflash.api import decode_fp8 as F8D
 from rocmflash.api.varlen import _capturing
-from rocmflash.kernels import kv_checks as KC
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import checks as KC
+from rocmflash.kernels.decode import host as KD
 
 
 def as_int32(t: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
     """``t`` as int32: itself when it is already (``Tensor.to`` returns it too, at ~1 µs of a decode step's host
     time for the call), else a converted copy. ``backend`` given (the default path, which reads no value): an
     int64 value outside int32 saturates and sets ``BAD_WIDE`` in the decode error word, one launch as the torch
-    conversion (:func:`rocmflash.kernels.kv_checks.narrow_int32`); None: torch's conversion, which wraps (for
+    conversion (:func:`rocmflash.kernels.decode.checks.narrow_int32`); None: torch's conversion, which wraps (for
     values the host checks, ``check_values=True``: :func:`_check_values` compares them with the original)."""
     if t.dtype is torch.int32:
         return t

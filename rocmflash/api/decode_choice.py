@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rocmflash.api import decode_fp8 as F8D
 from rocmflash.kernels import common as C
-from rocmflash.kernels import kv_decode as KD
+from rocmflash.kernels.decode import host as KD
 
 
 def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, batch: int,

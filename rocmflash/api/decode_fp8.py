@@ -3,8 +3,8 @@
 An fp8 cache (``k_cache``/``v_cache`` of one of torch's fp8 dtypes, the format of the arch: FNUZ on
 gfx942, OCP on gfx950 and NVIDIA sm_89+, none on gfx90a -- :mod:`rocmflash.api.fp8`) holds
 ``k / k_descale[b, h]`` and ``v / v_descale[b, h]``; ``q`` and new ``k``/``v`` stay bf16/fp16.
-The kernels are :mod:`rocmflash.kernels.kv_decode` (reads, dequantising in registers) and
-:mod:`rocmflash.kernels.kv_quant` (the quantising append).
+The kernels are :mod:`rocmflash.kernels.decode.host` (reads, dequantising in registers) and
+:mod:`rocmflash.kernels.decode.quant` (the quantising append).
 
 Scale *values* are not read here: on the default path the kernels check them (finite and > 0)
 and report through the decode error word; ``check_values=True`` checks them on the host

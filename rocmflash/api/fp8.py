@@ -45,7 +45,7 @@ from rocmflash.hw.fp8 import (  # noqa: F401  (re-exported: the code moved there
     triton_type,
     unit_roundoff,
 )
-from rocmflash.kernels.fp8_errors import (  # noqa: F401  (re-exported: the code moved there)
+from rocmflash.kernels.fp8.errors import (  # noqa: F401  (re-exported: the code moved there)
     _ERROR_WORDS,
     _WATCHES,
     BAD_DESCALE,
@@ -118,7 +118,7 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
 
     Checks the format against the live arch, the descales and the options, selects the config, and runs the call's
     plan (:func:`rocmflash.api.fp8_plans.execute`: the output in ``out_dtype``, bf16 by default, its memory
-    ``(B, S, H, D)`` when ``out_bshd``; :mod:`rocmflash.kernels.fp8_forward`; the error word polled). Inference
+    ``(B, S, H, D)`` when ``out_bshd``; :mod:`rocmflash.kernels.fp8.forward`; the error word polled). Inference
     only: with autograd recording, the output's backward raises. Returns ``(out (B, Hq, Sq, D), lse or None)``.
     ``plan_signature``: the caller's :func:`rocmflash.api.fp8_plans.signature` of the call, whose plan is kept once
     every check here passed (None: none kept)."""
@@ -131,7 +131,7 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
     out_dtype = check_out_dtype(out_dtype)
     cfg = _fp8_config(config, arch, D)
     from rocmflash.api import fp8_plans
-    from rocmflash.kernels.fp8_forward import kmajor_v
+    from rocmflash.kernels.fp8.forward import kmajor_v
 
     plan = fp8_plans.make(q, k, cfg, kmajor_v(arch), causal, scale, out_dtype, out_bshd, return_lse)
     out, lse = fp8_plans.execute(plan, q, k, v, q_descale, k_descale, v_descale)
@@ -141,9 +141,9 @@ def attention_fp8(q, k, v, causal: bool, scale: float, config, return_lse: bool,
 
 def _fp8_config(config, arch: Optional[str], head_dim: int):
     """The caller's config (a KernelConfig or its dict, variant ``online``) or the fp8 kernel's default for the arch
-    (:func:`rocmflash.kernels.fp8_forward.default_config`)."""
+    (:func:`rocmflash.kernels.fp8.forward.default_config`)."""
     from rocmflash.config import KernelConfig
-    from rocmflash.kernels.fp8_forward import check_config, default_config
+    from rocmflash.kernels.fp8.forward import check_config, default_config
 
     if config is None:
         return default_config(arch, head_dim)

@@ -22,8 +22,8 @@ import torch
 from rocmflash.api.fp8 import _InferenceOnly
 from rocmflash.api.selection import register_clear
 from rocmflash.config import KernelConfig
-from rocmflash.kernels import fp8_errors as FE
-from rocmflash.kernels import fp8_forward as FF
+from rocmflash.kernels.fp8 import errors as FE
+from rocmflash.kernels.fp8 import forward as FF
 from rocmflash.kernels import launch as L
 from rocmflash.kernels.common import torch_backend
 
@@ -32,7 +32,7 @@ class Fp8Plan(NamedTuple):
     """What a checked fp8 call worked out, for its signature's later calls."""
 
     cfg: KernelConfig  #: checked: the database entry, or the fp8 kernel's default
-    kmajor: bool  #: V is read K-major on this arch (:func:`rocmflash.kernels.fp8_forward.kmajor_v`)
+    kmajor: bool  #: V is read K-major on this arch (:func:`rocmflash.kernels.fp8.forward.kmajor_v`)
     causal: bool
     scale: float  #: the softmax scale
     out_shape: tuple  #: the output's allocation: (B, Sq, Hq, D) for (B, S, H, D) inputs, else (B, Hq, Sq, D)
@@ -119,7 +119,7 @@ def run(plan: Fp8Plan, q, k, v, q_descale, k_descale, v_descale):
 
 def execute(plan: Fp8Plan, q, k, v, q_descale, k_descale, v_descale):
     """Run ``plan`` on ``(B, H, S, D)`` views: allocate the output (its memory ``(B, S, H, D)`` when ``plan.bshd``) and
-    the LSE, launch :mod:`rocmflash.kernels.fp8_forward` (no launch for no rows or no keys: output 0, LSE -inf),
+    the LSE, launch :mod:`rocmflash.kernels.fp8.forward` (no launch for no rows or no keys: output 0, LSE -inf),
     poll the error word; with autograd recording, the output's backward raises (inference only). Returns
     ``(out (B, Hq, Sq, D), lse or None)``: the one path of checked and planned calls alike."""
     out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=q.device)

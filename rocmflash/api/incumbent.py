@@ -20,7 +20,7 @@ forward-only call by the forward times, a call that needs gradients by the train
 Only where SDPA computes the same function: no LSE wanted, and causal only with ``Sq == Sk`` (SDPA's
 causal mask is top-left aligned, rocmflash's bottom-right).
 
-Decode-shaped calls (a few queries over many keys, :func:`rocmflash.kernels.kv_decode.is_decode_shaped`) are
+Decode-shaped calls (a few queries over many keys, :func:`rocmflash.kernels.decode.host.is_decode_shaped`) are
 decided by their ``decode-`` entry instead (:func:`decode_timing`: the entry of the call's KV-length and batch
 buckets, or one bucket away): its ``incumbent`` is timed eagerly, host time included
 (:func:`rocmflash.tuning.incumbent_worker.measure_decode`, ``bench/refresh_incumbents.py --decode``), since at
@@ -82,7 +82,7 @@ def shape_excludes(causal: bool, seqlen_q: int, seqlen_k: int, group: int) -> Op
 
 def is_decode(seqlen_q: int, seqlen_k: int, group: int) -> bool:
     """Whether the call is decode-shaped: rocmflash's split-KV decode kernel and its ``decode-`` entries serve it."""
-    from rocmflash.kernels.kv_decode import is_decode_shaped
+    from rocmflash.kernels.decode.shape import is_decode_shaped
 
     return is_decode_shaped(seqlen_q, seqlen_k, group)
 

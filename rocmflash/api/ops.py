@@ -12,7 +12,7 @@ alias inputs):
     layouts: transposing back is free), else contiguous. ``lse`` is fp32 ``(B, Hq, Sq)``.
 
 ``torch.ops.rocmflash.attn_bwd(dout, q, k, v, out, lse, dlse, causal, scale) -> (dq, dk, dv)``
-    The Triton backward (:mod:`rocmflash.kernels.backward`); ``dlse`` is optional.
+    The Triton backward (:mod:`rocmflash.kernels.backward.host`); ``dlse`` is optional.
 
 Attention sinks (gpt-oss): ``attn_fwd`` takes an optional last argument ``sinks``, fp32 ``(Hq,)`` logits
 joined to each row's softmax denominator (the LSE includes them; ``online`` variant only). Its backward is
@@ -44,10 +44,10 @@ import torch
 
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import get_variant
-from rocmflash.kernels.backward import backward, empty_like_layout
+from rocmflash.kernels.backward.host import backward, empty_like_layout
 from rocmflash.kernels import launch as L
 from rocmflash.api.decode import attend_whole_cache
-from rocmflash.kernels.kv_decode import is_decode_shaped
+from rocmflash.kernels.decode.shape import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api import selection as _selection
 from rocmflash.api.incumbent import (decode_host_floor, decode_timing, decode_winner, fell_back, first_call,

@@ -16,7 +16,7 @@
 
 :func:`rocmflash.api.selection_fp8.select_fp8_config` is the fp8 forward's (fp8 q/k/v): the measured
 entry keyed by the inputs' own format (``d128-fp8e4m3fnuz-...``, written by ``rocmflash tune --dtype
-fp8``), else None (the fp8 kernel's per-arch default, :func:`rocmflash.kernels.fp8_forward.default_config`).
+fp8``), else None (the fp8 kernel's per-arch default, :func:`rocmflash.kernels.fp8.forward.default_config`).
 
 :func:`select_varlen_config` (``flash_attn_varlen_func``'s forward) reads the packed kernel's own
 ``varlen-`` entries first and falls back to the above for the dense problem of the longest sequence;
@@ -406,7 +406,7 @@ def selection_source(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, varia
 
 def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, gqa_ratio: int = 1,
                       seqlen_k: Optional[int] = None):
-    """The backward config (:class:`rocmflash.kernels.backward.BwdConfig`) for this problem on ``device``.
+    """The backward config (:class:`rocmflash.kernels.backward.host.BwdConfig`) for this problem on ``device``.
 
     With ``dtype`` and ``seqlen_k`` given, the nearest measured ``bwd-`` entry of the live
     GPU's databases (same head dim, dtype, causal flag and GQA ratio; written by
@@ -419,7 +419,7 @@ def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, g
     cfg = _BWD.get(key)
     if cfg is not None:
         return cfg
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
 
     gpu_name, arch = device_identity(device)
     match = None
@@ -463,7 +463,7 @@ def _varlen_bwd_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k, so
 
 def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, max_seqlen_k: int,
                              softcap: bool = False, window: bool = False):
-    """The packed (varlen) backward's :class:`~rocmflash.kernels.backward.BwdConfig` on ``device``, in order:
+    """The packed (varlen) backward's :class:`~rocmflash.kernels.backward.host.BwdConfig` on ``device``, in order:
 
     1. the nearest measured ``varlen-bwd-`` entry (``rocmflash tune --mode varlen --pass bwd``,
        :func:`rocmflash.tuning.varlen_bwd.lookup_varlen_bwd`: same head dim, dtype, causal flag and GQA
@@ -482,7 +482,7 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
     cfg = _VARLEN_BWD.get(key)
     if cfg is not None:
         return cfg
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
 
     gpu_name, arch = device_identity(device)
     seqlen = max(int(max_seqlen_k), 1)

@@ -29,7 +29,7 @@ def select_fp8_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int
     match = _db_lookup(gpu_name, int(head_dim), dtype, bool(causal), int(gqa_ratio), max(int(seqlen_k), 1), "online")
     cfg = match.config if match is not None else None
     if cfg is not None:
-        from rocmflash.kernels.fp8_forward import check_config
+        from rocmflash.kernels.fp8.forward import check_config
 
         try:
             cfg = check_config(cfg)

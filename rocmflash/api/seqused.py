@@ -8,7 +8,7 @@ own (an extra copy of q, k and v; the offsets are built on the device, nothing i
 rows the kernel leaves alone, and the output is gathered back to the caller's rows: rows past ``seqused_q[b]``
 get 0 (LSE ``-inf``) and no gradient. Both gathers are differentiable.
 
-The caller's ``cu_seqlens`` go through :func:`rocmflash.kernels.varlen.launch_sanitised_lengths` (one small
+The caller's ``cu_seqlens`` go through :func:`rocmflash.kernels.varlen.host.launch_sanitised_lengths` (one small
 launch): wrong values are reported through the varlen error word as the plain call reports them, and the copies
 used here stay inside the packed tensors. ``seqused`` values outside ``0..span`` are clamped into it (they address
 nothing outside the span), or raise with ``check_values=True``.
@@ -20,7 +20,7 @@ import torch
 
 from rocmflash.api import varlen as VA
 from rocmflash.kernels import launch as L
-from rocmflash.kernels import varlen as VK
+from rocmflash.kernels.varlen import host as VK
 
 
 def varlen_seqused(q, k, v, cu_q, cu_k, max_q, max_k, seqused_q, seqused_k, softmax_scale, causal, window_size,

@@ -5,7 +5,7 @@ transformers computes ``softmax(cat([q·kᵀ * scale, sink_h]))`` and drops the 
 joins every row's softmax denominator and adds nothing to the output (a key whose value row is zero).
 vLLM calls the tensor ``s_aux``. rocmflash's online and varlen kernels start each row's online softmax
 at the sink (:func:`rocmflash.kernels.common.softmax_start`); their LSE includes it, and the backward
-returns its gradient (:func:`rocmflash.kernels.backward.sink_grad`). A ``-inf`` sink is no sink.
+returns its gradient (:func:`rocmflash.kernels.backward.host.sink_grad`). A ``-inf`` sink is no sink.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ import torch  # noqa: E402
 
 from rocmflash.kernels import error_words as EW  # noqa: E402
 from rocmflash.kernels import masks as M  # noqa: E402
-from rocmflash.kernels import varlen as VK  # noqa: E402
-from rocmflash.kernels import varlen_checks as VC  # noqa: E402
+from rocmflash.kernels.varlen import host as VK  # noqa: E402
+from rocmflash.kernels.varlen import checks as VC  # noqa: E402
 from rocmflash.kernels import launch as L  # noqa: E402
 from rocmflash.kernels.launch import check_device  # noqa: E402
 from rocmflash.api.scale import check_softmax_scale  # noqa: E402

@@ -18,7 +18,7 @@ own forward), never under ``torch.use_deterministic_algorithms(True)`` with grad
 accumulates with atomics). torch's kernel addresses memory by the ``cu_seqlens`` values, which rocmflash never reads
 on the host; so one tiny launch first makes a safe copy of them on the device (clamped into the packed tensors,
 non-decreasing: equal to the given lists when they are right) and reports what is wrong through the varlen error
-word, as the Triton kernel does (:func:`rocmflash.kernels.varlen.launch_sanitised_lengths`). Only where it computes
+word, as the Triton kernel does (:func:`rocmflash.kernels.varlen.host.launch_sanitised_lengths`). Only where it computes
 rocmflash's function (:func:`excludes`): no LSE, no window, no soft cap, and causal only with one ``cu_seqlens``
 tensor for queries and keys (each sequence attends to itself, so the two conventions of the causal diagonal agree).
 ``ROCMFLASH_NO_INCUMBENT=1`` turns it off. The names of this
@@ -94,7 +94,7 @@ def run(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: Option
 
 def run_safe(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, causal: bool, scale: Optional[float]):
     """:func:`run` on device-side safe copies of ``cu_q``/``cu_k`` (one launch that also reports wrong values)."""
-    from rocmflash.kernels.varlen import launch_sanitised_lengths
+    from rocmflash.kernels.varlen.host import launch_sanitised_lengths
 
     safe_q, safe_k = launch_sanitised_lengths(cu_q, cu_k, batch, q.shape[0], k.shape[0], int(max_q), int(max_k))
     return run(q, k, v, safe_q, safe_k, max_q, max_k, causal, scale)

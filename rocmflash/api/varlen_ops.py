@@ -4,7 +4,7 @@ Two functional ops (no input is mutated, outputs never alias inputs):
 
 ``torch.ops.rocmflash.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap,
 window_left, window_right, strict_end, check_values, sinks=None) -> (out, lse)``
-    The varlen kernel's forward (:mod:`rocmflash.kernels.varlen`): ``q (total_q, Hq, D)``, ``k/v (total_k, Hkv,
+    The varlen kernel's forward (:mod:`rocmflash.kernels.varlen.host`): ``q (total_q, Hq, D)``, ``k/v (total_k, Hkv,
     D)``, int32 ``cu_seqlens`` ``(batch + 1,)``; ``window_left/right`` the band of
     :func:`rocmflash.api.varlen.check_options` (``-1``/``UNBOUNDED`` conventions of the kernels);
     ``strict_end``: ``cu_seqlens[-1]`` must be the packed length (False: the HF packing, rows after it zero).
@@ -36,12 +36,12 @@ import torch
 
 from rocmflash.api import varlen as V
 from rocmflash.kernels import launch as L
-from rocmflash.kernels import varlen as VK
+from rocmflash.kernels.varlen import host as VK
 
 
 def _call(q, k, cu_q, max_q: int, max_k: int, scale: float, softcap: float, left: int, right: int,
           strict_end: bool) -> VK.VarlenCall:
-    """The kernels' :class:`~rocmflash.kernels.varlen.VarlenCall` of the ops' arguments (as ``varlen._run``)."""
+    """The kernels' :class:`~rocmflash.kernels.varlen.host.VarlenCall` of the ops' arguments (as ``varlen._run``)."""
     return VK.VarlenCall(cu_q.shape[0] - 1, q.shape[1], k.shape[1], q.shape[2], int(max_q), int(max_k), float(scale),
                          float(softcap), int(left), int(right), bool(strict_end))
 

@@ -75,7 +75,7 @@ def gather_pages(k, v, block_table, cu_k, batch: int, max_seqlen_k: int) -> tupl
     short = col >= block_table.shape[1]
     pages = block_table[seq.long(), col.clamp(max=block_table.shape[1] - 1).long()]
     bad = owned & (short | (pages < 0) | (pages >= num_blocks))
-    from rocmflash.kernels import varlen_checks as VC
+    from rocmflash.kernels.varlen import checks as VC
 
     VC.error_word(device).bitwise_or_(bad.any().to(torch.int32) * BAD_PAGE)  # (no host read)
     src = (pages.clamp(0, num_blocks - 1).long() * page + (j.clamp(min=0) % page).long())

@@ -12,7 +12,7 @@ The floor is the larger of the two; ``efficiency = floor / measured`` says how c
 measured time came to it (1.0 = at the roofline). Forward attention at S >= 1k is
 compute-bound on every GPU in the catalog, so the floor is the compute term there.
 
-**fp8** (``Shape.dtype == "fp8"``: both GEMMs in fp8, :mod:`rocmflash.kernels.fp8_forward`): the
+**fp8** (``Shape.dtype == "fp8"``: both GEMMs in fp8, :mod:`rocmflash.kernels.fp8.forward`): the
 compute term uses the GPU's dense fp8 peak (``peak_fp8_tflops``), the memory term reads 1-byte Q,
 K and V and writes a 2-byte (bf16/fp16) output. A GPU without fp8 matrix instructions has no fp8
 floor: a one-line ``ValueError``.

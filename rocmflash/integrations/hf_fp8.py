@@ -15,7 +15,7 @@ holds ``k / k_descale[b, h]`` and ``v / v_descale[b, h]`` in an fp8 buffer of ``
 cache, and a decode step reads half the bytes):
 
 * **prefill** (the first forward, an empty cache): the prompt's K/V are quantised into the cache (one
-  kernel launch, :func:`rocmflash.kernels.kv_quant.append_quantised`: torch's bytes, rounded to nearest and
+  kernel launch, :func:`rocmflash.kernels.decode.quant.append_quantised`: torch's bytes, rounded to nearest and
   saturated), and the prompt's own attention runs on the K/V as computed (bf16/fp16, unquantised);
 * **decode** (one new token per sequence): the new K/V are quantised into the cache and the step's
   attention reads the fp8 cache in place through :func:`rocmflash.flash_attn_with_kvcache`'s fp8 path
@@ -180,12 +180,13 @@ class Fp8Layer(CacheLayerMixin):
         """One launch: the quantising append of ``flash_attn_with_kvcache`` (a bad scale writes nothing and is
         reported through the decode error word, as there)."""
         from rocmflash.kernels import common as C
-        from rocmflash.kernels import kv_decode as KD
-        from rocmflash.kernels import kv_quant as KQ
+        from rocmflash.kernels.decode import host as KD
+        from rocmflash.kernels.decode import checks as DC
+        from rocmflash.kernels.decode import quant as KQ
 
         lens = torch.full((self.batch_size,), self.length, dtype=torch.int32, device=self.device)
         KQ.append_quantised(self._k, self._v, key_states.transpose(1, 2), value_states.transpose(1, 2), lens, None, 0,
-                            self.k_descale, self.v_descale, KD.error_word(self.device), KD.BAD_DESCALE.value,
+                            self.k_descale, self.v_descale, KD.error_word(self.device), DC.BAD_DESCALE.value,
                             C.torch_backend())
 
     def _views(self) -> tuple:

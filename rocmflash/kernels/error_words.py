@@ -3,9 +3,9 @@
 A default call never waits for the GPU, so the *values* of the tensors it is handed (cumulative
 lengths, cache lengths, page numbers, descales) are checked by the kernels, which keep every address
 inside its tensor and OR a bit into an int32 word, one per device and per kernel family
-(:class:`ErrorWord`). Three families use one: varlen (:mod:`rocmflash.kernels.varlen_checks`,
-reported by :mod:`rocmflash.api.varlen`), decode (:mod:`rocmflash.kernels.kv_decode`, reported by
-:mod:`rocmflash.api.decode_errors`) and the fp8 forward (:mod:`rocmflash.kernels.fp8_errors`). Each
+(:class:`ErrorWord`). Three families use one: varlen (:mod:`rocmflash.kernels.varlen.checks`,
+reported by :mod:`rocmflash.api.varlen`), decode (:mod:`rocmflash.kernels.decode.host`, reported by
+:mod:`rocmflash.api.decode_errors`) and the fp8 forward (:mod:`rocmflash.kernels.fp8.errors`). Each
 keeps only its bits and its :class:`Report` (what each bit says); the word and its host side are here:
 
 * :meth:`ErrorWord.read_and_report` -- read the word now (a wait on a GPU), clear it and raise: what a

@@ -57,7 +57,7 @@ def default_name(gpu, problem) -> str:
 
 def main(args, command: str) -> int:
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.kernels.backward import check_head_dim, default_bwd_config
+    from rocmflash.kernels.backward.host import check_head_dim, default_bwd_config
 
     gpu = get_gpu(args.gpu)
     check_head_dim(args.head_dim)

@@ -50,9 +50,9 @@ def default_cache_dir() -> str:
 
 #: the files that decide what a forward variant compiles to (the backward kernels are not swept,
 #: so editing them must not invalidate every cached observation)
-FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py",
-                   "kernels/launch.py", "kernels/online.py", "kernels/split_kv.py", "kernels/two_phase.py",
-                   "kernels/split_d.py", "kernels/fp8_forward.py", "hw/fp8.py")  # hw/fp8.py: formats, P's scale
+FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py", "kernels/launch.py",
+                   "kernels/forward/online.py", "kernels/forward/split_kv.py", "kernels/forward/two_phase.py",
+                   "kernels/forward/split_d.py", "kernels/fp8/forward.py", "hw/fp8.py")  # hw/fp8.py: formats, P's scale
 
 
 def kernel_source_hash() -> str:
@@ -136,7 +136,7 @@ def compile_forward(target, cfg: KernelConfig, problem: Problem, gpu: GPU) -> tu
 
     fp8: Q, K, V in ``gpu``'s e4m3 format (:func:`rocmflash.static.space.fp8_format`), bf16 output;
     the online variant only (``ValueError`` otherwise). Triton 3.6 keeps one AMD generation's fp8
-    conversions per process (:func:`rocmflash.kernels.fp8_forward.compile_for` refuses a second), which
+    conversions per process (:func:`rocmflash.kernels.fp8.forward.compile_for` refuses a second), which
     holds in the sweep: each sweep targets one GPU and starts its own worker processes."""
     if problem.dtype != FP8:
         from rocmflash.kernels import get_variant
@@ -144,7 +144,7 @@ def compile_forward(target, cfg: KernelConfig, problem: Problem, gpu: GPU) -> tu
         return get_variant(cfg.variant).compile_for(target, cfg, problem)
     import torch
 
-    from rocmflash.kernels import fp8_forward
+    from rocmflash.kernels.fp8 import forward as fp8_forward
     from rocmflash.static.space import fp8_format
 
     if cfg.variant != "online":

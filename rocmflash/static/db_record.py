@@ -86,20 +86,20 @@ def default_builds(gpu, key: str, entry: dict) -> list:
     fam = family(key)
     problem = _problem(gpu, fam, key, entry)
     if fam in (BWD, VARLEN_BWD):
-        from rocmflash.kernels.backward import default_bwd_config
+        from rocmflash.kernels.backward.host import default_bwd_config
 
         cfg = default_bwd_config(gpu.arch, int(problem["head_dim"]))
         return [_kernel_build(fam, "default", kernel, 0, getattr(cfg, kernel).to_dict(), problem, None)
                 for kernel in ("dq", "dkdv")]
     if fam == DECODE:
-        from rocmflash.kernels.kv_decode import default_decode_config
+        from rocmflash.kernels.decode.host import default_decode_config
 
         cfg = default_decode_config(gpu.arch, problem["head_dim"], bool(problem.get("kv_dtype")))
         return [_single(fam, "default", 0, dataclasses.asdict(cfg), problem, None)]
     from rocmflash.config import FP8, default_config
 
     if fam == FORWARD and problem.get("dtype") == FP8:
-        from rocmflash.kernels.fp8_forward import default_config as fp8_default
+        from rocmflash.kernels.fp8.forward import default_config as fp8_default
 
         cfg = fp8_default(gpu.arch, problem["head_dim"])
     else:
@@ -161,7 +161,7 @@ def _single_builds(fam: str, entry: dict, problem: dict, roles) -> list:
 
 def _single(fam: str, role: str, index: int, cfg: dict, problem: dict, path, row=None) -> Build:
     if fam == DECODE:
-        from rocmflash.kernels.kv_decode import DecodeConfig
+        from rocmflash.kernels.decode.host import DecodeConfig
 
         config = DecodeConfig.from_dict(cfg).to_dict()
         compile_config = dict(config, num_splits=0)  # a launch argument: the static phase compiles every config at 0

@@ -51,18 +51,24 @@ class Family:
 
 #: every family compiles through these (kernel helpers, the compile-only build, the launch path)
 _SHARED = ("config.py", "kernels/common.py", "kernels/build.py", "kernels/launch.py")
+
+
+def _package(family: str) -> tuple:
+    """Every source file of ``kernels/<family>/`` (a family is one package: whatever its kernels import from it
+    decides what they compile to), sorted, as paths relative to the rocmflash package."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels", family)
+    return tuple(f"kernels/{family}/{name}" for name in sorted(os.listdir(here)) if name.endswith(".py"))
+
+
 FAMILIES = {
     "decode": Family("decode", "rocmflash.tuning.decode",
-                     _SHARED + ("kernels/masks.py", "kernels/kv_quant.py", "kernels/kv_decode_jit.py",
-                                "kernels/kv_decode.py", "tuning/decode.py")),
+                     _SHARED + ("kernels/masks.py",) + _package("decode") + ("tuning/decode.py",)),
     "backward": Family("backward", "rocmflash.tuning.backward",
-                       _SHARED + ("kernels/backward_jit.py", "kernels/backward.py", "tuning/backward.py")),
+                       _SHARED + _package("backward") + ("tuning/backward.py",)),
     "varlen": Family("varlen", "rocmflash.tuning.varlen",
-                     _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen_jit.py",
-                                "kernels/varlen.py", "tuning/varlen.py")),
+                     _SHARED + ("kernels/masks.py",) + _package("varlen") + ("tuning/varlen.py",)),
     "varlen_bwd": Family("varlen_bwd", "rocmflash.tuning.varlen_bwd",
-                         _SHARED + ("kernels/masks.py", "kernels/varlen_checks.py", "kernels/varlen_jit.py",
-                                    "kernels/varlen.py", "tuning/varlen_bwd.py")),
+                         _SHARED + ("kernels/masks.py",) + _package("varlen") + ("tuning/varlen_bwd.py",)),
 }
 
 

@@ -14,7 +14,7 @@ Triton's default there from 3.8, ``TRITON_HIP_USE_ASYNC_COPY=1`` before) and blo
 (LDS budget, spills, occupancy) judge each such config like any other. gfx90a and gfx942 keep
 one stage (64 KiB of LDS, no async copy).
 
-**fp8** (``Problem.dtype == "fp8"``): the fp8 forward (:mod:`rocmflash.kernels.fp8_forward`) is one
+**fp8** (``Problem.dtype == "fp8"``): the fp8 forward (:mod:`rocmflash.kernels.fp8.forward`) is one
 kernel, the online one, with key blocks of at least 32 (the K of its fp8 P·V dot), so its space is
 the ``online`` space with that bound (:func:`default_space` with ``dtype="fp8"``). The format is the
 arch's e4m3 (:func:`fp8_format`); an arch without fp8 matrix instructions (gfx90a, sm_80) has no
@@ -95,13 +95,13 @@ def split_d_chunk_is_real(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool
     return cfg.variant != "split_d" or problem.head_dim // cfg.d_chunks >= 16
 
 
-#: the narrowest fp8 key block (:data:`rocmflash.kernels.fp8_forward.MIN_PIECE`; a test keeps them equal,
+#: the narrowest fp8 key block (:data:`rocmflash.kernels.fp8.forward.MIN_PIECE`; a test keeps them equal,
 #: so that building a space needs no kernel import)
 FP8_MIN_BLOCK_N = 32
 
 
 def fp8_online_only(cfg: KernelConfig, problem: Problem, gpu: GPU) -> bool:
-    """fp8 has one kernel, the online one (:mod:`rocmflash.kernels.fp8_forward`)."""
+    """fp8 has one kernel, the online one (:mod:`rocmflash.kernels.fp8.forward`)."""
     return problem.dtype != FP8 or cfg.variant == "online"
 
 

@@ -1,6 +1,6 @@
 """``rocmflash tune --pass bwd``: tune the backward's two kernels (dK/dV and dQ) per problem.
 
-The backward is two independent launches (:mod:`rocmflash.kernels.backward`): ``_bwd_dq``
+The backward is two independent launches (:mod:`rocmflash.kernels.backward.host`): ``_bwd_dq``
 (which also writes ``delta``) and ``_bwd_dkdv``. Each gets its own config space -- the
 block a program owns, the block it loops over, warps, stages and, on AMD, ``waves_per_eu``
 -- and the same static phase as the forward: cross-compiled for the target arch on the
@@ -111,7 +111,7 @@ def task_compile_options(config: dict, backend: str) -> dict:
 
 def compile_task(target, config: dict, problem: dict):
     """Family entry for :func:`rocmflash.static.compile.sweep_family`: the named backward kernel for ``target``."""
-    from rocmflash.kernels.backward import compile_kernel_for
+    from rocmflash.kernels.backward.host import compile_kernel_for
 
     return (compile_kernel_for(target, config["kernel"], kernel_config(config), Problem.from_dict(problem)),)
 
@@ -184,15 +184,15 @@ def static_phase(gpu, problem: Problem, cache_dir=None, workers=None, settings=N
 class BwdMatch(NamedTuple):
     """The entry :func:`lookup_bwd` chose: its config, key, distance from the asked bucket, file."""
 
-    config: object  #: rocmflash.kernels.backward.BwdConfig
+    config: object  #: rocmflash.kernels.backward.host.BwdConfig
     key: str
     bucket_distance: int
     path: str
 
 
 def entry_config(entry: dict):
-    """The :class:`~rocmflash.kernels.backward.BwdConfig` an entry stores (ValueError/TypeError if unreadable)."""
-    from rocmflash.kernels.backward import BwdConfig
+    """The :class:`~rocmflash.kernels.backward.host.BwdConfig` an entry stores (ValueError/TypeError if unreadable)."""
+    from rocmflash.kernels.backward.host import BwdConfig
 
     best = entry["best"]
     return BwdConfig(KernelConfig.from_dict(best["dkdv"]), KernelConfig.from_dict(best["dq"]),
@@ -316,8 +316,8 @@ def _forward_and_delta(q, k, v, do, shape, scale: float) -> tuple:
     import torch
 
     from rocmflash.config import default_config
-    from rocmflash.kernels import backward as bw
-    from rocmflash.kernels import online
+    from rocmflash.kernels.backward import host as bw
+    from rocmflash.kernels.forward import online as online
     from rocmflash.kernels.common import torch_backend
 
     B, Hq, Sq, _ = q.shape
@@ -356,7 +356,7 @@ def measure_bwd(task: dict) -> dict:
     import torch
 
     from rocmflash.hw.roofline import Shape
-    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.backward import host as bw
     from rocmflash.kernels.common import interpreting, torch_backend
     from rocmflash.measure import back_to_back_ms, time_flushed
     from rocmflash.measure import gate
@@ -431,7 +431,7 @@ def prewarm_bwd(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.hw.roofline import Shape
-    from rocmflash.kernels import backward as bw
+    from rocmflash.kernels.backward import host as bw
     from rocmflash.kernels.common import torch_backend
     from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins

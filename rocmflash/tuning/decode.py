@@ -134,7 +134,7 @@ class DecodeProblem:
 
 # ----------------------------------------------------------------------------- space and compile
 def decode_space(arch: str) -> list:
-    """The decode configs for an arch, as :class:`~rocmflash.kernels.kv_decode.DecodeConfig` dicts."""
+    """The decode configs for an arch, as :class:`~rocmflash.kernels.decode.host.DecodeConfig` dicts."""
     amd = arch.startswith("gfx")
     stages = (1, 2) if amd else (1, 2, 3, 4)
     waves = (0, 1, 2, 4) if amd else (0,)
@@ -144,7 +144,7 @@ def decode_space(arch: str) -> list:
 
 
 def task_compile_options(config: dict, backend: str) -> dict:
-    from rocmflash.kernels.kv_decode import DecodeConfig
+    from rocmflash.kernels.decode.host import DecodeConfig
 
     return DecodeConfig.from_dict(config).kernel_config().compile_options(backend)
 
@@ -153,7 +153,7 @@ def compile_task(target, config: dict, problem: dict):
     """Family entry for :func:`rocmflash.static.compile.sweep_family`: both decode kernels for ``target``, told the
     storage of the problem's cache (or page pool) and queries where it is past the 2 GiB line (on AMD
     those are read with global loads, not buffer loads: another binary)."""
-    from rocmflash.kernels.kv_decode import DecodeConfig, compile_for
+    from rocmflash.kernels.decode.host import DecodeConfig, compile_for
     from rocmflash.tuning.live_gate import build_bytes
 
     from rocmflash.hw.fp8 import triton_type
@@ -199,10 +199,10 @@ __all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "s
 
 # ----------------------------------------------------------------------------- live phase (worker side)
 def split_choices(problem: DecodeProblem, cfg, compute_units: int) -> list:
-    """Split counts timed for the :class:`~rocmflash.kernels.kv_decode.DecodeConfig` ``cfg``: powers of
+    """Split counts timed for the :class:`~rocmflash.kernels.decode.host.DecodeConfig` ``cfg``: powers of
     two up to 64 and the run-time heuristic's own choice for it, at most one split per key block.
     The pre-warm and the timing worker both call this, so they compile and time the same counts."""
-    from rocmflash.kernels.kv_decode import choose_num_splits, programs_per_cu
+    from rocmflash.kernels.decode.host import choose_num_splits, programs_per_cu
 
     block_n = cfg.BLOCK_N
     blocks = max(1, -(-problem.seqlen_k // block_n))
@@ -292,7 +292,7 @@ def measure_decode(task: dict) -> dict:
     """Gate one decode config, then time it at every split count (runs in the live worker)."""
     import torch
 
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.tuning.live_worker import error_line
     from rocmflash.kernels.common import interpreting, num_compute_units
     from rocmflash.measure import gate, graph_replay_ms, time_flushed
@@ -355,7 +355,7 @@ def prewarm_specs(p: DecodeProblem) -> dict:
 def partial_specs(p: DecodeProblem, call, num_splits: int, real_splits: int) -> dict:
     """The split kernel's fp32 partial buffers ``{"po", "pl": (dims, bytes of the timed buffer)}`` of a
     one-sequence launch at ``num_splits`` standing for the problem's at ``real_splits`` (their sizes
-    follow :func:`rocmflash.kernels.kv_decode.launch`)."""
+    follow :func:`rocmflash.kernels.decode.host.launch`)."""
     own, real = p.heads_kv * num_splits, p.batch * p.heads_kv * real_splits
     return {"po": ((own * call.block_m * call.block_d,), 4 * real * call.block_m * call.block_d),
             "pl": ((own * call.block_m,), 4 * real * call.block_m)}
@@ -386,7 +386,7 @@ def prewarm_decode(task: dict) -> Optional[str]:
     """
     import torch
 
-    from rocmflash.kernels import kv_decode as KD
+    from rocmflash.kernels.decode import host as KD
     from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 

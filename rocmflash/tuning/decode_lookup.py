@@ -66,7 +66,7 @@ def lookup_decode(gpu_name: str, head_dim: int, dtype, group: int, seqlen_k: int
     measured decode entry of this head dim, dtype and GQA ratio.
     """
     from rocmflash.db import iter_database_entries
-    from rocmflash.kernels.kv_decode import DecodeConfig
+    from rocmflash.kernels.decode.host import DecodeConfig
 
     def config(entry, distance):
         try:

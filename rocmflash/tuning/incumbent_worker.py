@@ -307,7 +307,7 @@ class _served_decode:
 
     def __enter__(self):
         from rocmflash.api import decode as DEC
-        from rocmflash.kernels.kv_decode import DecodeConfig
+        from rocmflash.kernels.decode.host import DecodeConfig
 
         import os
 

@@ -116,8 +116,8 @@ def _started_worker() -> bool:
 
 #: what a timing worker's first task imports, so that no family's first measurement pays it
 WARM_MODULES = ("rocmflash.tuning.live_worker", "rocmflash.tuning.live_gate", "rocmflash.tuning.backward",
-                "rocmflash.tuning.decode", "rocmflash.tuning.incumbent_worker", "rocmflash.kernels.backward",
-                "rocmflash.kernels.kv_decode")
+                "rocmflash.tuning.decode", "rocmflash.tuning.incumbent_worker", "rocmflash.kernels.backward.host",
+                "rocmflash.kernels.decode.host")
 
 
 def report_device() -> Optional[dict]:

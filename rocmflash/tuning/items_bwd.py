@@ -36,7 +36,7 @@ class BackwardItem(StreamedTiming):
     family = "bwd"
 
     def __init__(self, ctx, spec, shape, on_result=None):
-        from rocmflash.kernels.backward import default_bwd_config
+        from rocmflash.kernels.backward.host import default_bwd_config
         from rocmflash.tuning.backward import bwd_key, measure_bwd, space_point
 
         self.ctx, self.spec, self.shape = ctx, spec, shape
@@ -270,7 +270,7 @@ def _auto_splits(shape, block_n: int, interpret: bool, compute_units: int = 0) -
     driver may have no GPU: then the catalog's CU count of the GPU tuned)."""
     import torch
 
-    from rocmflash.kernels.backward import choose_head_splits
+    from rocmflash.kernels.backward.host import choose_head_splits
     from rocmflash.kernels.common import num_compute_units
 
     if interpret:

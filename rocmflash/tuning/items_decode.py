@@ -85,7 +85,7 @@ class DecodeItem(TaskItem):
 
     def warm_task(self, task: dict) -> dict:
         """A pre-warm task: the split counts the timing worker will launch the config at."""
-        from rocmflash.kernels.kv_decode import DecodeConfig
+        from rocmflash.kernels.decode.host import DecodeConfig
         from rocmflash.tuning.decode import split_choices
 
         return dict(task, splits=split_choices(self.problem, DecodeConfig.from_dict(task["config"]),

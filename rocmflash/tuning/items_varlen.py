@@ -202,7 +202,7 @@ def backward_baseline(gpu, problem: VarlenProblem) -> dict:
     :func:`rocmflash.api.selection.select_varlen_bwd_config` chooses it: the measured dense ``bwd-`` entry of the
     longest sequence's bucket (each kernel that does not build as the varlen kernel replaced by the per-arch
     default's), else the per-arch default. ``{"config": {"dq", "dkdv"}: space points, "source"}``."""
-    from rocmflash.kernels.backward import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config
     from rocmflash.tuning.backward import lookup_bwd, space_point
     from rocmflash.tuning.varlen_bwd import build_problem, usable_config
 

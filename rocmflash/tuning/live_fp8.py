@@ -8,11 +8,11 @@
   saturated: :func:`fill`) with fp32 ``(B, Hkv)`` descales of ``8 / fp8_max`` times a factor in ``[0.5, 1.5]``
   per (batch, kv head) (:func:`descales`): the dequantised values are ``N(0, s^2)``, as an amax-scaled
   activation's are, so ``1/sqrt(D)`` gives scores of the size real ones have.
-* **The kernel** is :mod:`rocmflash.kernels.fp8_forward` behind the variants' interface
+* **The kernel** is :mod:`rocmflash.kernels.fp8.forward` behind the variants' interface
   (:class:`Fp8Forward`: ``launch(q, k, v, cfg, causal, scale, out, descales)``, ``compile_for``).
   Timed inputs hold V as a caller passes it (row-major ``(B, Hkv, Sk, D)``), so where the arch reads V
-  K-major (:func:`rocmflash.kernels.fp8_forward.kmajor_v`: gfx942, sm_89/sm_90/sm_12x) every timed launch
-  makes the copy the public API makes on every call (:func:`rocmflash.kernels.fp8_forward.launch_kept`, the
+  K-major (:func:`rocmflash.kernels.fp8.forward.kmajor_v`: gfx942, sm_89/sm_90/sm_12x) every timed launch
+  makes the copy the public API makes on every call (:func:`rocmflash.kernels.fp8.forward.launch_kept`, the
   function :func:`rocmflash.api.fp8_plans.execute` runs): the tune times the call that is served, not the
   kernel alone on a V copied once beforehand (that measured a cheaper call than the API's).
 * **The gate** compares with fp32 attention of the *dequantised* inputs; the tolerance on the relative L2
@@ -88,7 +88,7 @@ def dequantised(x, descale):
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Forward:
-    """:mod:`rocmflash.kernels.fp8_forward` with the interface the live runner gives a variant's module."""
+    """:mod:`rocmflash.kernels.fp8.forward` with the interface the live runner gives a variant's module."""
 
     arch: Optional[str]
 
@@ -97,13 +97,13 @@ class Fp8Forward:
         return input_dtype(self.arch)
 
     def launch(self, q, k, v, cfg, causal: bool, scale: float, out, descales: tuple):
-        from rocmflash.kernels import fp8_forward
+        from rocmflash.kernels.fp8 import forward as fp8_forward
 
         return fp8_forward.launch(q, k, v, *descales, cfg, causal, scale, out, arch=self.arch)
 
     def compile_for(self, target, cfg, problem):
         """Cross-compile the fp8 build of ``problem`` (``dtype="fp8"``: bf16 output) for ``target``."""
-        from rocmflash.kernels import fp8_forward
+        from rocmflash.kernels.fp8 import forward as fp8_forward
 
         return fp8_forward.compile_for(target, cfg, dataclasses.replace(problem, dtype="bf16"), self.dtype)
 

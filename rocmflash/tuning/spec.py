@@ -33,7 +33,7 @@ class NoLiveGPUError(ValueError):
 class TuneSpec:
     gpu: str
     head_dim: int
-    dtype: str  #: fp16, bf16 or fp8 (the GPU's e4m3 format, bf16 output: :mod:`rocmflash.kernels.fp8_forward`)
+    dtype: str  #: fp16, bf16 or fp8 (the GPU's e4m3 format, bf16 output: :mod:`rocmflash.kernels.fp8.forward`)
     seqlens: list
     causal: bool = False
     batch: Optional[int] = None  #: default 16384 // S (at least 1)

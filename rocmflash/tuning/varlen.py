@@ -179,7 +179,7 @@ def task_compile_options(config: dict, backend: str) -> dict:
 def compile_task(target, config: dict, problem: dict):
     """Family entry for :func:`rocmflash.static.compile.sweep_family`: the varlen forward kernel for ``target``
     (``problem``: :meth:`VarlenProblem.compile_dict`; its ``tokens``, when there, size the tensors)."""
-    from rocmflash.kernels.varlen import compile_forward_for
+    from rocmflash.kernels.varlen.host import compile_forward_for
 
     return (compile_forward_for(target, KernelConfig.from_dict(config), problem["head_dim"], problem["dtype"],
                                 problem["group"], problem["causal"], problem["heads_kv"],

@@ -1,7 +1,7 @@
 """``rocmflash tune --mode varlen --pass bwd``: tune the packed backward's dQ and dK/dV kernels.
 
 ``flash_attn_varlen_func``'s backward is two launches of its own kernels
-(:mod:`rocmflash.kernels.varlen`: ``_varlen_bwd_dq``, which also writes ``delta``, then
+(:mod:`rocmflash.kernels.varlen.host`: ``_varlen_bwd_dq``, which also writes ``delta``, then
 ``_varlen_bwd_dkdv``), over the same packed workload as the forward: lengths read from
 ``cu_seqlens``, a grid sized by the longest sequence, programs past a sequence's end returning
 at once. Without this tune it took the dense problem's ``bwd-`` entry or the per-arch default.
@@ -64,7 +64,7 @@ def compile_task(target, config: dict, problem: dict):
     """Family entry for :func:`rocmflash.static.compile.sweep_family`: the named varlen backward kernel for ``target``
     (``problem``: :meth:`VarlenProblem.compile_dict`, optionally with ``softcap``/``window`` flags for the
     builds a soft-capped or left-windowed call runs; its ``tokens``, when there, size the tensors)."""
-    from rocmflash.kernels.varlen import compile_backward_kernel_for
+    from rocmflash.kernels.varlen.host import compile_backward_kernel_for
 
     return (compile_backward_kernel_for(target, config["kernel"], kernel_config(config), problem["head_dim"],
                                         problem["dtype"], problem["group"], problem["causal"], problem["heads_kv"],
@@ -88,7 +88,7 @@ def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, sett
 def lookup_varlen_bwd(gpu_name: str, head_dim: int, dtype, group: int, causal: bool,
                       max_seqlen: int) -> Optional[VarlenMatch]:
     """The measured varlen backward entry nearest to this problem (its config a
-    :class:`~rocmflash.kernels.backward.BwdConfig`), or None.
+    :class:`~rocmflash.kernels.backward.host.BwdConfig`), or None.
 
     Same rules as the forward's :func:`~rocmflash.tuning.varlen.lookup_varlen`: same head dim, dtype,
     GQA ratio and causal flag, nearest bucket of the longest key sequence (ties: the larger, then the
@@ -107,7 +107,7 @@ BUILD_RULES = ("compile_failed", "spills", "lds_over_budget")
 def build_problem(head_dim: int, dtype, group: int, causal: bool, softcap: bool = False,
                   window: bool = False) -> dict:
     """The compile problem of a varlen backward call (:func:`compile_task`'s ``problem``): ``heads_kv`` 8 as
-    the register studies of :mod:`rocmflash.kernels.varlen` build them (it only sets strides); without a cap
+    the register studies of :mod:`rocmflash.kernels.varlen.host` build them (it only sets strides); without a cap
     or a window, the :meth:`VarlenProblem.compile_dict` of such a problem (a tune's cached builds serve)."""
     from rocmflash.config import normalize_dtype
 

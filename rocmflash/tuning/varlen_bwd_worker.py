@@ -2,8 +2,8 @@
 
 Runs in the isolated workers of :mod:`rocmflash.tuning.isolated` (one config per task: a crash or
 hang costs that config only). Each task is one kernel's config (a point of the backward space:
-``{"kernel": "dq" | "dkdv", ...}``), run through :func:`rocmflash.kernels.varlen.launch_dq` or
-:func:`~rocmflash.kernels.varlen.launch_dkdv`, the launches ``flash_attn_varlen_func``'s backward
+``{"kernel": "dq" | "dkdv", ...}``), run through :func:`rocmflash.kernels.varlen.host.launch_dq` or
+:func:`~rocmflash.kernels.varlen.host.launch_dkdv`, the launches ``flash_attn_varlen_func``'s backward
 makes, on the problem's packed batch (:class:`~rocmflash.tuning.varlen.VarlenProblem`).
 
 The forward's output and LSE come from ``flash_attn_varlen_func`` itself; ``delta = rowsum(dO * O)``
@@ -88,7 +88,7 @@ def gate_parts(inp: dict, p: VarlenProblem, kernel: str) -> tuple:
 
 def _launcher(inp: dict, call, kernel: str, cfg):
     """The launch a config of ``kernel`` makes on the packed inputs (no LSE gradient, as a plain backward)."""
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
 
     if kernel == "dq":
         return lambda: VK.launch_dq(call, inp["do"], inp["q"], inp["k"], inp["v"], inp["out"], inp["lse"], None,

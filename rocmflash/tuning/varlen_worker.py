@@ -2,7 +2,7 @@
 
 Runs in the isolated workers of :mod:`rocmflash.tuning.isolated` (one config per task: a crash
 or hang costs that config only). Every config runs through
-:func:`rocmflash.kernels.varlen.launch_forward`, the launch ``flash_attn_varlen_func`` makes, on
+:func:`rocmflash.kernels.varlen.host.launch_forward`, the launch ``flash_attn_varlen_func`` makes, on
 the problem's packed batch (:class:`~rocmflash.tuning.varlen.VarlenProblem`).
 """
 
@@ -77,9 +77,9 @@ def packed_inputs(p: VarlenProblem, device) -> dict:
 
 
 def varlen_call(p: VarlenProblem):
-    """The :class:`~rocmflash.kernels.varlen.VarlenCall` of the problem (no window, no cap)."""
+    """The :class:`~rocmflash.kernels.varlen.host.VarlenCall` of the problem (no window, no cap)."""
     from rocmflash.kernels import masks as M
-    from rocmflash.kernels.varlen import VarlenCall
+    from rocmflash.kernels.varlen.host import VarlenCall
 
     return VarlenCall(len(p.lengths), p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen, p.max_seqlen,
                       1 / math.sqrt(p.head_dim), 0.0, M.UNBOUNDED, 0 if p.causal else M.UNBOUNDED)
@@ -116,7 +116,7 @@ def measure_varlen(task: dict) -> dict:
     import torch
 
     from rocmflash.config import KernelConfig
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
     from rocmflash.kernels.common import interpreting
     from rocmflash.measure import time_flushed
     from rocmflash.tuning.live_worker import error_line
@@ -249,7 +249,7 @@ def prewarm_varlen(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.config import KernelConfig
-    from rocmflash.kernels import varlen as VK
+    from rocmflash.kernels.varlen import host as VK
     from rocmflash.tuning.live_worker import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 

@@ -12,8 +12,8 @@ cache, or too close to its end for the new keys: they would run into its own ear
 table) or one of whose new rows' pages is outside the pool stores none of its new rows: their addresses are
 computed from row 0 of page 0 (never outside the cache) and the stores are masked, so no other sequence's rows
 and no unused page change -- in a shared page pool a clamped page would be another sequence's. Its first program
-ORs what was wrong (:data:`~rocmflash.kernels.kv_checks.BAD_LENGTH` / ``BAD_PAGE``) and
-:data:`~rocmflash.kernels.kv_checks.NOT_STORED` into the decode error word. The fp8 append (:mod:`.kv_quant`)
+ORs what was wrong (:data:`~rocmflash.kernels.decode.checks.BAD_LENGTH` / ``BAD_PAGE``) and
+:data:`~rocmflash.kernels.decode.checks.NOT_STORED` into the decode error word. The fp8 append (:mod:`.quant`)
 takes its rows from the same :func:`append_rows`; the decode kernel reads page 0 in place of a bad page as well,
 and reports the same values (that sequence's output is undefined).
 """
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
-from rocmflash.kernels.kv_checks import BAD_LENGTH, BAD_PAGE, NOT_STORED
+from rocmflash.kernels.decode.checks import BAD_LENGTH, BAD_PAGE, NOT_STORED, error_word
 
 
 @kernel_jit
@@ -101,7 +101,7 @@ def _constexprs(head_dim: int, paged: bool) -> dict:
 
 def append_args(k, v, k_cache, v_cache, block_table, seqlens, seq_out, page_size: int, *, err) -> dict:
     """The kernel's arguments (a contiguous cache passes ``seqlens`` as the unread block table); ``err``: the
-    int32 decode error word of the device (:func:`rocmflash.kernels.kv_decode.error_word`)."""
+    int32 decode error word of the device (:func:`rocmflash.kernels.decode.checks.error_word`)."""
     sk, sv, skc, svc = k.stride(), v.stride(), k_cache.stride(), v_cache.stride()
     paged = block_table is not None
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
@@ -132,16 +132,14 @@ def append(k_cache, v_cache, k, v, lens, block_table, page_size: int, backend: s
     """Write ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the 16-bit caches at ``lens[b] + t`` (one launch, no host
     read); returns the int32 ``(B,)`` lengths after the append (``lens + Sk_new``), written by the same launch.
     A sequence with a bad length or page stores nothing and raises bits of ``err``, the int32 ``(1,)`` decode error
-    word (None: :func:`rocmflash.kernels.kv_decode.error_word` of the cache's device).
+    word (None: :func:`rocmflash.kernels.decode.checks.error_word` of the cache's device).
 
     ``keys``: the caller's dict of kept launch keys, under the promise of ``kv_decode.launch``'s ``keys`` (the
     same dtypes, shapes, strides, device and storage class as when it was filled)."""
     import torch
 
     if err is None:
-        from rocmflash.kernels import kv_decode  # (not at the top: the decode kernels import this module)
-
-        err = kv_decode.error_word(k_cache.device)
+        err = error_word(k_cache.device)
     cfg = append_config()
     B, new, hkv, d = k.shape
     seq_out = torch.empty_like(lens)

@@ -1,7 +1,7 @@
 """The backward kernels themselves: the dK/dV and dQ ``@jit`` functions and their loop steps.
 
-What they compute (two kernels, no atomics) and how they are launched: :mod:`rocmflash.kernels.backward`
-(the host side), which re-exports them.
+What they compute (two kernels, no atomics) and how they are launched: :mod:`rocmflash.kernels.backward.host`
+(the host side).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import triton.language as tl
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
-from rocmflash.kernels.online import online_block
+from rocmflash.kernels.forward.online import online_block
 
 
 @kernel_jit

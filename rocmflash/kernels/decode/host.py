@@ -24,7 +24,7 @@ more lower bound: the key range starts at the block holding ``leftpad[b]`` and t
 masked (and not loaded).
 
 Attention sinks (gpt-oss's ``s_aux``: one logit per query head joined to the softmax's denominator, a key whose
-value row is zero) join once per row, in split 0's running max and sum (:func:`~.kv_decode_jit._join_sink`); the
+value row is zero) join once per row, in split 0's running max and sum (:func:`rocmflash.kernels.decode.kernel._join_sink`); the
 combine and the fused merge then need nothing of their own, and a row's LSE holds the sink.
 """
 
@@ -38,38 +38,16 @@ from typing import Optional, TYPE_CHECKING
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
 from rocmflash.kernels import error_words as EW
-from rocmflash.kernels import kv_quant as KQ
+from rocmflash.kernels.decode import quant as KQ
 from rocmflash.kernels import masks as M
-from rocmflash.kernels.decode_shape import (  # noqa: F401  (re-exported: the code moved there)
-    DECODE_MAX_QUERIES,
-    DECODE_MAX_ROWS,
-    DECODE_MIN_KEYS,
-    is_decode_shaped,
-)
-from rocmflash.kernels.kv_checks import BAD_WIDE, NOT_STORED  # noqa: F401  (re-exported, as the other bits)
-from rocmflash.kernels.kv_decode_jit import (  # noqa: F401  (re-exported: the code moved there)
-    BAD_DESCALE,
-    BAD_LENGTH,
-    BAD_PAGE,
-    BAD_SINK,
-    BAD_START,
-    LENGTH_ARGS,
-    _decode_combine,
-    _decode_split,
-)
+from rocmflash.kernels.decode.checks import error_word
+from rocmflash.kernels.decode.kernel import _decode_combine, _decode_split
 
 if TYPE_CHECKING:  # annotations only: torch is imported where a launch needs it
     import torch
 KERNELS = ("_decode_split", "_decode_combine")
 
 
-#: the decode kernels' error word per device (:mod:`rocmflash.kernels.error_words`): they and the appends OR their
-#: :data:`BAD_LENGTH` / ``BAD_START`` / ``BAD_PAGE`` / ``BAD_DESCALE`` / ``BAD_WIDE`` / ``NOT_STORED`` bits
-#: (:mod:`rocmflash.kernels.kv_checks`) into it; zero until a launch met a value it would not use (read, reported
-#: and reset by :mod:`rocmflash.api.decode_errors`)
-ERRORS = EW.ErrorWord()
-_ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
-error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of ``device``
 
 
 def forced_merge(value: Optional[str]) -> Optional[bool]:
@@ -254,7 +232,7 @@ def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False,
                       whole_cache: bool = False) -> dict:
     """``fused_splits``: the split count of a launch whose last program per (sequence, K/V head) merges the
     splits itself (:data:`FUSED_COMBINE`); 0: the partials go to :func:`_decode_combine`. ``kv_aligned``:
-    the K/V strides among :data:`LENGTH_ARGS` are multiples of 16 (:func:`length_values`). ``whole_cache``: no
+    the K/V strides among :data:`~rocmflash.kernels.decode.kernel.LENGTH_ARGS` are multiples of 16 (:func:`length_values`). ``whole_cache``: no
     lengths are read, every sequence is the whole cache (:func:`launch` with ``seqlens=None``)."""
     return dict(HEAD_DIM=call.head_dim, BLOCK_M=call.block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_D=call.block_d,
                 PAGED=call.paged, WHOLE_PAGES=call.paged and call.page_size % cfg.BLOCK_N == 0,
@@ -266,7 +244,7 @@ def _split_constexprs(call: DecodeCall, cfg: DecodeConfig, direct: bool = False,
 
 
 def length_values(call: DecodeCall, k_cache, v_cache, block_table) -> tuple:
-    """The values of the split kernel's :data:`LENGTH_ARGS` for this cache, in that order."""
+    """The values of the split kernel's :data:`~rocmflash.kernels.decode.kernel.LENGTH_ARGS` for this cache, in that order."""
     sk, sv = k_cache.stride(), v_cache.stride()
     return _cache_extent(call, k_cache, block_table)[0], sk[0], sk[2], sv[0], sv[2]
 
@@ -388,11 +366,11 @@ def launch(call: DecodeCall, q, k_cache, v_cache, block_table, seqlens, cfg: Dec
     address the rows they then do not store) and raise bits of :func:`error_word` for ``q``'s device instead of
     addressing memory outside the cache; that sequence's output is undefined.
     ``k_descale``/``v_descale``: fp32 ``(B, Hkv)``, required exactly when ``call.kv_fp8`` (an fp8 cache
-    holds ``k / k_descale``); a scale not finite and > 0 raises :data:`BAD_DESCALE`.
+    holds ``k / k_descale``); a scale not finite and > 0 raises :data:`~rocmflash.kernels.decode.checks.BAD_DESCALE`.
     ``sinks``: ``(Hq,)`` float attention sinks (any float dtype and stride), required exactly when ``call.sinks``;
-    a NaN or ``+inf`` sink raises :data:`BAD_SINK`.
+    a NaN or ``+inf`` sink raises :data:`~rocmflash.kernels.decode.checks.BAD_SINK`.
 
-    The cache's length reaches the split kernel only through its unspecialised :data:`LENGTH_ARGS`: a cache one key
+    The cache's length reaches the split kernel only through its unspecialised :data:`~rocmflash.kernels.decode.kernel.LENGTH_ARGS`: a cache one key
     longer each call replays one launch plan per split count, never Triton's JIT launch.
     """
     import torch
@@ -521,4 +499,4 @@ def compile_for(target, cfg: DecodeConfig, head_dim: int = 128, dtype: str = "bf
 
 
 __all__ = ["DecodeConfig", "DecodeCall", "default_decode_config", "choose_num_splits", "programs_per_cu", "launch", "compile_for",
-           "KERNELS", "is_decode_shaped"]
+           "KERNELS"]

@@ -1,7 +1,7 @@
 """The fp8 forward's device error word: the bit its kernels set on a non-finite descale product, and how
 a call reports it without waiting for the GPU (:func:`poll_errors`) or at once (:func:`check_errors`).
 
-Kernel-side state the launcher (:mod:`rocmflash.kernels.fp8_forward`) and the API (:mod:`rocmflash.api.fp8`,
+Kernel-side state the launcher (:mod:`rocmflash.kernels.fp8.forward`) and the API (:mod:`rocmflash.api.fp8`,
 which re-exports these names) share. The word and its polling are :mod:`rocmflash.kernels.error_words`'
 (shared with varlen and decode); this module keeps the bit and what it says.
 """

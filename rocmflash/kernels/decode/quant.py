@@ -18,7 +18,7 @@ types at all, so only integer rounding gives the same bytes in the CPU tests and
 floats, from cache) and stores nothing when any is not finite and > 0, so a call with a bad scale
 leaves the cache bytes exactly as they were -- decided on the GPU, without a host read -- and sets
 ``kv_decode.BAD_DESCALE`` in the decode error word. **Nor do bad lengths or pages:** a sequence whose length or
-new rows' page is out of range stores none of its rows, as in the 16-bit append (:mod:`.kv_append`).
+new rows' page is out of range stores none of its rows, as in the 16-bit append (:mod:`.append`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import triton.language as tl
 from rocmflash.hw import fp8 as F8
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
-from rocmflash.kernels import kv_append as KA
-from rocmflash.kernels.kv_append import append_rows, report_unstored
+from rocmflash.kernels.decode import append as KA
+from rocmflash.kernels.decode.append import append_rows, report_unstored
 
 
 class Fp8Layout(NamedTuple):
@@ -200,7 +200,7 @@ def _constexprs(dtype, head_dim: int, paged: bool, num_scales: int, bad_bit: int
 
 def append_args(k, v, k_cache, v_cache, block_table, seqlens, k_descale, v_descale, err, page_size: int,
                 bt=None, *, seq_out) -> dict:
-    """The append kernel's arguments: the 16-bit append's (:func:`rocmflash.kernels.kv_append.append_args`) and
+    """The append kernel's arguments: the 16-bit append's (:func:`rocmflash.kernels.decode.append.append_args`) and
     the scales; ``k_cache``/``v_cache`` as uint8 views (the kernel stores bytes); ``bt``: the tensor standing in
     for ``block_table`` (None: ``seqlens``) in a contiguous cache's launch; ``seq_out``: where the lengths after
     the append go."""
@@ -218,7 +218,7 @@ def append_quantised(k_cache, v_cache, k, v, lens, block_table, page_size: int, 
     """Quantise ``k``/``v`` ``(B, Sk_new, Hkv, D)`` into the fp8 caches at ``lens[b] + t`` (one launch, no host
     read); ``err``: the device's decode error word, into which ``bad_bit`` is ORed when a scale is bad
     (nothing is written to the caches then), and the bits of a sequence whose length or page is out of range
-    (its rows are not written: :func:`rocmflash.kernels.kv_append.append_rows`). Returns the int32 ``(B,)``
+    (its rows are not written: :func:`rocmflash.kernels.decode.append.append_rows`). Returns the int32 ``(B,)``
     lengths after the append (``lens + Sk_new``), written by the same launch."""
     import torch
 

@@ -45,7 +45,7 @@ import triton
 
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.kernels import common as C
-from rocmflash.kernels.backward_jit import (  # noqa: F401  (re-exported: the code moved there)
+from rocmflash.kernels.backward.kernel import (
     _bwd_dkdv,
     _bwd_dq,
 )

@@ -1,7 +1,7 @@
 """V made K-major for the fp8 forward: one Triton transpose of V's bytes, ``(B, H, Sk, D)`` -> ``(B, H, D, Sk16)``.
 
 The fp8 ``wgmma`` (sm_90) and the gfx942 fp8 MFMA path read the P·V dot's V operand with the keys contiguous
-(:func:`rocmflash.kernels.fp8_forward.kmajor_v`), so the forward copies V once per call into that layout. torch's
+(:func:`rocmflash.kernels.fp8.forward.kmajor_v`), so the forward copies V once per call into that layout. torch's
 ``copy_`` of a transposed one-byte tensor moves it element by element: on an H100 (B4 Hkv8 D128) 31 µs at 1k keys,
 56 µs at 2k and 220 µs at 8k, against 8-26 µs for a plain copy of the same bytes -- a third of a 1k-key call's
 time beyond its kernel (``bench/fp8_overhead.py``). This kernel moves ``BLOCK_S x D`` tiles through registers

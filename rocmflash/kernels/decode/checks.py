@@ -2,9 +2,9 @@
 
 ``flash_attn_with_kvcache`` does not read ``cache_seqlens``/``cache_leftpad``/``block_table`` on the host (each
 read waits for the GPU): its kernels check the values. A value out of range is never used as an address -- the
-appends (:mod:`rocmflash.kernels.kv_append`, :mod:`rocmflash.kernels.kv_quant`) store nothing for that sequence,
-the decode kernel (:mod:`rocmflash.kernels.kv_decode_jit`) reads a safe row in its place -- and a bit below is
-ORed into the decode error word (:mod:`rocmflash.kernels.kv_decode`'s ``ERRORS``; its messages:
+appends (:mod:`rocmflash.kernels.decode.append`, :mod:`rocmflash.kernels.decode.quant`) store nothing for that sequence,
+the decode kernel (:mod:`rocmflash.kernels.decode.kernel`) reads a safe row in its place -- and a bit below is
+ORed into the decode error word (:data:`ERRORS` here; its messages:
 :mod:`rocmflash.api.decode_errors`). The bits live here, below every kernel module that raises them (the
 appends are imported by the decode kernels).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from rocmflash.kernels import common as C
+from rocmflash.kernels import error_words as EW
 from rocmflash.kernels.common import kernel_jit
 
 #: bits of the decode error word (``tl.atomic_or``), one per kind of value the kernels would not use
@@ -30,6 +31,14 @@ BAD_DESCALE = tl.constexpr(8)  #: an fp8 cache's ``k_descale``/``v_descale`` not
 BAD_WIDE = tl.constexpr(16)  #: an int64 ``cache_seqlens``/``cache_leftpad`` value outside int32
 NOT_STORED = tl.constexpr(32)  #: an append stored none of some sequence's new keys (with the bit saying why)
 BAD_SINK = tl.constexpr(64)  #: an attention sink (``s_aux``) NaN or +inf: its head's rows are NaN (-inf: no sink)
+
+#: the decode kernels' error word per device (:mod:`rocmflash.kernels.error_words`): they and the appends OR their
+#: :data:`BAD_LENGTH` / ``BAD_START`` / ``BAD_PAGE`` / ``BAD_DESCALE`` / ``BAD_WIDE`` / ``NOT_STORED`` bits
+#: (above) into it; zero until a launch met a value it would not use (read, reported
+#: and reset by :mod:`rocmflash.api.decode_errors`)
+ERRORS = EW.ErrorWord()
+_ERROR_WORDS = ERRORS.words  #: device -> int32 (1,) error word
+error_word = ERRORS.word  #: ``error_word(device)``: the int32 ``(1,)`` word of ``device``
 
 INT32_MAX = tl.constexpr(2**31 - 1)
 INT32_MIN = tl.constexpr(-(2**31))

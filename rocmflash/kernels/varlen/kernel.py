@@ -1,6 +1,6 @@
 """The packed (varlen) kernels themselves: the forward, dQ and dK/dV ``@jit`` functions and their loop steps.
 
-What they compute, their layout and masks: :mod:`rocmflash.kernels.varlen` (the host side: call records,
+What they compute, their layout and masks: :mod:`rocmflash.kernels.varlen.host` (the host side: call records,
 launch arguments, launches, compile-only builds), which re-exports them.
 """
 
@@ -10,7 +10,7 @@ import triton.language as tl
 
 from rocmflash.kernels import common as C
 from rocmflash.kernels import masks as M
-from rocmflash.kernels import varlen_checks as VC
+from rocmflash.kernels.varlen import checks as VC
 from rocmflash.kernels.common import kernel_jit
 
 

@@ -1,8 +1,7 @@
 """The KV-cache decode kernels themselves: the split-KV and combine ``@jit`` functions, their loop
 steps, and the error-word bits the split kernel raises.
 
-What they compute and how they are launched: :mod:`rocmflash.kernels.kv_decode` (the host side), which
-re-exports them.
+What they compute and how they are launched: :mod:`rocmflash.kernels.decode.host` (the host side).
 """
 
 from __future__ import annotations
@@ -10,10 +9,10 @@ from __future__ import annotations
 import triton.language as tl
 
 from rocmflash.kernels import common as C
-from rocmflash.kernels import kv_quant as KQ
+from rocmflash.kernels.decode import quant as KQ
 # the bits of the error word the split kernel raises (``tl.atomic_or``) on values it would not use; defined with
-# the appends' (kv_checks), which the kernels here import
-from rocmflash.kernels.kv_checks import (  # noqa: F401 (re-exported)
+# the appends' (checks), which the kernels here import
+from rocmflash.kernels.decode.checks import (
     BAD_DESCALE, BAD_LENGTH, BAD_PAGE, BAD_SINK, BAD_START)
 from rocmflash.kernels import masks as M
 from rocmflash.kernels.common import kernel_jit

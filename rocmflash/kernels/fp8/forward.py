@@ -1,6 +1,6 @@
 """``fp8_forward``: the online-softmax forward for fp8 Q, K, V with per-(batch, kv head) descales (inference only).
 
-The same one-pass algorithm as :mod:`rocmflash.kernels.online` (one program per ``BLOCK_M``
+The same one-pass algorithm as :mod:`rocmflash.kernels.forward.online` (one program per ``BLOCK_M``
 query rows of one (batch, head); fp32 running max ``m``, row sum ``l`` and accumulator), with
 both GEMMs in fp8 as flash-attn 3 runs them:
 
@@ -52,7 +52,7 @@ into shared memory byte by byte.
 Head-dim pieces and key blocks are at least 32 wide (NVIDIA's 8-bit MMA needs K >= 32; on AMD the
 fp8 MFMAs take K = 16 or 32 per instruction); non-causal and causal (bottom-right aligned), GQA,
 any lengths, D in 16..256, any strides. Every program checks that its descale product and
-``v_descale`` are finite and sets a bit of :func:`rocmflash.kernels.fp8_errors.error_word` when not.
+``v_descale`` are finite and sets a bit of :func:`rocmflash.kernels.fp8.errors.error_word` when not.
 
 Under Triton 3.6's interpreter fp8 needs two repairs, applied only around interpreted launches
 (:func:`_interpreter_fp8`): FNUZ element types fail with "fail to convert fp8e4b8 to ir type"
@@ -72,8 +72,8 @@ import triton.language as tl
 from rocmflash.config import KernelConfig, Problem
 from rocmflash.kernels import common as C
 from rocmflash.kernels.common import kernel_jit
-from rocmflash.kernels.fp8_errors import error_word
-from rocmflash.kernels.fp8_vlayout import V_ROW_ALIGN, kmajor_copy, padded_keys
+from rocmflash.kernels.fp8.errors import error_word
+from rocmflash.kernels.fp8.vlayout import V_ROW_ALIGN, kmajor_copy, padded_keys
 
 MIN_PIECE = 32  #: narrowest head-dim piece and key block (8-bit dots need K >= 32 on NVIDIA)
 
@@ -214,7 +214,7 @@ def as_kmajor_v(v, keys=None):
     kernel may read (``keys``: a kept plan's launch keys, :func:`launch_kept`).
 
     A ``v`` that already has keys contiguous is returned as is (``seq_v = Sk``). Otherwise one copy
-    (reads and writes ``B*H*Sk*D`` bytes each, :func:`rocmflash.kernels.fp8_vlayout.kmajor_copy`) into
+    (reads and writes ``B*H*Sk*D`` bytes each, :func:`rocmflash.kernels.fp8.vlayout.kmajor_copy`) into
     ``(B, H, D, Sk16)`` memory, ``Sk16`` = Sk rounded up to :data:`V_ROW_ALIGN` with the pad zeroed (read by
     masked loads: weight 0, but never NaN): every row 16-byte aligned, ``seq_v = Sk16``."""
     Sk = v.shape[2]
@@ -270,7 +270,7 @@ def launch(q, k, v, q_descale, k_descale, v_descale, cfg: KernelConfig, causal: 
     ``out``: any-strided ``(B, Hq, Sq, D)`` bf16/fp16 tensor; ``lse`` (optional) contiguous fp32
     ``(B, Hq, Sq)``. ``arch`` (the device's, e.g. ``sm_90``): where :func:`kmajor_v`, V is read
     K-major (:func:`as_kmajor_v`: no copy when ``v.stride(2) == 1`` already). Sets
-    :func:`rocmflash.kernels.fp8_errors.error_word` on a non-finite descale; returns ``(out, lse)``."""
+    :func:`rocmflash.kernels.fp8.errors.error_word` on a non-finite descale; returns ``(out, lse)``."""
     return launch_kept(q, k, v, q_descale, k_descale, v_descale, check_config(cfg), causal, sm_scale, out, lse,
                        kmajor_v(arch))
 

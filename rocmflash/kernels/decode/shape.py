@@ -1,7 +1,7 @@
 """Which attention calls are decode steps: a few queries over many keys, which every entry point
 (``flash_attn_with_kvcache``, ``attention``, the custom ops, ``patch_sdpa``, the transformers
-integration) runs through the split-KV decode kernel (:mod:`rocmflash.kernels.kv_decode`, which
-re-exports these names).
+integration) runs through the split-KV decode kernel (:mod:`rocmflash.kernels.decode.host`). No Triton import:
+the entry points ask it before they load a kernel.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ aligned per sequence. Each program splits its loop into the blocks every row see
 full (no mask work) and the few edge blocks that need one, exactly like the dense
 ``online`` kernel does for the causal diagonal; blocks outside the band are never visited.
 
-The backward follows :mod:`rocmflash.kernels.backward` (two kernels, no atomics, dQ
+The backward follows :mod:`rocmflash.kernels.backward.host` (two kernels, no atomics, dQ
 first: it computes ``delta = rowsum(dO * O)`` for its rows and the dK/dV kernel reads it;
 dK/dV sums the GQA group in registers). Soft-capping adds the ``1 - tanh²`` factor to
 ``dS``. LSE and delta are ``(Hq, total_q)`` fp32, as flash-attn's varlen LSE.
@@ -20,7 +20,7 @@ kernel's two-piece split is not used here).
 
 ``cu_seqlens`` values are never read on the host: every kernel clamps each sequence into the
 packed rows, so wrong values never address memory outside the tensors, and the forward ORs
-what was wrong into a per-device error word (:mod:`rocmflash.kernels.varlen_checks`).
+what was wrong into a per-device error word (:mod:`rocmflash.kernels.varlen.checks`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Optional, TYPE_CHECKING
 from rocmflash.config import KernelConfig
 from rocmflash.kernels import common as C
 from rocmflash.kernels import masks as M
-from rocmflash.kernels import varlen_checks as VC
-from rocmflash.kernels.backward import sink_grad
-from rocmflash.kernels.varlen_jit import (  # noqa: F401  (re-exported: the code moved there)
+from rocmflash.kernels.varlen import checks as VC
+from rocmflash.kernels.backward.host import sink_grad
+from rocmflash.kernels.varlen.kernel import (
     _varlen_bwd_dkdv,
     _varlen_bwd_dq,
     _varlen_fwd,
@@ -258,11 +258,11 @@ def launch_dkdv(call: VarlenCall, do, q, k, v, lse, delta, dk, dv, cu_q, cu_k, c
 
 
 def launch_backward(call: VarlenCall, do, q, k, v, out, lse, dlse, cu_q, cu_k, bwd_cfg, sinks=None):
-    """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.BwdConfig`
+    """``(dq, dk, dv)`` of the packed inputs; ``bwd_cfg`` a :class:`~rocmflash.kernels.backward.host.BwdConfig`
     (its ``head_splits`` is not used: the dK/dV kernel sums the whole GQA group in registers).
 
     ``sinks``: the forward's fp32 ``(Hq,)`` attention-sink logits (its LSE includes them: the kernels need no
-    change); then ``(dq, dk, dv, dsinks)`` (:func:`rocmflash.kernels.backward.sink_grad`). Rows no sequence
+    change); then ``(dq, dk, dv, dsinks)`` (:func:`rocmflash.kernels.backward.host.sink_grad`). Rows no sequence
     owns must then hold LSE ``-inf`` (the forward's buffer filled so): their delta stays 0 here, so they add 0."""
     import torch
 
