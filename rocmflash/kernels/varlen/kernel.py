@@ -1,7 +1,7 @@
 """The packed (varlen) kernels themselves: the forward, dQ and dK/dV ``@jit`` functions and their loop steps.
 
 What they compute, their layout and masks: :mod:`rocmflash.kernels.varlen.host` (the host side: call records,
-launch arguments, launches, compile-only builds), which re-exports them.
+launch arguments, launches, compile-only builds).
 """
 
 from __future__ import annotations
