@@ -215,7 +215,7 @@ SMALL_STRATEGY = ("served-config: not tuned; the forward config run-time selecti
 
 def small_problems(grid: dict = SMALL_GRID) -> list:
     """``[(entry key, problem), ...]`` of the grid (``problem``: :func:`measure_eager`'s fields)."""
-    from rocmflash.db_files import problem_key
+    from rocmflash.db.files import problem_key
 
     out = []
     for d in grid["head_dim"]:

@@ -1,8 +1,14 @@
-"""``rocmflash.autotune``, kept importable under its old name: the code lives in :mod:`rocmflash.static.autotune`.
+"""``rocmflash.autotune``, kept importable under its old name for one release (deprecated):
+the code lives in :mod:`rocmflash.static.autotune`.
 
 This module *is* :mod:`rocmflash.static.autotune` (one module object under both names), so every name, private
 ones included, and every ``monkeypatch`` of it reach the same code.
 """
+
+import warnings as _warnings
+
+_warnings.warn("rocmflash.autotune is deprecated and goes away in the next release: import rocmflash.static.autotune instead",
+               DeprecationWarning, stacklevel=2)
 
 import sys
 

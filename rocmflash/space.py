@@ -1,8 +1,14 @@
-"""``rocmflash.space``, kept importable under its old name: the code lives in :mod:`rocmflash.static.space`.
+"""``rocmflash.space``, kept importable under its old name for one release (deprecated):
+the code lives in :mod:`rocmflash.static.space`.
 
 This module *is* :mod:`rocmflash.static.space` (one module object under both names), so every name, private
 ones included, and every ``monkeypatch`` of it reach the same code.
 """
+
+import warnings as _warnings
+
+_warnings.warn("rocmflash.space is deprecated and goes away in the next release: import rocmflash.static.space instead",
+               DeprecationWarning, stacklevel=2)
 
 import sys
 

@@ -1,4 +1,9 @@
-"""``rocmflash tune``, kept importable under its old name: everything lives in :mod:`rocmflash.tuning`."""
+"""``rocmflash tune``, kept importable under its old name for one release (deprecated): everything lives in :mod:`rocmflash.tuning`."""
+
+import warnings as _warnings
+
+_warnings.warn("rocmflash.tune is deprecated and goes away in the next release: import rocmflash.tuning instead",
+               DeprecationWarning, stacklevel=2)
 
 from rocmflash.tuning import *  # noqa: F401,F403
 from rocmflash.tuning import __all__  # noqa: F401

@@ -90,7 +90,7 @@ def test_static_profile_reads_the_main_kernel_and_every_kernels_spills():
 
 # ---------------------------------------------------------------------- what an entry of each family builds (pure)
 def test_entry_builds_of_every_family_name_the_static_phase_problem_and_where_the_record_goes():
-    from rocmflash.db_entries import check_entry
+    from rocmflash.db.entries import check_entry
     from rocmflash.hw.gpus import get_gpu
     from rocmflash.static.db_record import CannotCheck, entry_builds
 
@@ -369,7 +369,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
 
 
 def test_the_journal_keeps_its_schema_and_a_saved_v1_database_becomes_v2(tmp_path):
-    from rocmflash.db_files import JOURNAL_SCHEMA_VERSION, SCHEMA_VERSION, ConfigDB, Journal
+    from rocmflash.db.files import JOURNAL_SCHEMA_VERSION, SCHEMA_VERSION, ConfigDB, Journal
 
     path = _database(tmp_path / "mi300x.json", {}, schema=1)
     db = ConfigDB.open(path, GPU, "gfx942", {"triton": "3.6.0"})
@@ -383,7 +383,7 @@ def test_the_journal_keeps_its_schema_and_a_saved_v1_database_becomes_v2(tmp_pat
 
 
 def test_a_record_that_is_not_an_object_makes_the_entry_malformed():
-    from rocmflash.db_entries import Malformed, check_entry
+    from rocmflash.db.entries import Malformed, check_entry
 
     entry = _fwd_entry(SMALL, None, [])
     assert check_entry(FWD_KEY, entry)["best"] == SMALL  # a null record: as a schema-1 entry

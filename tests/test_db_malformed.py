@@ -1,6 +1,6 @@
 """A malformed user database is one line (issue 46, item 3; issue 51, item 5's read side).
 
-Every reader checks a file's entries once as it reads them (:mod:`rocmflash.db_entries`): a malformed entry is
+Every reader checks a file's entries once as it reads them (:mod:`rocmflash.db.entries`): a malformed entry is
 skipped with one warning naming the file, the key and what is wrong; an entry that holds no config (``best``
 null, ``failed``) is absent without one. Covered: the checks per family, the shipped databases (all valid), run
 time (``rocmflash.attention`` forward and backward, ``flash_attn_with_kvcache``) in the interpreter, ``rocmflash
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rocmflash import db as D
-from rocmflash import db_entries as E
+from rocmflash.db import entries as E
 from rocmflash.api import selection
 from rocmflash.cli import main
 from rocmflash.config import KernelConfig

@@ -343,7 +343,7 @@ def test_prune_to_tuned_under_triton_autotune(h100_export, interpret):
 # ---------------------------------------------------------------------- the shipped databases
 @pytest.mark.parametrize("gpu", ["h100", "mi250", "mi300x", "mi355x"])
 def test_every_shipped_database_exports_every_entry(gpu, tmp_path, monkeypatch, capsys):
-    from rocmflash.db_entries import family
+    from rocmflash.db.entries import family
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     stored = D.ConfigDB.read(os.path.join(ROOT, "configs", f"{gpu}.json"))["entries"]

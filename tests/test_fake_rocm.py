@@ -76,7 +76,7 @@ def test_fake_reports_an_mi250_here_and_in_child_pythons(fake_rocm):
 
 
 def test_tune_resolves_the_fake_device(fake_rocm):
-    from rocmflash.tune import resolve_gpu
+    from rocmflash.tuning import resolve_gpu
 
     assert [g.name for g in resolve_gpu("mi250")] == ["mi250", "mi250"]  # named = live: measure
     assert [g.name for g in resolve_gpu("auto")] == ["mi250", "mi250"]
@@ -322,7 +322,7 @@ def test_doctor_names_an_rdna_card_and_says_why(fake_rocm):
     report = doctor.gather()
     assert report["gpus"][0]["target"] is None
     assert report["verdict"].startswith("PARTLY READY") and "RDNA (wave32)" in report["verdict"]
-    from rocmflash.tune import NoLiveGPUError, resolve_gpu
+    from rocmflash.tuning import NoLiveGPUError, resolve_gpu
 
     with pytest.raises(NoLiveGPUError, match="Radeon RX 7900 XTX .gfx1100, wave32"):
         resolve_gpu("auto")

@@ -119,11 +119,11 @@ def test_the_environment_fingerprint_reads_torch_versions_without_importing_torc
     """A --gpus tune writes its environment while torch imports in a thread: the same fingerprint, no import."""
     import json
 
-    code = ("import json, sys; from rocmflash.db_files import environment; env = environment('dev'); "
+    code = ("import json, sys; from rocmflash.db.files import environment; env = environment('dev'); "
             "assert 'torch' not in sys.modules, 'imported torch'; print(json.dumps(env))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    from rocmflash.db_files import environment
+    from rocmflash.db.files import environment
 
     assert json.loads(out.stdout) == environment("dev")  # this process has torch imported: torch.version
 
@@ -132,7 +132,7 @@ def test_the_fingerprint_reads_the_file_while_another_thread_is_importing_torch(
     """``torch`` sits in sys.modules, half made, while a thread imports it: its file answers, not the module."""
     import types
 
-    from rocmflash.db_files import environment, torch_version_module
+    from rocmflash.db.files import environment, torch_version_module
 
     import importlib.util
 

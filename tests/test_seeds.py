@@ -7,7 +7,7 @@ from rocmflash.hw.gpus import get_gpu
 from rocmflash.static.seeds import reference_seeds
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash import db as D
-from rocmflash.tune import ReplayRunner, TuneSpec, tune
+from rocmflash.tuning import ReplayRunner, TuneSpec, tune
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4],
                                 "num_stages": [1], "waves_per_eu": [2]}}, DEFAULT_RESTRICTIONS)

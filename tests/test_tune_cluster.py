@@ -10,7 +10,7 @@ import pytest
 
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash import db as D
-from rocmflash.tune import ReplayRunner, TuneSpec, tune
+from rocmflash.tuning import ReplayRunner, TuneSpec, tune
 
 ray = pytest.importorskip("ray")
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import small_online_space
 
 from rocmflash.db import ConfigDB, Journal
-from rocmflash.tune import TuneSpec, tune
+from rocmflash.tuning import TuneSpec, tune
 from rocmflash.tuning.live_worker import LiveSettings
 
 pytestmark = [pytest.mark.gpu]

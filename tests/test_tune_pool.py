@@ -15,7 +15,7 @@ import pytest
 
 from rocmflash import db as D
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
-from rocmflash.tune import ReplayRunner, TuneSpec, tune
+from rocmflash.tuning import ReplayRunner, TuneSpec, tune
 from rocmflash.tuning.pool import NoWorkersLeft, WorkerLost, WorkerPool, node_gpu, parse_gpus
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],

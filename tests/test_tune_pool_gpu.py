@@ -15,7 +15,7 @@ import torch
 from conftest import small_online_space
 
 from rocmflash.db import ConfigDB, Journal, journal_path
-from rocmflash.tune import TuneSpec, tune
+from rocmflash.tuning import TuneSpec, tune
 from rocmflash.tuning.live_worker import LiveSettings
 from rocmflash.tuning.pool import node_gpu, node_pool
 

@@ -12,7 +12,7 @@ from rocmflash.config import KernelConfig
 from rocmflash.tuning.race import (DEFAULT_ROUNDS, FINAL_PASSES, advancing, final_round_records, merge_final_passes,
                             planned_measurements)
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
-from rocmflash.tune import ReplayRunner, TuneInterrupted, TuneSpec, tune
+from rocmflash.tuning import ReplayRunner, TuneInterrupted, TuneSpec, tune
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],
                                 "num_stages": [2, 3]}}, DEFAULT_RESTRICTIONS)
@@ -75,7 +75,7 @@ def test_final_passes_merge_to_the_median_and_a_bad_pass_disqualifies():
 def ranked(cache_dir, tmp_path_factory):
     """The survivors in static-score order (the real static phase of this space)."""
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.tune import static_phase, static_problem
+    from rocmflash.tuning import static_phase, static_problem
 
     s = spec(tmp_path_factory.mktemp("ranked"), cache_dir).validate()
     return [c.config for c in static_phase(get_gpu("h100"), static_problem(s.shape(2048)), SPACE, cache_dir, 2).ranked]

@@ -14,7 +14,7 @@ import pytest
 from rocmflash import db as D
 from rocmflash.config import KernelConfig
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
-from rocmflash.tune import (NoLiveGPUError, ReplayRunner, TuneInterrupted, TuneSpec, choose, static_key,
+from rocmflash.tuning import (NoLiveGPUError, ReplayRunner, TuneInterrupted, TuneSpec, choose, static_key,
                             static_phase, static_problem, tune)
 
 SPACE = ConfigSpace({"online": {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "num_warps": [4, 8],

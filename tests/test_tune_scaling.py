@@ -147,16 +147,16 @@ def test_cli_pass_both_hands_both_passes_to_one_tune(tmp_path, monkeypatch):
     now one tune call with backward=True (one pipeline), whose result carries the backward's."""
     import argparse
 
-    import rocmflash.tune
+    import rocmflash.tuning
     from rocmflash.cli.tune import add_tune_parsers, run_tune
     from rocmflash.tuning import backward_run
 
     calls = []
     outcome = types.SimpleNamespace(seconds=1.5)
-    monkeypatch.setattr(rocmflash.tune, "tune", lambda spec, **kw: calls.append(("tune", kw.get("backward"))) or
+    monkeypatch.setattr(rocmflash.tuning, "tune", lambda spec, **kw: calls.append(("tune", kw.get("backward"))) or
                         types.SimpleNamespace(gpu="h100", db_path="db", measured=True, why_unmeasured=None,
                                               backward_outcomes=[outcome] if kw.get("backward") else None))
-    monkeypatch.setattr(rocmflash.tune, "print_summary", lambda result, console: calls.append(("fwd summary",)))
+    monkeypatch.setattr(rocmflash.tuning, "print_summary", lambda result, console: calls.append(("fwd summary",)))
     monkeypatch.setattr(backward_run, "tune_backward", lambda spec, **kw: calls.append(("tune_backward",)) or "B")
     monkeypatch.setattr(backward_run, "print_backward_summary", lambda r, console: calls.append(
         ("bwd summary", r if r == "B" else (r.outcomes, r.seconds))))

@@ -322,7 +322,7 @@ def database_platform(path: Optional[str]) -> Optional[str]:
         return _DB_PLATFORM[path]
     except KeyError:
         pass
-    from rocmflash.db_files import ConfigDB, DBError
+    from rocmflash.db.files import ConfigDB, DBError
     from rocmflash.hw.platform import runtime_platform
 
     try:
@@ -556,7 +556,7 @@ def eager_field(result: dict) -> dict:
 def _register() -> None:
     """Forget the databases' platforms when a database is saved in this process or ``rocmflash.clear_cache`` runs."""
     from rocmflash.api.selection import register_clear
-    from rocmflash.db_files import AFTER_SAVE
+    from rocmflash.db.files import AFTER_SAVE
 
     AFTER_SAVE.append(_forget_db_platforms)
     register_clear(_forget_db_platforms)

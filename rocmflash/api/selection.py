@@ -317,7 +317,7 @@ def _entry_timing(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
 def _describe(match, gpu_name, arch, head_dim, dtype, causal, gqa_ratio, seqlen_k, cfg) -> dict:
     """What a selection chose and how far it is from the problem asked (logged once per problem); ``cfg`` None:
     the fp8 kernel's own default (:func:`select_fp8_config`)."""
-    from rocmflash.db_files import key_dtype  # the key's dtype (fp8: its format); works without rocmflash.db
+    from rocmflash.db.files import key_dtype  # the key's dtype (fp8: its format); works without rocmflash.db
 
     dt = key_dtype(dtype)
     bucket = _bucket(seqlen_k)

@@ -353,7 +353,7 @@ def _first_clean(gpu, problem, rows, choice, cache_dir, variant) -> Optional[dic
 def _label(cfg: Optional[dict]) -> str:
     if not cfg:
         return "-"
-    from rocmflash.tune import _label as tune_label
+    from rocmflash.tuning.output import _label as tune_label
 
     return tune_label(cfg)
 

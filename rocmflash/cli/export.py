@@ -27,7 +27,7 @@ import sys
 from typing import Callable, NamedTuple, Optional
 
 from rocmflash.cli.tune_args import _error
-from rocmflash.db_entries import BWD, DECODE, FORWARD, VARLEN, VARLEN_BWD
+from rocmflash.db.entries import BWD, DECODE, FORWARD, VARLEN, VARLEN_BWD
 from rocmflash.hw.gpus import UnknownGPUError
 
 #: entry modes of other kernels (decode, the backward, the packed forward): never read as forward entries
@@ -47,7 +47,7 @@ LABELS = {"measured": "measured", "static": "UNMEASURED: static ranking",
 class ExportFamily(NamedTuple):
     """How one family of database entries is exported."""
 
-    name: str  #: its :func:`rocmflash.db_entries.family`
+    name: str  #: its :func:`rocmflash.db.entries.family`
     prefix: str  #: of its Python names (``<prefix>_KEY``, ``<prefix>_PROBLEMS``, ...)
     title: str  #: what its kernels are (the section's heading)
     key_form: str  #: its database keys
@@ -58,7 +58,7 @@ class ExportFamily(NamedTuple):
 
 
 def _forward_fields(key: str) -> Optional[dict]:
-    from rocmflash.db_files import parse_key
+    from rocmflash.db.files import parse_key
 
     try:
         p = parse_key(key)
@@ -218,7 +218,7 @@ def sort_entries(data: dict, vendor: str, no_config: Optional[dict] = None) -> t
 
     ``data``: entries as :func:`rocmflash.db.read_database` gives them (config-less ones absent: pass them as
     ``no_config``, ``{key: stored entry}``); a config-less entry in ``data`` itself is not exported either."""
-    from rocmflash.db_entries import family
+    from rocmflash.db.entries import family
 
     rows: dict = {fam.name: [] for fam in FAMILIES}
     skipped = {key: _no_config_reason(entry) for key, entry in (no_config or {}).items()}
@@ -499,7 +499,7 @@ def _no_config_entries(path: str) -> dict:
     """``{key: stored entry}`` of a database's well-formed entries that hold no config (``best`` null, ``failed``),
     which :func:`rocmflash.db.read_database` leaves out (the export lists them as not exported)."""
     from rocmflash.db import ConfigDB
-    from rocmflash.db_entries import check_entries
+    from rocmflash.db.entries import check_entries
 
     entries = ConfigDB.read(path)["entries"]
     return {key: entries[key] for key in check_entries(path, entries, warn=False).no_config}

@@ -64,7 +64,7 @@ def failed_tune_exit(code: int, failures: list) -> int:
 def _run_tune(args: argparse.Namespace) -> int:
     from rocmflash.db import DBError
     from rocmflash.static.report import make_console
-    from rocmflash.tune import (
+    from rocmflash.tuning import (
         INJECT_ENV,
         ReplayRunner,
         TuneInterrupted,

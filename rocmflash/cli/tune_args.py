@@ -182,7 +182,7 @@ def check_db_path(path: str) -> None:
     """ValueError (one line) when ``--db`` names a directory or a file whose folder cannot be written."""
     if os.path.isdir(path):
         raise ValueError(f"--db {path} is a directory; --db takes a database file such as mi300x.json")
-    # a symlinked database is written where its target is (rocmflash.db_files.real_path): check that folder
+    # a symlinked database is written where its target is (rocmflash.db.files.real_path): check that folder
     reason = _unwritable_dir(os.path.dirname(os.path.realpath(path)))
     if reason:
         raise ValueError(f"--db {path}: {reason}")

@@ -173,7 +173,7 @@ def record_platform(record) -> Optional[str]:
 
 def runtime_platform(runtime) -> Optional[str]:
     """The GPU platform a database fingerprint's ``runtime`` (``"cuda 13.0"``, ``"hip 6.4.43482"``,
-    :func:`rocmflash.db_files.environment`) names, or None: ``"cpu"`` (the last save was on a machine without a
+    :func:`rocmflash.db.files.environment`) names, or None: ``"cpu"`` (the last save was on a machine without a
     GPU runtime, e.g. a static tune: it says nothing of where entries were timed), missing, or unknown."""
     if not isinstance(runtime, str):
         return None

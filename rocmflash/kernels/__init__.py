@@ -1,6 +1,8 @@
-"""Forward-attention kernels: one module per accumulator-lifetime variant.
+"""The kernels, one package per family: ``forward`` (one module per accumulator-lifetime variant), ``fp8``,
+``backward``, ``decode`` and ``varlen``; beside them the helpers every family shares (``common``, ``masks``,
+``build`` for compile-only builds, ``launch`` for kept launch plans, ``error_words``).
 
-Each module exposes ``launch(q, k, v, cfg, causal, sm_scale, out=None, lse=None)``
+Each forward variant's module (:func:`get_variant`) exposes ``launch(q, k, v, cfg, causal, sm_scale, out=None, lse=None)``
 returning ``(out, lse)`` and ``compile_for(target, cfg, problem)`` returning a tuple of
 Triton ``CompiledKernel`` objects, main kernel first (``split_kv`` also returns its
 combine kernel second). ``KERNELS`` in each module names the kernels in that order.
@@ -16,7 +18,7 @@ require_supported_versions()  # before any Triton import: an unsupported Triton 
 
 from rocmflash.config import VARIANTS  # noqa: E402
 
-_MODULES = {name: f"rocmflash.kernels.{name}" for name in VARIANTS}
+_MODULES = {name: f"rocmflash.kernels.forward.{name}" for name in VARIANTS}
 
 
 _LOADED: dict = {}

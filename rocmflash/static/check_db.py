@@ -25,7 +25,7 @@ The exit code is 1 when a served config no longer holds (after ``--fix``: when o
 compile could not run (timed out, its worker died: no evidence either way), else 0. A malformed entry (run time
 skips it too) is a ``cannot check`` row and does not change the exit code.
 
-``--fix`` rewrites the database (atomically, under the tune lock, :func:`rocmflash.db_files.atomic_write_json`)
+``--fix`` rewrites the database (atomically, under the tune lock, :func:`rocmflash.db.files.atomic_write_json`)
 so each entry whose served config does not hold serves the first alternative that holds now (near-best in time
 order, then ranked in static order, then the arch default; a backward: per kernel), and records every config's
 profile under the installed compiler. The tune's timings stay as they were; the entry says its winner changed
@@ -163,8 +163,8 @@ def check_file(gpu, path: str, cache_dir: Optional[str] = None, workers: Optiona
                stats: Optional[dict] = None) -> FileCheck:
     """Check every entry of one database file (see the module docstring); ``stats`` (if given) sums the compiles."""
     from rocmflash.db import servable
-    from rocmflash.db_entries import check_entries
-    from rocmflash.db_files import ConfigDB
+    from rocmflash.db.entries import check_entries
+    from rocmflash.db.files import ConfigDB
 
     with open(path, "rb") as f:
         raw = f.read()
@@ -260,7 +260,7 @@ def fix_entry(gpu, key: str, check: FileCheck, cache_dir=None, workers=None, sta
 
 
 def _now() -> str:
-    from rocmflash.db_files import now_iso
+    from rocmflash.db.files import now_iso
 
     return now_iso()
 
@@ -309,7 +309,7 @@ def rewrite(path: str, raw_before: bytes, new_entries: dict, served_changed: boo
     rest of the file is kept as read (order, every other entry's bytes). ``schema_version`` becomes the current
     one; ``updated`` only when a served config changed. ``DBError`` when the file changed since it was checked."""
     from rocmflash import db
-    from rocmflash.db_files import SCHEMA_VERSION, DBError, atomic_write_json, now_iso, tune_lock
+    from rocmflash.db.files import SCHEMA_VERSION, DBError, atomic_write_json, now_iso, tune_lock
 
     lock = tune_lock(path)
     try:
@@ -333,7 +333,7 @@ def database_files(gpu, db_path: Optional[str]) -> list:
     """The files to check: ``db_path`` (checked: a readable database of this GPU), else the existing files run
     time reads for the GPU; ValueError (one line) when there are none or ``db_path`` cannot be used."""
     from rocmflash.db import database_paths
-    from rocmflash.db_files import ConfigDB
+    from rocmflash.db.files import ConfigDB
 
     if db_path is not None:
         if os.path.isdir(db_path):

@@ -23,7 +23,7 @@ import dataclasses
 import json
 from typing import Optional
 
-from rocmflash.db_entries import BWD, DECODE, FORWARD, VARLEN, VARLEN_BWD, family
+from rocmflash.db.entries import BWD, DECODE, FORWARD, VARLEN, VARLEN_BWD, family
 
 #: the keys a stored alternative row may carry besides its config's own fields (dropped before it is compiled)
 _ROW_EXTRAS = ("time_ms", "tflops", "head_splits", "static_profile")
@@ -61,7 +61,7 @@ class CannotCheck(ValueError):
 
 # ---------------------------------------------------------------------- the builds of an entry
 def entry_builds(gpu, key: str, entry: dict, roles=("best", "near_best", "ranked")) -> list:
-    """The :class:`Build` rows of one (usable, :func:`rocmflash.db_entries.check_entry`-checked) entry, served
+    """The :class:`Build` rows of one (usable, :func:`rocmflash.db.entries.check_entry`-checked) entry, served
     config first, then its alternatives in the order a fix tries them; :class:`CannotCheck` naming why not."""
     fam = family(key)
     if fam not in _COMPILE_FAMILY:
@@ -299,7 +299,7 @@ def record_entry(gpu, key: str, entry: dict, cache_dir: Optional[str] = None) ->
     filled; True when it wrote one. Nothing is compiled here: a config the cache does not hold (not compiled by
     this static phase) gets no profile, and an entry with none (no known family, no config, unreadable builds)
     is left as it is. The record is evidence; a tune never waits or fails for it."""
-    from rocmflash.db_entries import Malformed, check_entry
+    from rocmflash.db.entries import Malformed, check_entry
     from rocmflash.static.profile import compiler_identity
 
     try:

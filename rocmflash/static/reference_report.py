@@ -4,8 +4,8 @@ For one GPU and problem, every forward reference config of the GPU's arch whose 
 scope admits the problem (:mod:`rocmflash.static.reference`) is mapped to rocmflash's kernel,
 compiled through the same cached sweep (:func:`rocmflash.static.compile.sweep`), judged by the
 same pruner (:func:`rocmflash.static.prune.judge`) and placed among the survivors of the
-tuner's static phase with the tuner's own static score (:func:`rocmflash.tune.static_phase`
-and :func:`rocmflash.tune.static_key`):
+tuner's static phase with the tuner's own static score (:func:`rocmflash.tuning.static_phase`
+and :func:`rocmflash.tuning.static_key`):
 
 * a config of rocmflash's space gets its rank from the static phase itself (1-based);
   a ``duplicate_binary`` one gets the rank of the kept config with its code object;
@@ -107,12 +107,12 @@ def compare(gpu: GPU, problem: Problem, variants=None, cache_dir=None, workers=N
             space=None, reference_file: Optional[str] = None) -> ReferenceResult:
     """Compile, judge and rank every forward reference config for ``gpu``'s arch that admits ``problem``'s head dim.
 
-    ``static`` (a :class:`rocmflash.tune.StaticResult`) and ``space`` default to the
+    ``static`` (a :class:`rocmflash.tuning.StaticResult`) and ``space`` default to the
     tuner's static phase over ``default_space(gpu, variants)``.
     """
     from rocmflash.static.compile import sweep
     from rocmflash.static.space import default_space
-    from rocmflash.tune import static_phase
+    from rocmflash.tuning import static_phase
 
     if refs is None:
         refs = select(load(reference_file), arch=gpu.arch, pass_="fwd", problem=problem, strict=False)
@@ -182,7 +182,7 @@ def _space_row(cfg, entries, static, i, problem) -> RefRow:
 
 
 def _outside_row(cfg, entries, observation, static, settings, problem) -> RefRow:
-    from rocmflash.tune import static_key
+    from rocmflash.tuning import static_key
 
     verdict = judge(observation, settings)
     row = RefRow(cfg, entries, _applies(entries, problem), False, observation, verdict,

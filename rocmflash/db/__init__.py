@@ -35,10 +35,10 @@ otherwise :class:`DBError` names the file and the mismatch. Database writes are 
 (:mod:`filelock`) for its whole run, so a second concurrent tune of the same database
 fails at once with :class:`DBLockedError` instead of interleaving. A database that is a
 symlink is written through it (its target is replaced, the link stays a link), and its
-lock and journal live beside the target (:func:`~rocmflash.db_files.real_path`).
+lock and journal live beside the target (:func:`~rocmflash.db.files.real_path`).
 
 Every reader (run-time lookups of each family, ``explain``, ``export``, ``tune``, ``doctor``)
-sees a file's entries checked once (:mod:`rocmflash.db_entries`, :func:`read_database`): a
+sees a file's entries checked once (:mod:`rocmflash.db.entries`, :func:`read_database`): a
 malformed entry is skipped with one warning naming the file, the key and what is wrong, and
 an entry that holds no config (``best`` null, ``failed``) is absent.
 
@@ -75,8 +75,8 @@ import warnings
 from typing import Any, NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, installed_triton_version
-from rocmflash.db_entries import check_entries
-from rocmflash.db_files import (  # noqa: F401  (re-exported: the code moved there)
+from rocmflash.db.entries import check_entries
+from rocmflash.db.files import (  # noqa: F401  (re-exported: the code moved there)
     AFTER_SAVE,
     CONFIG_DIR_ENV,
     DB_FORMAT,
@@ -114,7 +114,7 @@ def user_config_dir() -> str:
 
 def shipped_config_dir() -> str:
     """The databases shipped with rocmflash (package data; ``configs/`` of a source checkout)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def default_db_path(gpu_name: str) -> str:
@@ -139,7 +139,7 @@ _READ: dict = {}  #: ``{path: (the file's bytes, read_database's answer)}``
 
 
 def read_database(path: str) -> dict:
-    """One database file with only the entries a reader may use (:mod:`rocmflash.db_entries`: each
+    """One database file with only the entries a reader may use (:mod:`rocmflash.db.entries`: each
     malformed entry skipped with one warning, config-less ones absent, stored configs completed);
     :class:`DBError` or ``OSError`` for the file as a whole, as :meth:`ConfigDB.read`.
 

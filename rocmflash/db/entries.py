@@ -5,7 +5,7 @@ Every reader of a config database -- run-time lookups of every family, ``rocmfla
 malformed one: a user's hand-edited ``best`` that is a list, an ``incumbent`` that is a string or a time
 that is ``NaN`` is skipped with one warning naming the file, the key and what is wrong, and the rest of
 the file serves as before. A problem with the whole file (not JSON, another format) is
-:class:`~rocmflash.db_files.DBError`'s one line, as before.
+:class:`~rocmflash.db.files.DBError`'s one line, as before.
 
 The families, by key (:func:`family`):
 
@@ -85,7 +85,7 @@ def family(key: str) -> Optional[str]:
     for prefix, name in _PREFIXES:
         if key.startswith(prefix):
             return name
-    from rocmflash.db_files import parse_key  # not at import: db_files imports this module
+    from rocmflash.db.files import parse_key  # not at import: db_files imports this module
 
     try:
         parse_key(key)

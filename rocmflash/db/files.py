@@ -15,7 +15,7 @@ import threading
 from typing import Any, Optional
 
 from rocmflash.config import KernelConfig, normalize_dtype
-from rocmflash.db_entries import check_entries
+from rocmflash.db.entries import check_entries
 
 DB_FORMAT = "rocmflash-config-db"
 JOURNAL_FORMAT = "rocmflash-tune-journal"
