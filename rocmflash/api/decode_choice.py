@@ -25,7 +25,7 @@ def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, b
     cfg = _DECODE_CONFIGS.get(key)
     if cfg is None:
         from rocmflash.api.selection import device_identity
-        from rocmflash.tuning.decode import lookup_decode
+        from rocmflash.db.lookup.decode import lookup_decode
 
         gpu_name, arch = device_identity(device)
         hit = None

@@ -86,9 +86,9 @@ def clear_cache() -> None:
     clear = getattr(db, "clear_cache", None)
     if clear is not None:
         clear()
-    from rocmflash.tuning.backward import clear_cache as clear_bwd
-    from rocmflash.tuning.varlen import clear_cache as clear_varlen
-    from rocmflash.tuning.varlen_bwd import clear_cache as clear_varlen_bwd
+    from rocmflash.db.lookup.backward import clear_cache as clear_bwd
+    from rocmflash.db.lookup.varlen import clear_cache as clear_varlen
+    from rocmflash.db.lookup.varlen_bwd import clear_cache as clear_varlen_bwd
 
     clear_bwd()
     clear_varlen()
@@ -360,7 +360,7 @@ def select_varlen_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: 
     match = None
     if gpu_name is not None and not db_disabled():
         try:
-            from rocmflash.tuning.varlen import lookup_varlen
+            from rocmflash.db.lookup.varlen import lookup_varlen
 
             match = lookup_varlen(gpu_name, int(head_dim), normalize_dtype(dtype), int(gqa_ratio), bool(causal),
                                   max(int(max_seqlen_k), 1))
@@ -425,7 +425,7 @@ def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, g
     match = None
     if gpu_name is not None and dtype is not None and bucket is not None and not db_disabled():
         try:
-            from rocmflash.tuning.backward import lookup_bwd
+            from rocmflash.db.lookup.backward import lookup_bwd
 
             match = lookup_bwd(gpu_name, int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio),
                                int(seqlen_k))
@@ -489,7 +489,7 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
     match = None
     if gpu_name is not None and not db_disabled():
         try:
-            from rocmflash.tuning.varlen_bwd import lookup_varlen_bwd
+            from rocmflash.db.lookup.varlen_bwd import lookup_varlen_bwd
 
             match = lookup_varlen_bwd(gpu_name, int(head_dim), normalize_dtype(dtype), int(gqa_ratio), bool(causal),
                                       seqlen)

@@ -33,19 +33,9 @@ from typing import Optional
 from rocmflash.tuning.backward import (BwdStatic, bwd_space, entry_config, kernel_config, rank_each_kernel,
                                        task_compile_options)
 from rocmflash.tuning.varlen import VarlenMatch, VarlenProblem, nearest_entry, parse_varlen_key, varlen_key
-
-#: key prefix of varlen backward entries in a config database
-PREFIX = "varlen-bwd"
-
-
-def varlen_bwd_key(head_dim: int, dtype, group: int, causal: bool, max_seqlen: int) -> str:
-    """``varlen-bwd-d128-bf16-gqa4-causal-s4096``: the varlen forward's key pattern under ``varlen-bwd``."""
-    return varlen_key(head_dim, dtype, group, causal, max_seqlen, prefix=PREFIX)
-
-
-def parse_varlen_bwd_key(key: str) -> Optional[dict]:
-    """Inverse of :func:`varlen_bwd_key` (None for any other key)."""
-    return parse_varlen_key(key, prefix=PREFIX)
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookup)
+from rocmflash.db.lookup.varlen_bwd import (PREFIX, varlen_bwd_key, parse_varlen_bwd_key, lookup_varlen_bwd,
+                                            clear_cache)  # noqa: F401
 
 
 def problem_key(problem: VarlenProblem) -> str:
@@ -84,18 +74,6 @@ def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, sett
 
 
 # ----------------------------------------------------------------------------- run-time lookup
-@functools.lru_cache(maxsize=1024)
-def lookup_varlen_bwd(gpu_name: str, head_dim: int, dtype, group: int, causal: bool,
-                      max_seqlen: int) -> Optional[VarlenMatch]:
-    """The measured varlen backward entry nearest to this problem (its config a
-    :class:`~rocmflash.kernels.backward.host.BwdConfig`), or None.
-
-    Same rules as the forward's :func:`~rocmflash.tuning.varlen.lookup_varlen`: same head dim, dtype,
-    GQA ratio and causal flag, nearest bucket of the longest key sequence (ties: the larger, then the
-    user's file); entries not measured on a GPU are never served. Cached; :func:`clear_cache` forgets.
-    """
-    # entries have the dense backward's format ({"dkdv", "dq", "head_splits"}; the varlen kernels use no head splits)
-    return nearest_entry(gpu_name, PREFIX, head_dim, dtype, group, causal, max_seqlen, entry_config)
 
 
 # ----------------------------------------------------------------------------- run-time compile check
@@ -158,10 +136,6 @@ def usable_config(gpu_name: str, cfg, fallback, problem: dict, cache_dir=None) -
             replaced[kernel] = why
             cfg = dataclasses.replace(cfg, **{kernel: safe})
     return cfg, replaced
-
-
-def clear_cache() -> None:
-    lookup_varlen_bwd.cache_clear()
 
 
 __all__ = ["PREFIX", "varlen_bwd_key", "parse_varlen_bwd_key", "problem_key", "varlen_bwd_space", "compile_task",

@@ -1,4 +1,5 @@
-"""The keys of decode entries and their run-time lookup (:mod:`rocmflash.tuning.decode` re-exports both).
+"""The keys of decode entries and their run-time lookup (written by ``rocmflash tune --mode decode``,
+:mod:`rocmflash.tuning.decode`).
 
 Keys: ``decode-d{D}-{dtype}-gqa{G}-kv{bucket}-b{batch bucket}[-p{page size}][-kv{fp8 format}]``. At run time
 :func:`lookup_decode` serves the measured entry of the same head dim, dtype, GQA ratio and cache format (and page
