@@ -72,7 +72,7 @@ def items_for_plan(plan, db_path: Optional[str] = None, strategy: str = "race", 
 
 
 #: set to a file path, every pipeline event of a tune (static phases, jobs, workers, on the wall clock since the
-#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (bench/scale_gpus.py)
+#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (benchmarks/scale_gpus.py)
 TRACE_ENV = "ROCMFLASH_PIPELINE_TRACE"
 
 
@@ -115,7 +115,7 @@ def run_items(items: list, runners, ctx: Optional[TuneContext] = None, labels: O
 def trace_mark(name: str) -> None:
     """Append ``{"event": "mark", "name": name, "wall": time.time()}`` to ``$ROCMFLASH_PIPELINE_TRACE`` (no-op
     unset): where a tune process spends its time outside the pipeline (start-up, workers, saving, closing), on
-    the wall clock a caller that started the process can subtract from (bench/scale_gpus.py)."""
+    the wall clock a caller that started the process can subtract from (benchmarks/scale_gpus.py)."""
     import os
     import time
 
