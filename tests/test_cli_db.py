@@ -1,7 +1,7 @@
-"""``rocmflash db refresh-incumbents`` (was ``bench/refresh_incumbents.py``) on the CPU: its help, and every bad
-argument is one line and exit code 2 before anything is timed or written. What it computes (the decode grid, the
-short dense entries) is tested through the same module in test_decode_incumbent_interp.py and
-test_small_incumbent_interp.py; the GPU run itself is the lead's."""
+"""``rocmflash db refresh-incumbents`` (was the script ``refresh_incumbents.py`` of ``bench/``) on the CPU: its
+help, and every bad argument is one line and exit code 2 before anything is timed or written. What it computes
+(the decode grid, the short dense entries) is tested through the same module in test_decode_incumbent_interp.py
+and test_small_incumbent_interp.py; the GPU run itself is the lead's."""
 
 import json
 import os

@@ -86,7 +86,7 @@ def forced_merge(value: Optional[str]) -> Optional[bool]:
 FUSED_COMBINE = forced_merge(os.environ.get("ROCMFLASH_DECODE_FUSED_COMBINE"))
 #: the automatic rule fuses a call whose K and V caches hold at most this many bytes together (B1 over 8k keys,
 #: GQA 32:8, D128, bf16): host-bound steps, where the second launch is part of what the user waits for. H100,
-#: default ``flash_attn_with_kvcache`` (``archive/reports:bench/decode_entry.py --fused``): B1 KV 2k/8k 90.1/59.1 µs fused against
+#: default ``flash_attn_with_kvcache`` (``benchmarks/decode_entry.py --fused``): B1 KV 2k/8k 90.1/59.1 µs fused against
 #: 97.5/71.6 two launches, and so on in every run; at 4x these bytes won in one run and lost 4 % in another; from B8
 #: on no change (``docs/evidence/decode-fused-auto-2026-11-27-h100.md``)
 FUSED_AUTO_MAX_KV_BYTES = 32 * 2**20
