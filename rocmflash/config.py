@@ -387,7 +387,7 @@ def default_config(
       the Q tile, scores and P. BM=128/BN=64 at ``waves_per_eu=2`` (<= 256 VGPRs) fits that;
       for D > 128 BM drops to 64 and BN to 32 so the accumulator does not force 1 wave/SIMD
       and nothing spills (cross-compiled: 220-254 VGPRs, 0 spills, 2 waves at D = 192/256 on
-      gfx90a/gfx942/gfx950, causal and not; ``reports/bwd-amd-registers-2026-11-23.md``). On
+      gfx90a/gfx942/gfx950, causal and not; ``docs/evidence/bwd-amd-registers-2026-11-23.md``). On
       gfx90a with 16x16 MFMAs: compiled as a launch is (buffer loads), Triton 3.9 spills 4
       VGPRs inside the loop at D=256 with the default 32x32 ones; 16x16 fits (210-216 VGPRs,
       2 waves; Triton 3.6: 193-256, one spill outside the loop at D=256 causal).
@@ -414,7 +414,7 @@ def default_config(
         else:  # 64x64 spilled 24-56 VGPRs at D = 192/256 on gfx90a/gfx942; 64x32 fits in 2 waves everywhere
             cfg = KernelConfig(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2)
     elif arch == "sm_90":
-        # measured on an H100 (reports/attention-2026-11-21-h100.md): best of 37 configs
+        # measured on an H100 (docs/evidence/attention-2026-11-21-h100.md): best of 37 configs
         if head_dim <= 64:
             cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4, PRE_LOAD_V=True)
         elif head_dim <= 128:

@@ -2,7 +2,7 @@
 
 ``default_bwd_config(arch, D)`` for gfx90a and gfx942, cross-compiled on this CPU; every kernel's
 VGPR/SGPR spill counts and scratch come from the HSACO's metadata via ``isa_tools``. Occupancy is
-reported by the same record (``reports/bwd-amd-registers-2026-11-23.md``), not asserted: the dK/dV
+reported by the same record (``docs/evidence/bwd-amd-registers-2026-11-23.md``), not asserted: the dK/dV
 kernel holds two fp32 ``BLOCK_N x D`` accumulators and runs at one wave/SIMD at D=128.
 """
 

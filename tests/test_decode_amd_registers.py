@@ -78,12 +78,12 @@ def test_amd_fused_merge_build_orders_its_count_and_keeps_its_occupancy(arch):
 
 
 def _instruction_counts(asm: str, nvidia: bool = False) -> dict:
-    """Loads, stores, LDS and matrix instructions by kind: ``bench/decode_length_args.py``'s count (one rule for
+    """Loads, stores, LDS and matrix instructions by kind: ``benchmarks/decode_length_args.py``'s count (one rule for
     the benchmark's table and these assertions)."""
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "decode_length_args.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "decode_length_args.py")
     spec = importlib.util.spec_from_file_location("rocmflash_bench_decode_length_args", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -80,5 +80,5 @@ def test_measured_decode_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeyp
             torch.cuda.synchronize()
             assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2, name
             assert (calls == [want]) if want else (calls == [] and seen), (name, want, calls, seen)
-    # (what the dispatch costs over SDPA's own call is measured by bench/decode_entry.py and bench/host_overhead.py,
+    # (what the dispatch costs over SDPA's own call is measured by benchmarks/decode_entry.py and benchmarks/host_overhead.py,
     # not asserted here: a lent host's timings move by more than the few µs at stake)

@@ -1,9 +1,8 @@
 """Decode-shaped calls and the platform's SDPA: run-time dispatch from a ``decode-`` entry's ``incumbent`` (timed
 eagerly, host time included) through every dense entry point, the cases that keep the decode kernel, ``rocmflash
-explain`` for a decode call, the worker's gate (``measure_decode``) and ``bench/refresh_incumbents.py --decode``'s
+explain`` for a decode call, the worker's gate (``measure_decode``) and ``rocmflash db refresh-incumbents --decode``'s
 entry writing on a fake timing function -- in Triton's interpreter (CPU)."""
 
-import importlib.util
 import math
 import os
 import types
@@ -17,7 +16,6 @@ from varlen_reference import attention_fp64, rel_err
 
 pytestmark = pytest.mark.usefixtures("fresh_selection")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, HQ, HKV, SK, D = 2, 8, 2, 512, 32  #: the test problem: GQA 4, decode-shaped with one query token
 CFG = {"BLOCK_N": 32, "num_warps": 2, "num_stages": 1, "waves_per_eu": 0, "num_splits": 0}
 SDPA_WINS = {"backend": "default", "time_ms": 0.010, "triton_ms": 0.030, "timing": incumbent.DECODE_TIMING,
@@ -322,10 +320,9 @@ def test_measure_decode_gates_the_route_with_the_entry_config_and_each_backend(i
 
 
 def _refresh_module():
-    spec = importlib.util.spec_from_file_location("bench_refresh", os.path.join(ROOT, "bench", "refresh_incumbents.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from rocmflash.cli import db
+
+    return db
 
 
 def test_refresh_decode_writes_entries_from_a_timing_function():

@@ -193,5 +193,5 @@ def test_shipped_decode_entries_are_served_at_their_own_buckets(tmp_path, monkey
                                    problem["batch"], p["page_size"], p.get("kv_dtype", ""))
             assert got == KD.DecodeConfig.from_dict(entry["best"]), key
             seen += 1
-    assert seen >= 12  # the H100's decode grid (reports/decode-entries-2026-11-25-h100.md)
+    assert seen >= 12  # the H100's decode grid (docs/evidence/decode-entries-2026-11-25-h100.md)
     TD.clear_cache()

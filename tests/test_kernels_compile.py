@@ -41,7 +41,7 @@ def test_variant_compiles_for_target(variant, target):
 def test_compile_non_pow2_head_dim_split_spills_less_than_padding(D, block_m):
     """D=72 (64+16) and D=160 (128+32): the split spills less than padding to 128/256 on gfx942.
 
-    (At D=80/96 the two are within ~10% either way; see reports/attention-*.md. Compiled
+    (At D=80/96 the two are within ~10% either way; see docs/evidence/attention-2026-11-21-h100.md. Compiled
     with buffer loads, as a launch is, D=72 at 128x64 spills in both forms -- 16 split,
     7 padded, Triton 3.6 -- a tile the pruner drops either way; at 64x64 the split fits
     and padding spills 18.)
@@ -124,7 +124,7 @@ def test_online_halves_head_dim_only_where_registers_are_scarce():
 def test_amd_default_tile_fits_without_spills(arch, D, causal, nonkdim):
     """AMD's default forward tile (aiter fwd.default, perf-kernels: 128x64 w4 s1 wpe2) needs no scratch.
 
-    At D=128 on gfx942 it spilled 4 VGPRs before the head dim was halved (reports/amd-tiles-2026-11-23.md).
+    At D=128 on gfx942 it spilled 4 VGPRs before the head dim was halved (docs/evidence/amd-tiles-2026-11-23.md).
     """
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
                        matrix_instr_nonkdim=nonkdim)

@@ -351,7 +351,7 @@ def test_decode_config_hook_without_gpu(interpret):
 def test_bench_hbm_peak_table():
     import importlib.util
 
-    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
     spec = importlib.util.spec_from_file_location("rocmflash_bench_decode", os.path.join(bench, "decode.py"))
     bench_decode = importlib.util.module_from_spec(spec)
     sys.path.insert(0, bench)  # it imports its sibling ``interleaved``

@@ -25,7 +25,7 @@ def name(*argv) -> str:
     return R.default_folder_name(args)
 
 
-#: the default spaces' names, as they were before #46 (README cites reports/vgpr-mi250-d128-fp16/...)
+#: the default spaces' names, as they were before #46 (the archived report archive/reports:reports/vgpr-mi250-d128-fp16/...)
 DEFAULT_NAMES = [
     (["--gpu", "mi250"], "vgpr-mi250-d128-fp16"),
     (["--gpu", "mi300x", "--head-dim", "64", "--dtype", "bf16", "--causal"], "vgpr-mi300x-d64-bf16-causal"),

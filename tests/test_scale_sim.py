@@ -1,4 +1,4 @@
-"""bench/scale_sim.py: the scaling model (real scheduler, real items, simulated clock) on a small plan.
+"""benchmarks/scale_sim.py: the scaling model (real scheduler, real items, simulated clock) on a small plan.
 
 The static phase compiles the plan's forward space once (a module-wide compile cache); everything after
 that runs on the simulated clock in seconds."""
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import scale_sim  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_simulate_runs_the_plan_on_the_simulated_clock(setup):
 
 
 def test_script_prints_one_json_line_per_worker_count(setup):
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "scale_sim.py"), "--model", setup["model"], "--workers", "1,2",
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "scale_sim.py"), "--model", setup["model"], "--workers", "1,2",
            "--json", "--cpu-cores", "4", "--dtype", "bf16", "--seqlen", "1024", "--seqlen", "2048", "--pass", "fwd",
            "--no-decode", "--journal", setup["journal"], "--cache-dir", setup["cache"]]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -1,11 +1,8 @@
 """GPU test of the short-problem incumbent (skipped without a CUDA/ROCm GPU in the catalog): ``measure_eager`` times
 rocmflash's Triton route and the platform's SDPA backends eagerly (host time included), forward and
-forward+backward, on the live GPU; the entry ``bench/refresh_incumbents.py --small`` writes from it makes
+forward+backward, on the live GPU; the entry ``rocmflash db refresh-incumbents --small`` writes from it makes
 ``rocmflash.attention`` run the winner forward and in training with the right answer; and where SDPA is chosen the
 dispatch adds at most a few µs to SDPA's own eager call."""
-
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -15,16 +12,14 @@ from conftest import spy_on_incumbent
 
 pytestmark = [pytest.mark.gpu]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: host_overhead's tiny shape (B1, 2 heads, S 16, D 64, causal), the most host-bound dense call
 PROBLEM = {"batch": 1, "heads_q": 2, "heads_kv": 2, "seqlen": 16, "head_dim": 64, "dtype": "bf16", "causal": True}
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_refresh", os.path.join(ROOT, "bench", "refresh_incumbents.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from rocmflash.cli import db
+
+    return db
 
 
 def _db(tmp_path, monkeypatch, live, key, entry):
@@ -78,5 +73,5 @@ def test_measured_short_incumbent_dispatches_on_the_gpu(live, tmp_path, monkeypa
             assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2, (f, train)
             assert not train or all(torch.isfinite(g).all() for g in grads)
             assert (calls == [want]) if want else (calls == [] and seen), (train, want, calls, seen)
-    # (what the dispatch costs over SDPA's own call is measured by bench/host_overhead.py, not asserted here: a lent
+    # (what the dispatch costs over SDPA's own call is measured by benchmarks/host_overhead.py, not asserted here: a lent
     # host's timings move by more than the few µs at stake)

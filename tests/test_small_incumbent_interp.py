@@ -1,9 +1,8 @@
 """Short dense problems and the platform's SDPA: the worker's eager measurement (``measure_eager``: forward and
-forward+backward through the public call, both sides forced in the dispatch plan), ``bench/refresh_incumbents.py
+forward+backward through the public call, both sides forced in the dispatch plan), ``rocmflash db refresh-incumbents
 --small``'s entry writing on a fake timing function, and run-time dispatch from such an entry -- in Triton's
 interpreter (CPU)."""
 
-import importlib.util
 import os
 
 import pytest
@@ -16,15 +15,13 @@ from varlen_reference import attention_fp64, rel_err
 
 pytestmark = pytest.mark.usefixtures("fresh_selection")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 2, "num_stages": 1}
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_refresh", os.path.join(ROOT, "bench", "refresh_incumbents.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from rocmflash.cli import db
+
+    return db
 
 
 def test_measure_eager_gates_both_sides_and_leaves_no_forced_plan(interpret, monkeypatch, sdpa_spy):

@@ -1,5 +1,5 @@
 """The tune process's marks in ``$ROCMFLASH_PIPELINE_TRACE`` (where it spends its time outside the pipeline) and
-``bench/scale_gpus.py``'s reading of them: on the CPU, through a dry-run model tune."""
+``benchmarks/scale_gpus.py``'s reading of them: on the CPU, through a dry-run model tune."""
 
 import json
 import os
@@ -22,7 +22,7 @@ def test_marks_are_written_only_when_traced_and_read_as_offsets(tmp_path, monkey
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     names = [e["name"] for e in events if e["event"] == "mark"]
     assert names == ["cli_main", "model_tune_start", "model_tune_end"]  # a dry run never reaches tune_start
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
         import scale_gpus
     finally:

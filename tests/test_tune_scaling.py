@@ -1,7 +1,7 @@
 """What keeps every GPU of a multi-GPU tune busy (issue #29, the 2-GPU runs of 2026-11-26), without a GPU:
 one pre-warm pool per runner for every family, started with the tune and safe to share between static phases
 running at once; timing workers started with the tune; ``tune --pass both`` as one pipeline; the scaling
-model's calibrated static phases and durations (bench/scale_sim.py)."""
+model's calibrated static phases and durations (benchmarks/scale_sim.py)."""
 
 import math
 import os
@@ -13,7 +13,7 @@ import types
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
 def _pid(task):

@@ -124,7 +124,7 @@ def _check_sink_values(s_aux, device) -> None:
 
 
 def _interpreting() -> bool:
-    """Whether CPU tensors are accepted (Triton's interpreter); a hook ``bench/host_profile.py --cpu-stub`` replaces."""
+    """Whether CPU tensors are accepted (Triton's interpreter); a hook ``archive/reports:bench/host_profile.py --cpu-stub`` replaces."""
     return C.interpreting()
 
 

@@ -4,7 +4,7 @@ A tuned entry's incumbent (:mod:`rocmflash.api.incumbent`) holds *kernel* times 
 B8 H32 S2048): rocmflash's Triton kernel against the platform's SDPA, forward and forward+backward. A call of the
 same bucket but far less work (B1, a few heads) may be host-bound: its eager time is what Python, the dispatcher
 and the launches cost on the host, not the kernel's, and there SDPA's C++ path is cheaper (on an H100 an eager
-training step of a short problem costs rocmflash 0.24-0.51 ms, SDPA 0.14-0.22 ms: ``bench/refresh_incumbents.py
+training step of a short problem costs rocmflash 0.24-0.51 ms, SDPA 0.14-0.22 ms: ``rocmflash db refresh-incumbents
 --small``). So for each call the expected eager time of each side is::
 
     max(host floor of the side, kernel time at the entry's shape * FLOPs(call) / FLOPs(entry shape))

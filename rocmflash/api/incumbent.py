@@ -23,7 +23,7 @@ causal mask is top-left aligned, rocmflash's bottom-right).
 Decode-shaped calls (a few queries over many keys, :func:`rocmflash.kernels.decode.host.is_decode_shaped`) are
 decided by their ``decode-`` entry instead (:func:`decode_timing`: the entry of the call's KV-length and batch
 buckets, or one bucket away): its ``incumbent`` is timed eagerly, host time included
-(:func:`rocmflash.tuning.incumbent_worker.measure_decode`, ``bench/refresh_incumbents.py --decode``), since at
+(:func:`rocmflash.tuning.incumbent_worker.measure_decode`, ``rocmflash db refresh-incumbents --decode``), since at
 small batch and short caches a decode step is host-bound and the GPU time alone would hide what the user pays.
 One query token with ``causal=True`` is SDPA's non-causal call (bottom-right: the token sees every key).
 ``flash_attn_with_kvcache`` always runs the decode kernel: SDPA cannot take ``cache_seqlens``, ``cache_leftpad``,
@@ -409,7 +409,7 @@ def first_call(sdpa, backend: str, train: bool, problem: tuple, q, *args):
 #: what a decode entry's incumbent times are (the field's ``timing``): what a user's eager call pays
 DECODE_TIMING = ("eager per call, host time included (back-to-back calls between two events): rocmflash.attention "
                  "served by the decode kernel with the entry's config vs the same call served by each SDPA backend")
-#: what the incumbent times of a short dense problem's entry are (``bench/refresh_incumbents.py --small``): what a user's
+#: what the incumbent times of a short dense problem's entry are (``rocmflash db refresh-incumbents --small``): what a user's
 #: eager call pays, forward and forward+backward -- short sequences are host-bound, the kernel time alone hides that
 EAGER_TIMING = ("eager per call, host time included (back-to-back calls between two events): rocmflash.attention "
                 "served by the Triton kernel vs the same call served by each SDPA backend; forward, and forward + "
@@ -438,7 +438,7 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
         return key, field, f"the decode entry {key} is {distance} buckets away: its incumbent timing is not used"
     if field is None:
         return key, None, (f"the decode entry {key} has no incumbent timing "
-                           "(bench/refresh_incumbents.py --decode adds it)")
+                           "(rocmflash db refresh-incumbents --decode adds it)")
     path = next((p for _, p, k, e in rows if k == key and e is entry), None)
     return key, field, platform_refusal(field, database_platform(path))
 
@@ -455,7 +455,7 @@ def _entry_rows(gpu_name: str, db_path: Optional[str]):
 
 #: a decode verdict must hold on a host this many times slower than the tuning host. rocmflash's decode route (Python,
 #: a plan, two Triton launches) costs 2.5-3x SDPA's C++ call on the host, and lent H100 hosts of one model measured
-#: that route from 62 to 150 µs a call (``reports/issue28-acceptance-2026-11-27c-h100.md``), twice the shipped H100
+#: that route from 62 to 150 µs a call (``docs/evidence/issue28-acceptance-2026-11-27c-h100.md``), twice the shipped H100
 #: database's floor (74 µs, B1 at 2k keys): a kernel lead of 0.5 % on the tuning host became 0.73x on a slower one
 #: (B8, 8k keys, GQA 4).
 DECODE_HOST_SLOWDOWN = 2.0

@@ -31,7 +31,7 @@ here is the thin differentiable entry used by the API, :mod:`rocmflash.api.sdpa`
 :mod:`rocmflash.integrations.hf`. A default call (online variant, no config) is decided once per
 signature -- output layout, decode or not, the entry's incumbent, the forward and backward configs --
 in a :class:`_Call` found by one dict lookup, so a repeat call's host time between its arguments and
-its launch (or the incumbent SDPA) is a few attribute reads (``bench/host_profile.py --cpu-stub``).
+its launch (or the incumbent SDPA) is a few attribute reads (``archive/reports:bench/host_profile.py --cpu-stub``).
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ register_clear(_DECODE_INCUMBENT.clear)
 def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, batch: int) -> Optional[str]:
     """The SDPA backend a dense decode-shaped call runs instead of the decode kernel, or None: the ``decode-`` entry
     of its KV-length and batch buckets (:func:`rocmflash.api.incumbent.decode_timing`) timed it faster, eager
-    per call with host time (``bench/refresh_incumbents.py --decode``), or SDPA's time is too short for the kernel's
+    per call with host time (``rocmflash db refresh-incumbents --decode``), or SDPA's time is too short for the kernel's
     route to stay ahead on a slower host (:func:`rocmflash.api.incumbent.decode_winner`). Before the
     ``ROCMFLASH_NO_INCUMBENT`` switch (read per call by the caller). Cached per bucket: a cache one key longer each
     step costs one dict lookup, no database read, no host-device sync."""

@@ -24,7 +24,7 @@ a head dim outside 16..256) raises a ``RuntimeError`` that says so and how to re
 never a silently different result. The kernels are rocmflash's own (the database's config per problem);
 this path never hands the call back to SDPA, whose flash kernel it replaces.
 
-A torch without the registry keeps :func:`rocmflash.patch_sdpa` (``docs``: README, *SDPA*).
+A torch without the registry keeps :func:`rocmflash.patch_sdpa` (``docs/dropin.md``, *SDPA*).
 """
 
 from __future__ import annotations

@@ -450,7 +450,7 @@ def _as_dense_batch(q, k, v, cu_q, cu_k, batch: int, max_q: int, max_k: int, sof
     :func:`rocmflash.flash_attn_func`: the dense path, with its database entry and its incumbent (SDPA where that
     was faster), where the varlen kernel spends time on per-sequence bounds for nothing (H100, 8 x 4096 keys,
     GQA 4, causal: the dense path took 0.76x the varlen kernel's time forward, 0.67x forward+backward;
-    ``reports/varlen-dense-route-2026-11-27-h100.md``). Causal masking is bottom-right aligned in both. The
+    ``docs/evidence/varlen-dense-route-2026-11-27-h100.md``). Causal masking is bottom-right aligned in both. The
     cumulative lengths are not read on the host (unless ``check_values`` did already): one tiny launch checks
     them by the forward's rules and reports through the same error word."""
     if not values_checked:

@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_check_db_parser(sub)  # `check-db`
 
+    from rocmflash.cli.db import add_parser as add_db_parser
+
+    add_db_parser(sub)
     gpus = sub.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
 
@@ -198,6 +201,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.command == "isa":
             return _isa(args)
+        if args.command == "db":
+            from rocmflash.cli.db import run as run_db
+
+            return run_db(args)
         if args.command == "gpus":
             return _gpus(args)
         if args.command == "doctor":

@@ -24,7 +24,7 @@ second power-of-two piece (>= 16) when that is narrower than padding: 72 and 80 
 power of two with masked loads. Both QKᵀ (two accumulating dots) and the output
 accumulator (two tiles) use the pieces, so the fp32 accumulator shrinks with D instead
 of being sized for the next power of two. The measured register cost is in
-``reports/attention-*.md``; ``KernelConfig.pad_head_dim=True`` forces padding.
+``docs/evidence/attention-2026-11-21-h100.md``; ``KernelConfig.pad_head_dim=True`` forces padding.
 
 **Interpreter and compiler in one process.** ``triton.jit`` decides at decoration time
 between a compiled ``JITFunction`` and an ``InterpretedFunction``. :func:`kernel_jit`

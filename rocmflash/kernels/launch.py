@@ -338,7 +338,7 @@ def seen_before(seen: set, sig, limit: int) -> bool:
     Callers keep a call's plan from its signature's second call on (``flash_attn_with_kvcache``, the fp8 forward).
     A cache one key longer each call (transformers' generate without ``cache_seqlens``) makes a new signature per
     call: keeping a plan for each would only add objects that live long enough for the garbage collector to scan
-    them again and again (``bench/host_profile.py --cpu-stub --case decode``, that row: about 100 µs a call instead
+    them again and again (``archive/reports:bench/host_profile.py --cpu-stub --case decode``, that row: about 100 µs a call instead
     of 50). Hashes are ints, which it never scans; a collision only keeps a plan early (the plans' dict compares
     whole signatures).
     """

@@ -14,11 +14,11 @@ bytes stored and reloaded only outside loops are paid once per workgroup, and SG
 parked in VGPR lanes cost register moves, not memory traffic. A config whose spills
 are only of those two cheap kinds is kept with reason ``harmless_spill`` and the
 evidence in its detail, unless a later rule prunes it. The thresholds come from
-``reports/spill-evidence-2026-11-23.md``; "harmless" is inferred from the ISA, not
+``docs/evidence/spill-evidence-2026-11-23.md``; "harmless" is inferred from the ISA, not
 timed on an AMD GPU. On NVIDIA (no SASS is read) a spill of at most
 ``harmless_spill_bytes`` per thread goes to L1-cached local memory and is kept for the
 live phase to judge: on an H100 a 64 B/thread spilling config was the fastest of a
-held-out problem by 8% (``reports/race-heldout-2026-11-23-h100.md``).
+held-out problem by 8% (``docs/evidence/race-heldout-2026-11-23-h100.md``).
 
 Occupancy rules judge only an occupancy the compiler fell to: an AMD kernel that sits
 exactly at the ``waves_per_eu`` its config asked for (AMD's own tuned lists ship one-wave
@@ -45,7 +45,7 @@ KEPT_ANYWAY = "kept_best_of_pruned"
 #: reason of a kept config that spills, but only where it costs little (:func:`harmless_spill`)
 HARMLESS_SPILL = "harmless_spill"
 #: most scratch bytes per lane an outside-the-loop spill may use and still count as harmless
-#: (reports/spill-evidence-2026-11-23.md: outside-only spills of the online spaces use 8-44 B)
+#: (docs/evidence/spill-evidence-2026-11-23.md: outside-only spills of the online spaces use 8-44 B)
 HARMLESS_SPILL_BYTES = 64
 #: most v_writelane/v_readlane (SGPR spills kept in VGPR lanes) a loop may hold, as a share of its
 #: instructions, for the SGPR spill to count as harmless (same report: a gap between 2.4% and 4.6%)
@@ -179,7 +179,7 @@ def _why_harmless(kernel: dict, settings: PruneSettings) -> str:
     if not use.known and kernel.get("arch") in NVIDIA_ARCHS:
         return (f"NVIDIA local-memory spill (L1-cached) within the {settings.harmless_spill_bytes} B/thread budget: kept "
                 "for measurement (H100: such a config won a held-out tune by 8%, "
-                "reports/race-heldout-2026-11-23-h100.md)")
+                "docs/evidence/race-heldout-2026-11-23-h100.md)")
     parts = []
     if use.ops:
         parts.append(f"{use.loads} scratch loads and {use.stores} stores ({use.outside_bytes} B per lane), "
@@ -226,7 +226,7 @@ def occupancy_was_asked_for(obs: dict, triton_version: Optional[str] = None) -> 
     wave; ``rocmflash/reference/amd_published.json``). Whether that pays is a timing
     question for the live phase; the static score ranks such tiles behind those that keep
     two waves. The same tile without the request, when it lands at the same occupancy,
-    compiles to the same registers (``reports/reference-2026-11-24/README.md``) and is
+    compiles to the same registers (``docs/evidence/reference-2026-11-24/README.md``) and is
     judged by the floor as before.
 
     Only where the request is exact (Triton >= 3.6, ``"amdgpu-waves-per-eu"="N, N"``;

@@ -50,9 +50,9 @@ AMD (fitted on AMD's published defaults; no AMD timing here):
 It uses compiler truth only (the code object's registers and LDS), never a timing.
 History: the first version ranked ``min(BLOCK_M, 128)`` (K/V reuse) before occupancy
 everywhere; on the H100 it missed the ``64x64, 4 warps`` winner of 9 of 16 benchmark
-problems (reports/tune-2026-11-21-h100.md), so NVIDIA ranks occupancy first. On AMD the
+problems (docs/evidence/tune-2026-11-21-h100.md), so NVIDIA ranks occupancy first. On AMD the
 occupancy-first key put aiter's MI300X default 128x64 at #111 of 185 survivors; the
-tile-first AMD key puts it at #23 (reports/reference-2026-11-23/README.md). Under the
+tile-first AMD key puts it at #23 (docs/evidence/reference-2026-11-23/README.md). Under the
 default ``race`` strategy the score only orders the work.
 
 Modules, in the order data flows: :mod:`~rocmflash.tuning.spec` (what is asked),

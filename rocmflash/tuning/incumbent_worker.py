@@ -99,7 +99,7 @@ def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, i
 
     Each path is first gated against an fp32 reference of the first two sequences (the tuner's tolerance),
     then timed over ``rounds`` interleaved rounds of ``iters`` back-to-back calls between two events (host time
-    included, as ``bench/decode_entry.py`` times); medians in ms. Which side serves is forced in the call's
+    included, as ``benchmarks/decode_entry.py`` times); medians in ms. Which side serves is forced in the call's
     dispatch plan, so what a database already says does not matter. In the interpreter nothing is timed (gates
     only). Never raises for a backend that refuses the shape."""
     import torch

@@ -88,7 +88,7 @@ class TuneContext:
     def can_prewarm(self, method: str = "prewarm") -> bool:
         """Whether :meth:`prewarm` (``method="prewarm"``) or :meth:`prewarm_tasks` (``"prewarm_tasks"``) would reach a
         pre-warmer. A streamed static phase pre-warms on helper threads only then; without one (a replay, the
-        simulated clock of ``bench/scale_sim.py``) its survivors are ready as released, in release order."""
+        simulated clock of ``benchmarks/scale_sim.py``) its survivors are ready as released, in release order."""
         if method == "prewarm_tasks" and self.interpret:  # interpreted tasks build nothing
             return False
         return self.prewarmer is not None and hasattr(self.prewarmer, method)

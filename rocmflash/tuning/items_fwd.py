@@ -25,7 +25,7 @@ from rocmflash.tuning.spec import static_problem
 #: the payload tag of the incumbent's job
 INCUMBENT = "incumbent"
 #: estimated timing-worker seconds of one forward item (:meth:`ForwardItem.work_s`): the 2-GPU H200 run of
-#: 2026-11-26 (llama-3-8b bf16, reports/raw/scale-gpus-2026-11-26-h200x2) timed a race of 100 configs in 5-9 s
+#: 2026-11-26 (llama-3-8b bf16, docs/evidence/scale-gpus-2026-11-26-h200x2.md) timed a race of 100 configs in 5-9 s
 #: (round budgets are in milliseconds, so hardly with the size) and the incumbent in ~6 s
 FORWARD_WORK_S = 12.0
 

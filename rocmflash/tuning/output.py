@@ -253,14 +253,14 @@ def log(*a) -> None:  # pragma: no cover - debugging aid
 
 # ---------------------------------------------------------------------- the pipeline trace
 #: set to a file path, every pipeline event of a tune (static phases, jobs, workers, on the wall clock since the
-#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (bench/scale_gpus.py)
+#: pipeline started) is appended to it as JSON lines: the per-worker timeline of a run (benchmarks/scale_gpus.py)
 TRACE_ENV = "ROCMFLASH_PIPELINE_TRACE"
 
 
 def trace_mark(name: str) -> None:
     """Append ``{"event": "mark", "name": name, "wall": time.time()}`` to ``$ROCMFLASH_PIPELINE_TRACE`` (no-op
     unset): where a tune process spends its time outside the pipeline (start-up, workers, saving, closing), on
-    the wall clock a caller that started the process can subtract from (bench/scale_gpus.py)."""
+    the wall clock a caller that started the process can subtract from (benchmarks/scale_gpus.py)."""
     import os
     import time
 

@@ -28,8 +28,8 @@ DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
 #: default decode batch of a model tune
 DEFAULT_DECODE_BATCH = 32
 #: live seconds per config in the space, per pass, from H100 tunes: forward race 42-56 s for an
-#: 84-config space (reports/raw/race-heldout-2026-11-23-h100), backward 48-75 s for 36-45
-#: configs per kernel (reports/bwd-tune-2026-11-24-h100.md), decode ~0.6 s per survivor
+#: 84-config space (docs/evidence/race-heldout-2026-11-23-h100.md), backward 48-75 s for 36-45
+#: configs per kernel (docs/evidence/bwd-tune-2026-11-24-h100.md), decode ~0.6 s per survivor
 SECONDS_PER_CONFIG = {"fwd": 0.6, "bwd": 0.8, "decode": 0.6}
 #: CPU seconds to cross-compile one config on one core, nothing cached (Triton 3.6 on this project's 2-core
 #: CI box: 84 D=64 forward configs in 23 s, 60 decode configs in 16 s)

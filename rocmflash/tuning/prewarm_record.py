@@ -4,7 +4,7 @@ A pre-warm builds a config's binary for the live GPU in a spawned process (its o
 fills Triton's on-disk cache, so the timing worker only loads it). On a re-tune with the same cache every
 build is already there, yet the pre-warm processes still had to start -- import torch, open the device --
 before the first config could be timed: 5-8 s at the start of a warm tune, and their device contexts' teardown
-at its end (reports/scale-gpus-2026-11-26d-h200x2.md).
+at its end (docs/evidence/scale-gpus-2026-11-26e-h200x2.md).
 
 So each pre-warmed build leaves an empty marker file in ``<triton cache>/rocmflash-prewarmed/``, named by a
 digest of what decides the binary: the device's name, the torch/Triton/rocmflash versions, a digest of the

@@ -15,7 +15,7 @@ never timed. The race therefore times *every* survivor, cheaply first:
    :data:`FINAL_PASSES` alternating passes over its field: a config's figure is its
    median pass. One full measurement per finalist let a drift of a few percent between
    two configs measured a second apart decide the winner
-   (``reports/race-heldout-2026-11-23-h100.md``, run E).
+   (``docs/evidence/race-heldout-2026-11-23-h100.md``, run E).
 
 Its guarantee: a config is eliminated only by being slower than ``keep`` of its round's
 field *and* more than ``margin_pct`` slower than the round's best, as measured. The

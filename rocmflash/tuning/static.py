@@ -35,7 +35,7 @@ def static_key(cfg: KernelConfig, obs: dict, index: int = 0) -> tuple:
     NVIDIA: occupancy, then fewer registers, then larger ``BLOCK_N`` (fitted on H100 timings).
     AMD (gfx*): among tiles that keep :data:`AMD_TILE_WAVES` waves/SIMD, larger ``BLOCK_M`` (up
     to 128) then larger ``BLOCK_N`` (up to 64) first, then occupancy and registers (fitted on the
-    aiter MI300X/MI350X defaults; ``reports/reference-2026-11-23/README.md``).
+    aiter MI300X/MI350X defaults; ``docs/evidence/reference-2026-11-23/README.md``).
     """
     k = obs["kernels"][0] if obs.get("kernels") else {}
     waves = k.get("waves_per_simd") or 0

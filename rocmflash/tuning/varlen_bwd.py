@@ -19,7 +19,7 @@ The varlen dK/dV kernel sums the whole GQA group in registers: there is no ``hea
 
 Entries: ``varlen-bwd-d{D}-{dtype}-gqa{G}[-causal]-s{bucket}`` with ``"mode": "varlen"`` and
 ``"pass": "bwd"``; the dense forward, dense backward, decode and varlen forward lookups skip them
-(their keys parse as none of theirs; ``export`` and ``bench/db_truth.py`` skip the mode). At run
+(their keys parse as none of theirs; ``export`` and ``archive/reports:bench/db_truth.py`` skip the mode). At run
 time :func:`lookup_varlen_bwd` serves the measured entry of the same head dim, dtype, GQA ratio
 and causal flag with the nearest bucket. Without a live GPU of the named kind the static #1 of
 each kernel is written ``"measured": false`` and never served.

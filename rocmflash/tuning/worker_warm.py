@@ -1,7 +1,7 @@
 """A timing worker's first use of its device, paid while the static phases still compile.
 
 A timing worker's first measurement carried costs that no later one has: the 2-GPU H200 tune of 2026-11-26
-(``reports/raw/scale-gpus-2026-11-26f-h200x2/preset``) spent 3.6-3.8 s inside each worker on its first forward
+(``docs/evidence/scale-gpus-2026-11-26f-h200x2.md``; traces: ``archive/reports:reports/raw/scale-gpus-2026-11-26f-h200x2/preset``) spent 3.6-3.8 s inside each worker on its first forward
 config with a cold cache (0.5-1.6 s warm, 2.0 s on one GPU), and each SDPA incumbent job 2.5-3.5 s more cold
 than warm. What a first measurement meets first: the math libraries behind the gate's fp32 reference, the
 cache-flush buffer (device identification, a memset), Triton's driver and launcher, and SDPA's backends. On

@@ -97,7 +97,7 @@ def default_bwd_config(arch: Optional[str], head_dim: int) -> BwdConfig:
       D <= 128 (4 warps; 64x64 tiles at D=128, 32x64 at D=64), confirmed by the 45-config
       sweep below (within 4%); dQ 128x64, 8 warps, from that sweep; D > 128: the best of 54 dK/dV
       and 54 dQ configs timed on an H100 at D = 192/256, causal and not
-      (``bench/bwd_sweep.py``, ``reports/bwd-sweep-2026-11-23-h100.md``): a 32-key dK/dV
+      (``archive/reports:bench/bwd_sweep.py``, ``docs/evidence/bwd-sweep-2026-11-23-h100.md``): a 32-key dK/dV
       block looping over 64 queries and a 64-query dQ block over 32 keys, 4 warps.
     * AMD CDNA (gfx9xx): ``num_stages=1`` (AMD's guidance for fused GEMM chains) and 4
       waves; D > 128 halves the key tile so two fp32 ``BLOCK_N x D`` accumulators fit the
@@ -107,8 +107,8 @@ def default_bwd_config(arch: Optional[str], head_dim: int) -> BwdConfig:
     arch = arch or "generic"
     K = KernelConfig
     if arch == "sm_90":
-        # best of 5 configs timed on an H200 (bench/e2e.py --attn-sweep, causal bf16 S=4096,
-        # reports/e2e-2026-11-21-h200.md): 2.28 ms (D=64) and 2.15 ms (D=128)
+        # best of 5 configs timed on an H200 (benchmarks/e2e.py --attn-sweep, causal bf16 S=4096,
+        # docs/evidence/e2e-2026-11-21-h200.md): 2.28 ms (D=64) and 2.15 ms (D=128)
         # dQ: 128x64, 8 warps, 3 stages won the dQ sweep at D = 64/96/128 (bwd_sweep, H100:
         # 0.70-0.93x the time of the earlier 64x32 / 64x64 choices)
         if head_dim <= 64:

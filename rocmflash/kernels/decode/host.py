@@ -64,9 +64,9 @@ def forced_merge(value: Optional[str]) -> Optional[bool]:
 FUSED_COMBINE = forced_merge(os.environ.get("ROCMFLASH_DECODE_FUSED_COMBINE"))
 #: the automatic rule fuses a call whose K and V caches hold at most this many bytes together (B1 over 8k keys,
 #: GQA 32:8, D128, bf16): host-bound steps, where the second launch is part of what the user waits for. H100,
-#: default ``flash_attn_with_kvcache`` (``bench/decode_entry.py --fused``): B1 KV 2k/8k 90.1/59.1 µs fused against
+#: default ``flash_attn_with_kvcache`` (``benchmarks/decode_entry.py --fused``): B1 KV 2k/8k 90.1/59.1 µs fused against
 #: 97.5/71.6 two launches, and so on in every run; at 4x these bytes won in one run and lost 4 % in another; from B8
-#: on no change (``reports/decode-fused-auto-2026-11-27-h100.md``)
+#: on no change (``docs/evidence/decode-fused-auto-2026-11-27-h100.md``)
 FUSED_AUTO_MAX_KV_BYTES = 32 * 2**20
 
 
@@ -189,8 +189,8 @@ def programs_per_cu(cfg: "DecodeConfig", kv_fp8: bool = False) -> int:
     A pipelined loop (``num_stages >= 2``) keeps the next K/V block's loads in flight, so
     about one program per CU/SM suffices and more splits only add partial outputs to combine;
     a one-stage loop waits on each block's loads and needs about two programs per CU/SM to
-    hide that. H100, D=128, GQA 8:1, one token (``bench/decode_sweep.py``,
-    reports/decode-sweep-2026-11-24-h100.md): 3 stages at one program per SM reached 88-93%
+    hide that. H100, D=128, GQA 8:1, one token (``archive/reports:bench/decode_sweep.py``,
+    docs/evidence/decode-sweep-2026-11-24-h100.md): 3 stages at one program per SM reached 88-93%
     of HBM (B = 8/32, KV = 8k-64k), 2x-4x more splits 3-12% slower. An fp8 cache (``kv_fp8``) halves
     the bytes a pipelined loop has in flight, so it takes two programs: H100, e4m3 cache, B=8, KV 8k-64k,
     BN64 w4 s3 went from 75-536 us at one program per SM to 56-373 us at two (1.25x -> 1.66-1.83x the

@@ -95,7 +95,7 @@ def _decode_step(acc, m_i, l_i, q, K, V, BT_row, start_n, off_b, off_hk, offs_t,
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     # V is loaded after the softmax, not with K: on the H100 loading it with K made one-stage
-    # loops 6-9 % slower (reports/decode-overhead-2026-11-25-h100.md)
+    # loops 6-9 % slower (docs/evidence/decode-overhead-2026-11-25-h100.md)
     v = C.load_2d(V + off_hk * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd,
                   nmask, offs_d < HEAD_DIM, MASK, BLOCK_D > HEAD_DIM).to(q.dtype)
     acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])

@@ -32,7 +32,7 @@ Q are staged and read as two narrower tiles, so the scheduler can hold half of V
 peak (gfx950: 229 -> 207 VGPRs) and hoists fewer addresses (gfx942: 256 + 4 spilled ->
 250). All of AMD's 128x64 ``waves_per_eu=2`` siblings (mfma 0/16/32, kpack 1/2,
 ``PRE_LOAD_V``) then fit on gfx942 and gfx950 at D=64/128 with no spills (Triton 3.6 and
-3.9); ``bench/amd_tiles.py`` prints the table (``reports/amd-tiles-2026-11-23.md``).
+3.9); ``benchmarks/evidence/amd_tiles.py`` prints the table (``docs/evidence/amd-tiles-2026-11-23.md``).
 With 128-wide key blocks (128x128 w4, 256x128 w8) the masked blocks also run half as wide
 and, except with 16x16 MFMAs, before the unmasked ones (:func:`_masked_blocks`).
 

@@ -4,7 +4,7 @@ The fp8 ``wgmma`` (sm_90) and the gfx942 fp8 MFMA path read the P·V dot's V ope
 (:func:`rocmflash.kernels.fp8.forward.kmajor_v`), so the forward copies V once per call into that layout. torch's
 ``copy_`` of a transposed one-byte tensor moves it element by element: on an H100 (B4 Hkv8 D128) 31 µs at 1k keys,
 56 µs at 2k and 220 µs at 8k, against 8-26 µs for a plain copy of the same bytes -- a third of a 1k-key call's
-time beyond its kernel (``bench/fp8_overhead.py``). This kernel moves ``BLOCK_S x D`` tiles through registers
+time beyond its kernel (``archive/reports:bench/fp8_overhead.py``). This kernel moves ``BLOCK_S x D`` tiles through registers
 instead, and writes the zero pad up to the 16-key row alignment in the same pass.
 
 It moves bytes (``uint8`` views), so every fp8 format takes the same binary.
@@ -49,7 +49,7 @@ def padded_keys(seqlen_k: int) -> int:
 
 def torch_kmajor_copy(v):
     """:func:`kmajor_copy` by torch's ``copy_`` of the transposed view (element by element for one-byte data):
-    CPU tensors outside the interpreter take it, and ``bench/fp8_overhead.py`` times it as the reference."""
+    CPU tensors outside the interpreter take it, and ``archive/reports:bench/fp8_overhead.py`` times it as the reference."""
     import torch
 
     B, H, Sk, D = v.shape
