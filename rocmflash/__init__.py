@@ -17,7 +17,7 @@ value the varlen, decode and fp8 kernels had to clamp since the last report, and
 
 import sys
 
-__version__ = "0.1.0"
+from rocmflash._version import __version__  # noqa: E402
 
 _LAZY = {"attention": "rocmflash.api.attention", "flash_attn_func": "rocmflash.api.attention",
          "flash_attn_varlen_func": "rocmflash.api.varlen", "flash_attn_with_kvcache": "rocmflash.api.decode",

@@ -36,3 +36,10 @@ def test_explain_is_cli_and_api_imports_no_tuner():
     assert not (ROOT / "api" / "explain.py").exists() and (ROOT / "cli" / "explain.py").exists()
     offenders = [p.name for p in (ROOT / "api").rglob("*.py") if "api.explain" in p.read_text()]
     assert offenders == []
+
+
+def test_the_version_is_pyproject_s():
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', text, re.M).group(1) == rocmflash.__version__

@@ -80,13 +80,18 @@ class EntryCheck(NamedTuple):
     no_config: list
 
 
+def parse_key(key: str) -> dict:
+    """Inverse of :func:`rocmflash.db.files.problem_key`."""
+    d, dtype, causal, gqa, s = key.split("-")
+    return {"head_dim": int(d[1:]), "dtype": dtype, "causal": causal == "causal", "gqa_ratio": int(gqa[3:]),
+            "seqlen_bucket": int(s[1:])}
+
+
 def family(key: str) -> Optional[str]:
     """The family of a database key (:data:`FORWARD`, :data:`VARLEN`, ...), or None for a key of none."""
     for prefix, name in _PREFIXES:
         if key.startswith(prefix):
             return name
-    from rocmflash.db.files import parse_key  # not at import: db_files imports this module
-
     try:
         parse_key(key)
     except (ValueError, IndexError):

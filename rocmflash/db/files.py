@@ -15,7 +15,7 @@ import threading
 from typing import Any, Optional
 
 from rocmflash.config import KernelConfig, normalize_dtype
-from rocmflash.db.entries import check_entries
+from rocmflash.db.entries import check_entries, parse_key  # noqa: F401  (the key format lives with the entries)
 
 DB_FORMAT = "rocmflash-config-db"
 JOURNAL_FORMAT = "rocmflash-tune-journal"
@@ -83,12 +83,6 @@ def problem_key(head_dim: int, dtype: Any, causal: bool, gqa_ratio: int, bucket:
     return f"d{int(head_dim)}-{key_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(gqa_ratio)}-s{int(bucket)}"
 
 
-def parse_key(key: str) -> dict:
-    """Inverse of :func:`problem_key`."""
-    d, dtype, causal, gqa, s = key.split("-")
-    return {"head_dim": int(d[1:]), "dtype": dtype, "causal": causal == "causal", "gqa_ratio": int(gqa[3:]),
-            "seqlen_bucket": int(s[1:])}
-
 def journal_path(db_path: str) -> str:
     """``configs/h100.json`` -> ``configs/h100.journal.jsonl``, beside the real file of a symlinked database
     (:func:`real_path`), so every path to one database shares its journal."""
@@ -113,9 +107,9 @@ def now_iso() -> str:
 # ---------------------------------------------------------------------- fingerprint
 def environment(device_name: Optional[str] = None) -> dict:
     """rocmflash, Triton, torch and GPU-runtime versions, and the device name (None: no live device)."""
-    import rocmflash
+    from rocmflash._version import __version__
 
-    env = {"rocmflash": rocmflash.__version__, "triton": None, "torch": None, "runtime": None,
+    env = {"rocmflash": __version__, "triton": None, "torch": None, "runtime": None,
            "device": device_name}
     try:
         import triton
