@@ -482,7 +482,7 @@ def test_a_cuda_tuned_entry_naming_cudnn_runs_rocmflash_on_rocm(fake_rocm, tmp_p
     console = Console(record=True, width=400)
     print_explanation(explain("mi250", 32, "fp16", False, 64, gqa_ratio=4, check=False), console)
     text = console.export_text()
-    assert "forward runs: rocmflash (SDPA cudnn 0.01 ms vs rocmflash 0.02 ms): " in text and says in text, text
+    assert "forward runs: rocmflash (entry's times: SDPA cudnn 0.01 ms vs rocmflash 0.02 ms): " in text and says in text, text
     note = forward["timed_on"]["note"]
     assert ("timed on torch 2.11.0+cu130 (CUDA 13.0, cuDNN 91002)" in note) == (record is not None), note
     assert forward["timed_on"]["this_torch"]["platform"] == "hip"

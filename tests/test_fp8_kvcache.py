@@ -513,7 +513,7 @@ def test_fp8_cache_gets_its_own_config_and_twice_the_programs(interpret, monkeyp
     from rocmflash.api import decode as Dm
     from rocmflash.api import selection
     from rocmflash.kernels.decode import host as KD
-    from rocmflash.db.lookup import decode as TD
+    from rocmflash.db.lookups import decode as TD
 
     tuned = KD.DecodeConfig(BLOCK_N=32, num_warps=8, num_stages=2)
     monkeypatch.setattr(selection, "device_identity", lambda device: ("h100", "sm_90"))

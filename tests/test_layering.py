@@ -203,3 +203,15 @@ def test_a_first_decode_call_loads_no_tuner():
     assert "rocmflash.kernels.decode.host" in loaded  # the call really ran the decode kernel's host side
     offline = [m for m in loaded if _inside(m, OFFLINE)]
     assert not offline, f"a first decode call loaded the tuner / static phase: {offline}"
+
+
+def test_the_lookup_modules_never_shadow_the_database_s_lookup():
+    """``rocmflash.db.lookup`` is the forward's lookup function: no submodule of ``rocmflash.db`` may take the
+    name (importing it would rebind the package attribute to the module)."""
+    import importlib
+
+    import rocmflash.db as db
+
+    for name in ("decode", "backward", "varlen", "varlen_bwd"):
+        importlib.import_module(f"rocmflash.db.lookups.{name}")
+    assert callable(db.lookup) and db.lookup.__module__ == "rocmflash.db"

@@ -206,7 +206,7 @@ def _validate(q, k_cache, v_cache, k, v, cache_seqlens, block_table, num_splits,
 
 def clear_cache() -> None:
     """Forget cached decode choices (after a new tune in this process): configs, database lookups and call plans."""
-    from rocmflash.db.lookup.decode import lookup_decode
+    from rocmflash.db.lookups.decode import lookup_decode
 
     _DECODE_CONFIGS.clear()
     _CALL_PLANS.clear()

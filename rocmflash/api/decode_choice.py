@@ -6,6 +6,7 @@ the kept choices in its ``clear_cache``.
 from __future__ import annotations
 
 from rocmflash.api import decode_fp8 as F8D
+from rocmflash.api import selection as S
 from rocmflash.kernels import common as C
 from rocmflash.kernels.decode import host as KD
 
@@ -21,13 +22,14 @@ def decode_config(device, head_dim: int, dtype, group: int, max_seqlen_k: int, b
     next powers of two (``tuning.decode._bucket``), so a cache one key longer each call
     (transformers' generate) finds its config kept instead of looking it up anew every step.
     """
+    if S._OVERRIDES and "decode" in S._OVERRIDES:  # rocmflash.api.select.Selector.override
+        return S._OVERRIDES["decode"]
     key = (device, head_dim, dtype, group, C.next_pow2(max_seqlen_k), C.next_pow2(batch), page_size, kv_fp8)
     cfg = _DECODE_CONFIGS.get(key)
     if cfg is None:
-        from rocmflash.api.selection import device_identity
-        from rocmflash.db.lookup.decode import lookup_decode
+        from rocmflash.db.lookups.decode import lookup_decode
 
-        gpu_name, arch = device_identity(device)
+        gpu_name, arch = S.device_identity(device)
         hit = None
         kv_format = F8D.kv_format(kv_fp8)
         if gpu_name is not None and kv_format is not None:

@@ -424,7 +424,7 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
     decode-shaped call: the measured 16-bit, unpaged ``decode-`` entry nearest in KV-length and batch buckets
     (ranked as :func:`rocmflash.tuning.decode.lookup_decode` ranks them, so it is the entry whose config the
     decode kernel serves), read from ``db_path`` or the GPU's databases (the user's, then the shipped one)."""
-    from rocmflash.db.lookup.decode import nearest_decode_entry
+    from rocmflash.db.lookups.decode import nearest_decode_entry
 
     if gpu_name is None:
         return None, None, "no GPU in the catalog: no decode entry (the decode kernel's per-arch default)"
@@ -470,7 +470,7 @@ def decode_host_floor(gpu_name: Optional[str], head_dim: int, dtype, db_path: Op
     without one."""
     from rocmflash.config import normalize_dtype
     from rocmflash.db import servable
-    from rocmflash.db.lookup.decode import parse_decode_key
+    from rocmflash.db.lookups.decode import parse_decode_key
 
     if gpu_name is None:
         return None

@@ -60,6 +60,23 @@ _PENDING: dict = {}  # forward problem key -> its entry's undecided first-use bu
 _CLEAR_HOOKS: list = []  # callables that forget what callers keep from a selection (rocmflash.api.ops's call plans)
 
 
+_OVERRIDES: dict = {}  # family -> the config every problem of it runs (rocmflash.api.select.Selector.override)
+
+
+def overridden(family: str):
+    """The config :meth:`rocmflash.api.select.Selector.override` forces on ``family`` now, or None."""
+    return _OVERRIDES.get(family) if _OVERRIDES else None
+
+
+def set_override(family: str, config) -> None:
+    """Force ``config`` on every problem of ``family`` (None: stop); callers clear the kept choices
+    (:meth:`rocmflash.api.select.Selector.override` does both)."""
+    if config is None:
+        _OVERRIDES.pop(family, None)
+    else:
+        _OVERRIDES[family] = config
+
+
 def register_clear(hook) -> None:
     """Have :func:`clear_cache` call ``hook()`` too: for a cache kept elsewhere of answers given here."""
     _CLEAR_HOOKS.append(hook)
@@ -86,9 +103,9 @@ def clear_cache() -> None:
     clear = getattr(db, "clear_cache", None)
     if clear is not None:
         clear()
-    from rocmflash.db.lookup.backward import clear_cache as clear_bwd
-    from rocmflash.db.lookup.varlen import clear_cache as clear_varlen
-    from rocmflash.db.lookup.varlen_bwd import clear_cache as clear_varlen_bwd
+    from rocmflash.db.lookups.backward import clear_cache as clear_bwd
+    from rocmflash.db.lookups.varlen import clear_cache as clear_varlen
+    from rocmflash.db.lookups.varlen_bwd import clear_cache as clear_varlen_bwd
 
     clear_bwd()
     clear_varlen()
@@ -169,6 +186,8 @@ def _db_lookup(gpu_name, head_dim, dtype, causal, gqa_ratio, seqlen, variant):
 def select_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_q: int,
                   seqlen_k: int, variant: str = "online") -> KernelConfig:
     """The forward config for this problem on ``device`` (database entry, else per-arch default)."""
+    if _OVERRIDES and "forward" in _OVERRIDES:
+        return _OVERRIDES["forward"]
     key = (getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
            int(head_dim), str(dtype), bool(causal), int(gqa_ratio), _bucket(seqlen_k), variant)
     cfg = _FWD.get(key)
@@ -245,7 +264,7 @@ def select_incumbent(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
     ``incumbent`` (timed beside the Triton configs by ``rocmflash tune``, :mod:`rocmflash.api.incumbent`)
     that was faster -- forward alone, or forward+backward when ``train`` -- and ``ROCMFLASH_NO_INCUMBENT``
     is not set. Cached per bucket (:func:`entry_incumbent`); the switch is read on every call."""
-    if incumbent_disabled():
+    if incumbent_disabled() or (_OVERRIDES and "forward" in _OVERRIDES):
         return None
     return entry_incumbent(device, head_dim, dtype, causal, gqa_ratio, seqlen_k, train)
 
@@ -352,6 +371,8 @@ def select_varlen_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: 
     Cached per problem and length bucket: ``flash_attn_varlen_func`` calls this on every call, and a
     training loop's longest sequence changes from batch to batch. The choice is logged once.
     """
+    if _OVERRIDES and "varlen" in _OVERRIDES:
+        return _OVERRIDES["varlen"]
     key = _varlen_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k)
     cfg = _VARLEN.get(key)
     if cfg is not None:
@@ -360,7 +381,7 @@ def select_varlen_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: 
     match = None
     if gpu_name is not None and not db_disabled():
         try:
-            from rocmflash.db.lookup.varlen import lookup_varlen
+            from rocmflash.db.lookups.varlen import lookup_varlen
 
             match = lookup_varlen(gpu_name, int(head_dim), normalize_dtype(dtype), int(gqa_ratio), bool(causal),
                                   max(int(max_seqlen_k), 1))
@@ -413,6 +434,8 @@ def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, g
     ``rocmflash tune --pass bwd``, :func:`rocmflash.tuning.backward.lookup_bwd`), else the
     per-arch default. Cached per problem; the choice is logged once, like the forward's.
     """
+    if _OVERRIDES and "backward" in _OVERRIDES:
+        return _OVERRIDES["backward"]
     bucket = _bucket(seqlen_k) if seqlen_k is not None else None
     key = ("bwd", getattr(device, "type", str(device)), getattr(device, "index", None), _interpreting(),
            int(head_dim), str(dtype), bool(causal), int(gqa_ratio), bucket)
@@ -425,7 +448,7 @@ def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, g
     match = None
     if gpu_name is not None and dtype is not None and bucket is not None and not db_disabled():
         try:
-            from rocmflash.db.lookup.backward import lookup_bwd
+            from rocmflash.db.lookups.backward import lookup_bwd
 
             match = lookup_bwd(gpu_name, int(head_dim), normalize_dtype(dtype), bool(causal), int(gqa_ratio),
                                int(seqlen_k))
@@ -478,6 +501,8 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
     fails to compile, spills in a loop or overflows LDS is replaced by the per-arch default's
     (:func:`rocmflash.tuning.varlen_bwd.usable_config`). Cached per problem, bucket and flags; logged once.
     """
+    if _OVERRIDES and "varlen_bwd" in _OVERRIDES:
+        return _OVERRIDES["varlen_bwd"]
     key = _varlen_bwd_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k, softcap, window)
     cfg = _VARLEN_BWD.get(key)
     if cfg is not None:
@@ -489,7 +514,7 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
     match = None
     if gpu_name is not None and not db_disabled():
         try:
-            from rocmflash.db.lookup.varlen_bwd import lookup_varlen_bwd
+            from rocmflash.db.lookups.varlen_bwd import lookup_varlen_bwd
 
             match = lookup_varlen_bwd(gpu_name, int(head_dim), normalize_dtype(dtype), int(gqa_ratio), bool(causal),
                                       seqlen)
@@ -538,4 +563,4 @@ def _bucket(seqlen: int) -> int:
 __all__ = ["select_config", "select_bwd_config", "select_varlen_config", "select_varlen_bwd_config",
            "varlen_selection_details", "varlen_bwd_selection_details", "bwd_selection_details", "clear_cache",
            "device_identity", "selection_source", "selection_details", "select_incumbent", "entry_incumbent",
-           "incumbent_disabled", "incumbent_timing", "register_clear", "pending_check"]
+           "incumbent_disabled", "incumbent_timing", "register_clear", "pending_check", "overridden", "set_override"]

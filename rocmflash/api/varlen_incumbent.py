@@ -176,7 +176,7 @@ def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_se
     from rocmflash.api.incumbent import database_platform, serving_refusal, winner
     from rocmflash.api.selection import INCUMBENT_MAX_BUCKET_DISTANCE
     from rocmflash.config import normalize_dtype
-    from rocmflash.db.lookup.varlen import PREFIX, nearest_entry
+    from rocmflash.db.lookups.varlen import PREFIX, nearest_entry
 
     match = nearest_entry(gpu_name, PREFIX, int(head_dim), normalize_dtype(dtype), int(group), bool(causal),
                           max(int(max_seqlen_k), 1), lambda entry: entry.get("incumbent") or {})

@@ -84,7 +84,7 @@ def _varlen_fields(key: str, prefix: str = "varlen") -> Optional[dict]:
 
 
 def _decode_fields(key: str) -> Optional[dict]:
-    from rocmflash.db.lookup.decode import parse_decode_key
+    from rocmflash.db.lookups.decode import parse_decode_key
 
     p = parse_decode_key(key)
     if p is None:

@@ -30,8 +30,8 @@ import os
 from typing import NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, Problem, normalize_dtype
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookup)
-from rocmflash.db.lookup.backward import (PREFIX, bwd_key, parse_bwd_key, BwdMatch, entry_config, lookup_bwd,
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
+from rocmflash.db.lookups.backward import (PREFIX, bwd_key, parse_bwd_key, BwdMatch, entry_config, lookup_bwd,
                                           clear_cache)  # noqa: F401
 
 #: the two kernels, in launch order

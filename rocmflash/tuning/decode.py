@@ -34,8 +34,8 @@ from rocmflash.config import normalize_dtype
 from rocmflash.db import FP8_KEY_DTYPES
 from rocmflash.static.families import FamilyStatic, family_rows
 from rocmflash.tuning.decode_kv import kv_format, kv_name
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookup)
-from rocmflash.db.lookup.decode import (PREFIX, _bucket, clear_cache, decode_key,  # noqa: F401
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
+from rocmflash.db.lookups.decode import (PREFIX, _bucket, clear_cache, decode_key,  # noqa: F401
                                         lookup_decode, nearest_decode_entry, parse_decode_key)
 
 

@@ -297,54 +297,49 @@ def _route(held: list, backend):
 
 class _served_decode:
     """Within: the decode route serves ``config`` (a DecodeConfig dict; None: the run-time selection's) for every
-    problem; ``as served``: ``served(problem)`` -> the config dict the route serves for that problem. The decode
-    kernel's plans and choices (and on exit the dispatch plans :func:`_route` set) are forgotten on entry and
-    exit, so no call keeps a config across the swap; and
-    ``ROCMFLASH_NO_INCUMBENT`` is unset within (it would keep the SDPA side on the decode kernel)."""
+    problem (:meth:`rocmflash.api.select.Selector.override`); ``as served``: ``served(problem)`` -> the config dict
+    the route serves for that problem. The kept choices and plans are forgotten on entry and exit (the override
+    does it), so no call keeps a config across the swap; and ``ROCMFLASH_NO_INCUMBENT`` is unset within (it would
+    keep the SDPA side on the decode kernel)."""
 
     def __init__(self, config):
         self.config = config
 
     def __enter__(self):
-        from rocmflash.api import decode as DEC
-        from rocmflash.kernels.decode.host import DecodeConfig
-
+        import contextlib
         import os
 
+        from rocmflash.api.select import SELECTOR
         from rocmflash.api.selection import NO_INCUMBENT_ENV
 
-        self.module, self.saved = DEC, DEC.decode_config
-        from rocmflash.api import attention, ops
-
         self.env = os.environ.pop(NO_INCUMBENT_ENV, None)
-        DEC.clear_cache()
-        ops._CALLS.clear()  # a route forces the side on the plan ops holds; the API's kept plans must be those
-        attention._PLANS.clear()
+        self.stack = contextlib.ExitStack()
         if self.config is not None:
-            cfg = DecodeConfig.from_dict(self.config)
-            DEC.decode_config = lambda *args, **kwargs: cfg
+            self.stack.enter_context(SELECTOR.override("decode", self.config))
+        else:
+            SELECTOR.clear()
         return self.served
 
     def served(self, p) -> dict:
         import torch
 
+        from rocmflash.api.select import SELECTOR
+
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[p.dtype]
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        return self.module.decode_config(device, p.head_dim, dtype, p.group, p.seqlen_k, p.batch).to_dict()
+        problem = dict(head_dim=p.head_dim, dtype=dtype, group=p.group, seqlen_k=p.seqlen_k, batch=p.batch)
+        return SELECTOR.choose("decode", problem, device).config.to_dict()
 
     def __exit__(self, *exc):
         import os
 
+        from rocmflash.api.select import SELECTOR
         from rocmflash.api.selection import NO_INCUMBENT_ENV
 
-        from rocmflash.api import ops
-
-        self.module.decode_config = self.saved
-        self.module.clear_cache()
-        from rocmflash.api import attention
-
-        ops._CALLS.clear()  # the dispatch plans :func:`_route` told which side serves ...
-        attention._PLANS.clear()  # ... and the API's kept references to them
+        if self.config is not None:
+            self.stack.close()
+        else:
+            SELECTOR.clear()
         if self.env is not None:
             os.environ[NO_INCUMBENT_ENV] = self.env
         return False

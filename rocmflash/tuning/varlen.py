@@ -32,8 +32,8 @@ from typing import NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, Problem, normalize_dtype
 from rocmflash.static.families import FamilyStatic, family_rows
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookup)
-from rocmflash.db.lookup.varlen import (PREFIX, _bucket, varlen_key, parse_varlen_key, VarlenMatch, nearest_entry,
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
+from rocmflash.db.lookups.varlen import (PREFIX, _bucket, varlen_key, parse_varlen_key, VarlenMatch, nearest_entry,
                                         lookup_varlen, clear_cache)  # noqa: F401
 
 #: the shortest sequence of a spread is the longest divided by this

@@ -33,8 +33,8 @@ from typing import Optional
 from rocmflash.tuning.backward import (BwdStatic, bwd_space, entry_config, kernel_config, rank_each_kernel,
                                        task_compile_options)
 from rocmflash.tuning.varlen import VarlenMatch, VarlenProblem, nearest_entry, parse_varlen_key, varlen_key
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookup)
-from rocmflash.db.lookup.varlen_bwd import (PREFIX, varlen_bwd_key, parse_varlen_bwd_key, lookup_varlen_bwd,
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
+from rocmflash.db.lookups.varlen_bwd import (PREFIX, varlen_bwd_key, parse_varlen_bwd_key, lookup_varlen_bwd,
                                             clear_cache)  # noqa: F401
 
 

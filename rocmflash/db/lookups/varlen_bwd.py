@@ -1,6 +1,6 @@
 """The varlen backward's entry keys and run-time lookup (``varlen-bwd-...`` entries, written by
 ``rocmflash tune --mode varlen --pass bwd``, :mod:`rocmflash.tuning.varlen_bwd`): the varlen forward's rules
-(:func:`rocmflash.db.lookup.varlen.nearest_entry`) over entries in the dense backward's format.
+(:func:`rocmflash.db.lookups.varlen.nearest_entry`) over entries in the dense backward's format.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from rocmflash.db.lookup.backward import entry_config
-from rocmflash.db.lookup.varlen import VarlenMatch, nearest_entry, parse_varlen_key, varlen_key
+from rocmflash.db.lookups.backward import entry_config
+from rocmflash.db.lookups.varlen import VarlenMatch, nearest_entry, parse_varlen_key, varlen_key
 
 #: key prefix of varlen backward entries in a config database
 PREFIX = "varlen-bwd"
