@@ -115,11 +115,12 @@ def test_every_family_keeps_its_word_in_the_one_mechanism():
     from rocmflash.kernels import error_words as EW
     from rocmflash.kernels.fp8 import errors as FE
     from rocmflash.kernels.decode import host as KD
+    from rocmflash.kernels.decode import checks as DC
     from rocmflash.kernels.varlen import checks as VC
 
     cpu = torch.device("cpu")
     for errors, words, error_word in ((VC.ERRORS, VC._ERROR_WORDS, VC.error_word),
-                                      (DC.ERRORS, DC._ERROR_WORDS, KD.error_word),
+                                      (DC.ERRORS, DC._ERROR_WORDS, DC.error_word),
                                       (FE.ERRORS, fp8._ERROR_WORDS, fp8.error_word)):
         assert isinstance(errors, EW.ErrorWord) and words is errors.words
         word = error_word(cpu)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 def check_refresh_args(args: argparse.Namespace) -> None:
     """The paths, before torch is imported: ``--db`` a readable database, ``--out-db``'s and ``--out``'s folders
     usable. A mistyped path is found here, not after minutes of timing."""
-    from rocmflash.db_files import ConfigDB
+    from rocmflash.db.files import ConfigDB
 
     if not os.path.isfile(args.db):
         raise ValueError(f"--db {args.db}: {'is a directory' if os.path.isdir(args.db) else 'no such file'}")

@@ -51,6 +51,7 @@ def default_cache_dir() -> str:
 #: the files that decide what a forward variant compiles to (the backward kernels are not swept,
 #: so editing them must not invalidate every cached observation)
 FORWARD_SOURCES = ("config.py", "kernels/__init__.py", "kernels/common.py", "kernels/build.py", "kernels/launch.py",
+                   "kernels/forward/__init__.py",
                    "kernels/forward/online.py", "kernels/forward/split_kv.py", "kernels/forward/two_phase.py",
                    "kernels/forward/split_d.py", "kernels/fp8/forward.py", "hw/fp8.py")  # hw/fp8.py: formats, P's scale
 

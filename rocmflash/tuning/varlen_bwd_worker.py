@@ -123,7 +123,8 @@ def measure_varlen_bwd(task: dict) -> dict:
         interp = interpreting()
         inp = backward_inputs(p, torch.device("cpu" if interp else "cuda"))
         run = _launcher(inp, varlen_call(p), kernel, cfg)
-        verdict = gate(run, *gate_parts(inp, p, kernel), p.dtype, against="the fp32 reference gradient")
+        outputs, reference, reads = gate_parts(inp, p, kernel)
+        verdict = gate(run, reference, outputs, reads, p.dtype, against="the fp32 reference gradient")
         result.update(rel_err=verdict.rel_err, rel_errs=verdict.errors)
         if not verdict.passed:
             worst = ", ".join(f"{o} {e:.3g}" for o, e in verdict.errors.items())
