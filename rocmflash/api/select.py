@@ -85,7 +85,7 @@ class Selector:
             args = (device, p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"])
             cfg = selection.select_config(*args, p["seqlen_q"], p["seqlen_k"], variant)
             details = selection.selection_details(*args, p["seqlen_k"], variant)
-            backend = None if forced is not None else selection.select_incumbent(*args, p["seqlen_k"])
+            backend = selection.select_incumbent(*args, p["seqlen_k"])  # None under an override
             served = f"sdpa:{backend}" if backend else "rocmflash"
         elif family == "backward":
             args = (device, p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"], p["seqlen_k"])

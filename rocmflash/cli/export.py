@@ -58,7 +58,7 @@ class ExportFamily(NamedTuple):
 
 
 def _forward_fields(key: str) -> Optional[dict]:
-    from rocmflash.db.files import parse_key
+    from rocmflash.db.entries import parse_key
 
     try:
         p = parse_key(key)

@@ -75,7 +75,7 @@ import warnings
 from typing import Any, NamedTuple, Optional
 
 from rocmflash.config import KernelConfig, installed_triton_version
-from rocmflash.db.entries import check_entries
+from rocmflash.db.entries import check_entries, parse_key
 from rocmflash.db.files import (  # noqa: F401  (re-exported: the code moved there)
     AFTER_SAVE,
     CONFIG_DIR_ENV,
@@ -93,7 +93,6 @@ from rocmflash.db.files import (  # noqa: F401  (re-exported: the code moved the
     journal_path,
     key_dtype,
     now_iso,
-    parse_key,
     problem_key,
     real_path,
     seqlen_bucket,

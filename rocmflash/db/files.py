@@ -15,7 +15,7 @@ import threading
 from typing import Any, Optional
 
 from rocmflash.config import KernelConfig, normalize_dtype
-from rocmflash.db.entries import check_entries, parse_key  # noqa: F401  (the key format lives with the entries)
+from rocmflash.db.entries import check_entries, parse_key
 
 DB_FORMAT = "rocmflash-config-db"
 JOURNAL_FORMAT = "rocmflash-tune-journal"

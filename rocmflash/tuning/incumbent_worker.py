@@ -315,9 +315,10 @@ class _served_decode:
         self.env = os.environ.pop(NO_INCUMBENT_ENV, None)
         self.stack = contextlib.ExitStack()
         if self.config is not None:
-            self.stack.enter_context(SELECTOR.override("decode", self.config))
+            self.stack.enter_context(SELECTOR.override("decode", self.config))  # clears on entry and exit
         else:
             SELECTOR.clear()
+            self.stack.callback(SELECTOR.clear)
         return self.served
 
     def served(self, p) -> dict:
@@ -333,13 +334,9 @@ class _served_decode:
     def __exit__(self, *exc):
         import os
 
-        from rocmflash.api.select import SELECTOR
         from rocmflash.api.selection import NO_INCUMBENT_ENV
 
-        if self.config is not None:
-            self.stack.close()
-        else:
-            SELECTOR.clear()
+        self.stack.close()
         if self.env is not None:
             os.environ[NO_INCUMBENT_ENV] = self.env
         return False
