@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("page,splits", [(0, 1), (0, 4), (16, 3), (256, 0)])
-def test_gpu_decode_sinks_match_the_eager_formula(monkeypatch, fused, page, splits):
+@pytest.mark.parametrize("window", [-1, 4, 300], ids=["no-window", "window5", "window301"])
+def test_gpu_decode_sinks_match_the_eager_formula(monkeypatch, fused, page, splits, window):
     from rocmflash import flash_attn_with_kvcache
     from rocmflash.api import decode
     from rocmflash.api.decode import check_errors
@@ -39,7 +40,8 @@ def test_gpu_decode_sinks_match_the_eager_formula(monkeypatch, fused, page, spli
     sinks = torch.randn(Hq, device="cuda", generator=gen) * 1.5 + 1.0
     for use in (sinks, None, sinks.to(torch.bfloat16)):
         out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
-                                           num_splits=splits, return_softmax_lse=True, s_aux=use)
+                                           num_splits=splits, return_softmax_lse=True, s_aux=use,
+                                           window_size=(window, -1))
         torch.cuda.synchronize()
         check_errors()
         ref_sinks = use if use is not None else torch.full((Hq,), float("-inf"), device="cuda")
@@ -50,7 +52,8 @@ def test_gpu_decode_sinks_match_the_eager_formula(monkeypatch, fused, page, spli
             else:
                 idx = torch.arange(n, device="cuda")
                 k, v = (c[table[b][idx // page].long(), idx % page] for c in (kc, vc))
-            ref, ref_lse = sink_attention_fp64(q[b], k, v, ref_sinks, 1 / math.sqrt(D), causal=True)
+            ref, ref_lse = sink_attention_fp64(q[b], k, v, ref_sinks, 1 / math.sqrt(D), causal=True,
+                                               window=(window, -1))
             if n == 0 and use is None:  # no key, no sink: output 0, LSE -inf
                 assert (out[b] == 0).all() and torch.isinf(lse[b]).all()
                 continue

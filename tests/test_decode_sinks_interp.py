@@ -34,7 +34,7 @@ def sink_attention_fp64(q, k, v, sinks, scale, causal=False, window=(-1, -1), so
     s = torch.einsum("qhd,khd->hqk", q, k) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~band_mask(q.shape[0], k.shape[0], causal, window), float("-inf"))
+    s = s.masked_fill(~band_mask(q.shape[0], k.shape[0], causal, window).to(s.device), float("-inf"))
     sink_col = sinks.double()[:, None, None].expand(-1, q.shape[0], 1)
     combined = torch.cat([s, sink_col], -1)  # (Hq, Sq, Sk + 1)
     lse = torch.logsumexp(combined, -1)

@@ -18,13 +18,13 @@ from varlen_reference import band_mask, rel_err
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 
 
-def _eager(q, k, v, sinks, scale, causal):
+def _eager(q, k, v, sinks, scale, causal, window=(-1, -1)):
     """gpt-oss's eager attention in fp32 on ``(B, H, S, D)`` (differentiable): ``(out, lse)``."""
     q, k, v = q.float(), k.float(), v.float()
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
-    s = s.masked_fill(~band_mask(q.shape[2], k.shape[2], causal, (-1, -1)).to(q.device), float("-inf"))
+    s = s.masked_fill(~band_mask(q.shape[2], k.shape[2], causal, window).to(q.device), float("-inf"))
     full = torch.cat([s, sinks.float().view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
     lse = torch.logsumexp(full, -1)
     return torch.exp(full - lse[..., None])[..., :-1] @ v, lse
@@ -51,7 +51,9 @@ def test_gpu_attention_with_sinks_matches_eager(D, causal):
         assert torch.isfinite(got).all() and rel_err(got, want) < 3e-2, name
 
 
-def test_gpu_varlen_with_sinks_matches_eager():
+@pytest.mark.parametrize("window", [(-1, -1), (4, 0), (127, 0)], ids=["no-window", "window5", "window128"])
+def test_gpu_varlen_with_sinks_matches_eager(window):
+    """gpt-oss's sliding layers are sinks + a left window (its HF path runs them through the varlen kernel)."""
     lengths = [300, 0, 1025, 77]
     Hq, Hkv, D = 8, 2, 128
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -60,13 +62,14 @@ def test_gpu_varlen_with_sinks_matches_eager():
     q, k, v = (torch.randn(T, h, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
                for h in (Hq, Hkv, Hkv))
     sinks = (2 * torch.randn(Hq, device="cuda", generator=g)).requires_grad_()
-    out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, s_aux=sinks)
+    out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, s_aux=sinks,
+                                           window_size=window)
     do = torch.randn_like(out)
     grads = torch.autograd.grad((out.float() * do.float()).sum(), (q, k, v, sinks))
     refs = []
     for b in range(len(lengths)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
-        refs.append(_eager(*(x[rows].transpose(0, 1)[None] for x in (q, k, v)), sinks, D ** -0.5, True)[0][0]
+        refs.append(_eager(*(x[rows].transpose(0, 1)[None] for x in (q, k, v)), sinks, D ** -0.5, True, window)[0][0]
                     .transpose(0, 1))
     ref = torch.cat(refs)
     ref_grads = torch.autograd.grad((ref * do.float()).sum(), (q, k, v, sinks))
