@@ -2,26 +2,24 @@
 packing (lens_q [300, 1, 777, 0, 64], lens_k [300, 513, 777, 9, 64], GQA 4, D128, causal), and under which
 variations (no LSE term, no empty sequence, each config the launches used)."""
 
+import os
+import sys
+
 import torch
 
-import rocmflash
-from rocmflash.kernels.launch import observe_launches
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 
-
-def packed(lens_q, lens_k, hq=8, hkv=2, d=128, seed=1):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    return tuple(torch.randn(n, h, d, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
-                 for n, h in ((sum(lens_q), hq), (sum(lens_k), hkv), (sum(lens_k), hkv))) + (cu_q, cu_k)
+import rocmflash  # noqa: E402
+from rocmflash.kernels.launch import observe_launches  # noqa: E402
+from test_compile_varlen_kvcache_gpu import _packed as packed  # noqa: E402  (the test's packing, its seeds)
 
 
 def case(lens_q, lens_k, lse_term, silu, label, scale_q=False):
     q, k, v, cu_q, cu_k = packed(lens_q, lens_k, seed=len(lens_q))
     w = torch.randn(128, device="cuda", dtype=torch.bfloat16, requires_grad=True) if scale_q else None
     with observe_launches() as seen:
-        out, lse = rocmflash.flash_attn_varlen_func(q * w if scale_q else q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                                    return_lse=True)
+        out, lse = rocmflash.flash_attn_varlen_func(q * w if scale_q else q, k, v, cu_q, cu_k, max(lens_q),
+                                                    max(lens_k), causal=True, return_lse=True)
         y = torch.nn.functional.silu(out).sum(-1) if silu else out
         loss = y.float().square().sum() + (lse.sum() if lse_term else 0)
         grads = torch.autograd.grad(loss, (q, k, v))
@@ -30,7 +28,8 @@ def case(lens_q, lens_k, lse_term, silu, label, scale_q=False):
     for name, g in zip("qkv", grads):
         bad = ~torch.isfinite(g)
         rows = bad.any(-1).any(-1).nonzero().flatten()
-        print(f"  d{name}: non-finite rows {rows.numel()}", rows[:8].tolist(), rows[-3:].tolist() if rows.numel() else "")
+        print(f"  d{name}: non-finite rows {rows.numel()}", rows[:8].tolist(),
+              rows[-3:].tolist() if rows.numel() else "")
     for r in seen:
         print("   launch", r.get("kernel"), r.get("options"))
 
