@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rocmflash
+from varlen_reference import varlen_fp64
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 
@@ -38,8 +39,19 @@ def _varlen_block(q, k, v, cu_q, cu_k, max_q, max_k, w):
     return torch.nn.functional.silu(out).sum(-1), lse  # work around the op for Inductor to fuse
 
 
+def _varlen_block_fp64(q, k, v, cu_q, cu_k, max_q, max_k, w):
+    """``_varlen_block`` in fp64 on the CPU: the reference both the eager and the compiled call must match."""
+    out, lse = varlen_fp64(q * w, k, v, cu_q.cpu(), cu_k.cpu(), q.shape[-1] ** -0.5, causal=True)
+    return torch.nn.functional.silu(out).sum(-1), lse
+
+
+RESULTS = ("out", "lse", "dq", "dk", "dv", "dw")
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_gpu_varlen_inductor_fullgraph_forward_backward(dynamic):
+    """Eager and Inductor-compiled, forward and backward, each against an fp64 reference of the same inputs
+    (a packing with a one-query and an empty sequence); the compiled graph also against the eager call."""
     w = torch.randn(128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     compiled = torch.compile(_varlen_block, fullgraph=True, dynamic=dynamic)
     shapes = [([300, 1, 777, 0, 64], [300, 513, 777, 9, 64])]
@@ -49,12 +61,19 @@ def test_gpu_varlen_inductor_fullgraph_forward_backward(dynamic):
         q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, seed=len(lens_q))
         args = (q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), w)
         results = []
-        for fn in (_varlen_block, compiled):
+        for fn in (_varlen_block, compiled, _varlen_block_fp64):
+            if fn is _varlen_block_fp64:
+                args = tuple(a.detach().cpu().double().requires_grad_() if a.is_floating_point() else a
+                             for a in args[:5]) + args[5:7] + (w.detach().cpu().double().requires_grad_(),)
             out, lse = fn(*args)
-            grads = torch.autograd.grad(out.float().square().sum() + lse.sum(), (q, k, v, w))
+            grads = torch.autograd.grad(out.float().square().sum() + lse.sum(), (args[0], args[1], args[2], args[7]))
             results.append((out, lse) + grads)
-        for got, want in zip(*results):
-            assert torch.isfinite(got).all() and _rel(got, want) < 2e-2
+        eager, comp, ref = results
+        for name, e, c, r in zip(RESULTS, eager, comp, ref):
+            for label, got in (("eager", e), ("compiled", c)):
+                assert torch.isfinite(got).all(), f"{label} {name} {lens_q}: not finite"
+                assert _rel(got.cpu(), r) < 2e-2, f"{label} {name} {lens_q}: rel {_rel(got.cpu(), r):.3g} to fp64"
+            assert _rel(c, e) < 2e-2, f"compiled {name} {lens_q}: rel {_rel(c, e):.3g} to eager"
 
 
 def _cache(B, cap, hkv, d, page=0, seed=0):

@@ -128,6 +128,44 @@ def test_a_tensor_argument_outside_the_key_is_never_replayed(fake_triton):
     assert [kind for kind, *_ in fake_triton] == ["jit", "jit"] and not L._PLANS
 
 
+class _TwoTensorFn:
+    arg_names = ("CU_Q", "CU_K")
+
+
+def test_a_plan_made_with_one_tensor_in_two_places_never_serves_two_tensors(fake_triton):
+    """Self-attention packing passes one ``cu_seqlens`` as both ``cu_seqlens_q`` and ``cu_seqlens_k``. A plan made
+    from that call must not replay a later call with two tensors of the same shapes: it would pass ``cu_q`` as
+    ``CU_K`` (the varlen backward then reads every sequence's keys from the query offsets). The aliasing is in
+    the key: each kind of call gets its own plan, and each replay passes that call's own tensors."""
+    def launch(a, b):
+        C.launch_cached(_TwoTensorFn, (), (a, b), lambda: ((1,), {"CU_Q": a, "CU_K": b}, {}), KernelConfig(), "cuda")
+        return fake_triton[-1]
+
+    one = torch.arange(4, dtype=torch.int32)
+    launch(one, one)
+    for _ in range(2):
+        a, b = torch.arange(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32) * 2
+        kind, _, args = launch(a, b)
+        assert args[0] is a and args[1] is b, kind
+        same = torch.arange(4, dtype=torch.int32)
+        kind, _, args = launch(same, same)
+        assert args[0] is same and args[1] is same, kind
+    assert [kind for kind, *_ in fake_triton] == ["jit", "jit", "replay", "replay", "replay"]
+
+
+def test_a_kept_key_follows_the_aliasing_of_its_tensors():
+    """``kept_key``'s caller promises shapes, strides and dtypes, not which arguments are one tensor: a key kept
+    for an aliased call is never handed to a call of distinct tensors (nor the reverse)."""
+    keys = {}
+    one, a, b = (torch.empty(16, dtype=torch.float16) for _ in range(3))
+    aliased = C.kept_key(keys, ("slot",), _bwd_dq, (), (one, one), KernelConfig(), "cuda")
+    distinct = C.kept_key(keys, ("slot",), _bwd_dq, (), (a, b), KernelConfig(), "cuda")
+    assert aliased != distinct
+    assert aliased == C.launch_key(_bwd_dq, (), (one, one), KernelConfig(), "cuda")
+    assert distinct == C.launch_key(_bwd_dq, (), (a, b), KernelConfig(), "cuda")
+    assert C.kept_key(keys, ("slot",), _bwd_dq, (), (b, b), KernelConfig(), "cuda") == aliased
+
+
 # ----------------------------------------------------------------------------- GPU
 def _step(q, k, v, do, causal):
     for t in (q, k, v):
@@ -174,3 +212,44 @@ def test_cached_launches_equal_jit_launches_and_respect_alignment(causal, monkey
     assert err < 2e-2, f"misaligned inputs through the cache: relative error {err:.2e}"
     for a, b in zip(jit, got):
         assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+def _varlen_step(lens_q, lens_k, shared_cu: bool, seed: int):
+    """A packed causal GQA call's out, dq, dk, dv and its fp64 reference's (on the CPU)."""
+    from varlen_reference import varlen_fp64
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = cu_q if shared_cu else \
+        torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(n), h, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+               for n, h in ((lens_q, 8), (lens_k, 2), (lens_k, 2)))
+    do = torch.randn(q.shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    out = rocmflash.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    got = (out,) + torch.autograd.grad(out, leaves, do)
+    ref_leaves = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    ref, _ = varlen_fp64(*ref_leaves, cu_q.cpu(), cu_k.cpu(), 128 ** -0.5, causal=True)
+    return got, (ref,) + torch.autograd.grad(ref, ref_leaves, do.cpu().double())
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled")
+def test_gpu_varlen_plans_of_a_shared_cu_seqlens_never_serve_separate_ones(monkeypatch):
+    """The regression: self-attention packing (one ``cu_seqlens`` for queries and keys) made the varlen kernels'
+    plans, and a later call with separate ``cu_seqlens_q``/``cu_seqlens_k`` of the same heads was replayed with
+    ``cu_q`` in ``CU_K``'s place (dK/dV wrong, rel 1.0, found by the GPU test chain). Every call, whichever came
+    first, within bf16 error of fp64."""
+    from rocmflash.api.selection import NO_INCUMBENT_ENV
+
+    monkeypatch.setenv(NO_INCUMBENT_ENV, "1")  # rocmflash's kernels, whatever a shipped entry says of torch's
+    monkeypatch.setattr(L, "FAST_LAUNCH", True)
+    L._PLANS.clear()
+    calls = [([300, 0, 1025, 77], None), ([300, 1, 777, 0, 64], [300, 513, 777, 9, 64]), ([129, 64], None),
+             ([64, 1000], [200, 1000])]
+    for seed, (lens_q, lens_k) in enumerate(calls * 2):
+        got, want = _varlen_step(lens_q, lens_k or lens_q, lens_k is None, seed)
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+            err = ((g.cpu().double() - w).norm() / w.norm()).item()
+            assert err < 2e-2, f"{name} of {lens_q}/{lens_k}: relative error {err:.3g} to fp64"
+    assert L._PLANS, "no launch was kept: the replays were not tested"

@@ -281,8 +281,13 @@ def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str, loo
     its unspecialised integers (``fn.unspecialised``, passed per call as ``launch_cached``'s
     ``loose``) or through what the caller put in ``scalars``: the key holds their dtype,
     alignment and 2 GiB bit only, so one plan serves every size of them.
+
+    The key also holds which arguments are one tensor (:func:`alias_pattern`): a plan puts each call's tensors
+    into the slots the first call's took, so a plan made where ``cu_seqlens_q is cu_seqlens_k`` must never serve
+    a call of two tensors (it would pass the first in both places).
     """
-    parts = [id(fn), cfg, backend, scalars, tensors[0].get_device()]  # kernels live for the process: id is stable
+    # (kernels live for the process: id is stable)
+    parts = [id(fn), cfg, backend, scalars, tensors[0].get_device(), alias_pattern(tensors)]
     hip = backend == "hip"
     for i, t in enumerate(tensors):
         if loose_tensors and i in loose_tensors:
@@ -292,6 +297,15 @@ def launch_key(fn, scalars, tensors: tuple, cfg: KernelConfig, backend: str, loo
         if hip:
             parts.append(fits_buffer_addressing(t))
     return tuple(parts)
+
+
+def alias_pattern(tensors: tuple) -> tuple:
+    """``()`` when the tensors are distinct objects (the usual call: one set of ids), else, per tensor, the index
+    of its first occurrence: ``(0, 0)`` for ``(cu, cu)``."""
+    ids = [id(t) for t in tensors]
+    if len(set(ids)) == len(ids):
+        return ()
+    return tuple(ids.index(i) for i in ids)
 
 
 class KeptKey(tuple):
@@ -319,13 +333,17 @@ def kept_key(keys: Optional[dict], slot: tuple, fn, scalars: tuple, tensors: tup
     (``flash_attn_with_kvcache``, the fp8 forward's kept plans). Kept keys are those of all-aligned launches
     only: under that promise alignment is all that can differ, so an aligned launch's key equals the kept
     one. ``slot`` names the kernel and every scalar that varies under the promise, so one dict never hands a
-    key to another launch.
+    key to another launch. Which arguments are one tensor is not promised: a call whose tensors alias
+    (:func:`alias_pattern`) keeps its key at ``(slot, pattern)``.
     """
     if keys is None:
         return None
     for t in tensors:
         if t.data_ptr() % 16:
             return None
+    pattern = alias_pattern(tensors)
+    if pattern:
+        slot = (slot, pattern)
     key = keys.get(slot)
     if key is None:
         key = keys[slot] = KeptKey(launch_key(fn, scalars, tensors, cfg, backend, loose_tensors))
