@@ -8,21 +8,23 @@ import math
 import pytest
 import torch
 
-from rocmflash.config import KernelConfig as K
-from rocmflash.hw.roofline import Shape
 from rocmflash import db as D
+from rocmflash.config import KernelConfig as K
+from rocmflash.db.lookups import backward as LB
+from rocmflash.hw.roofline import Shape
+from rocmflash.kernels.backward import host as BH
 from rocmflash.tuning import backward as TB
-from rocmflash.tuning import backward_run as TR
+from rocmflash.tuning import items_bwd as IB
 
 
 # ----------------------------------------------------------------------------- keys and space
 def test_keys_round_trip_and_are_invisible_to_forward_lookups(tmp_path, monkeypatch):
-    key = TB.bwd_key(96, torch.bfloat16, True, 4, 3000)
+    key = LB.bwd_key(96, torch.bfloat16, True, 4, 3000)
     assert key == "bwd-d96-bf16-causal-gqa4-s4096"
-    assert TB.parse_bwd_key(key) == {"head_dim": 96, "dtype": "bf16", "causal": True, "gqa_ratio": 4,
+    assert LB.parse_bwd_key(key) == {"head_dim": 96, "dtype": "bf16", "causal": True, "gqa_ratio": 4,
                                      "seqlen_bucket": 4096}
-    assert TB.parse_bwd_key("d96-bf16-causal-gqa4-s4096") is None
-    assert TB.parse_bwd_key("bwd-nonsense") is None
+    assert LB.parse_bwd_key("d96-bf16-causal-gqa4-s4096") is None
+    assert LB.parse_bwd_key("bwd-nonsense") is None
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     data = D.ConfigDB.new_data("h100", "sm_90", {})
     data["entries"] = {key: _entry()}
@@ -55,8 +57,8 @@ def test_default_configs_are_points_of_the_space():
         for d in (64, 128, 256):
             cfg = default_bwd_config(arch, d)
             space = TB.bwd_space(arch, d)
-            assert TB.space_point("dkdv", cfg.dkdv) in space, (arch, d)
-            assert TB.space_point("dq", cfg.dq) in space, (arch, d)
+            assert BH.space_point("dkdv", cfg.dkdv) in space, (arch, d)
+            assert BH.space_point("dq", cfg.dq) in space, (arch, d)
 
 
 # ----------------------------------------------------------------------------- static phase (real compiles)
@@ -106,10 +108,10 @@ def test_cli_tune_bwd_static_mi300x(cache_dir, tmp_path, capsys, monkeypatch):
     assert list(data["entries"]) == ["bwd-d128-bf16-causal-gqa1-s4096"]  # --pass bwd: no forward entry
     entry = data["entries"]["bwd-d128-bf16-causal-gqa1-s4096"]
     assert entry["measured"] is False and entry["mode"] == "bwd" and entry["counts"]["space"] == 90
-    cfg = TB.entry_config(entry)
+    cfg = LB.entry_config(entry)
     assert cfg.dkdv.BLOCK_N in (32, 64, 128) and cfg.head_splits == 0
-    TB.clear_cache()
-    assert TB.lookup_bwd("mi300x", 128, "bf16", True, 1, 4096) is None  # static entries are never served
+    LB.clear_cache()
+    assert LB.lookup_bwd("mi300x", 128, "bf16", True, 1, 4096) is None  # static entries are never served
 
 
 def test_pass_is_for_prefill_only(capsys):
@@ -153,7 +155,7 @@ def test_reference_grads_match_autograd():
 
 
 def test_measure_gates_and_times_both_kernels(interpret):
-    for cfg in (TB.space_point("dq", K(BLOCK_M=32, BLOCK_N=16)), TB.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32))):
+    for cfg in (BH.space_point("dq", K(BLOCK_M=32, BLOCK_N=16)), BH.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32))):
         r = TB.measure_bwd({"config": cfg, "shape": SHAPE.to_dict()})
         assert r["status"] == "ok", r
         assert 0 < r["rel_err"] < 1e-2
@@ -171,25 +173,25 @@ def test_measure_rejects_wrong_gradients(interpret, monkeypatch):
         real(q, k, v, do, lse, delta, dk, dv, causal, scale * 1.1, cfg, splits, backend)
 
     monkeypatch.setattr(bw, "launch_dkdv", off_by_scale)
-    r = TB.measure_bwd({"config": TB.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32)), "shape": SHAPE.to_dict()})
+    r = TB.measure_bwd({"config": BH.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32)), "shape": SHAPE.to_dict()})
     assert r["status"] == "incorrect" and "against the fp32 reference" in r["error"] and not r["times_ms"]
 
     def unwritten(q, k, v, do, lse, delta, dk, dv, causal, scale, cfg, splits, backend):
         pass  # leaves the NaN poison in place
 
     monkeypatch.setattr(bw, "launch_dkdv", unwritten)
-    r = TB.measure_bwd({"config": TB.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32)), "shape": SHAPE.to_dict()})
+    r = TB.measure_bwd({"config": BH.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32)), "shape": SHAPE.to_dict()})
     assert r["status"] == "incorrect" and "unwritten" in r["error"]
 
 
 # ----------------------------------------------------------------------------- entries (pure)
 def _result(kernel, times, status="ok", **tiles):
-    return {"config": TB.space_point(kernel, K(**tiles)), "status": status, "times_ms": times, "error": None}
+    return {"config": BH.space_point(kernel, K(**tiles)), "status": status, "times_ms": times, "error": None}
 
 
 def test_measured_entry_picks_each_kernels_best_and_reports_the_default():
-    default = {"dkdv": TB.space_point("dkdv", K(BLOCK_M=32, BLOCK_N=64)),
-               "dq": TB.space_point("dq", K(BLOCK_M=64, BLOCK_N=32))}
+    default = {"dkdv": BH.space_point("dkdv", K(BLOCK_M=32, BLOCK_N=64)),
+               "dq": BH.space_point("dq", K(BLOCK_M=64, BLOCK_N=32))}
     results = [
         _result("dq", {"1": 2.0}, BLOCK_M=64, BLOCK_N=32),  # the default dQ
         _result("dq", {"1": 1.5}, BLOCK_M=128, BLOCK_N=64, num_warps=8),
@@ -198,7 +200,7 @@ def test_measured_entry_picks_each_kernels_best_and_reports_the_default():
         _result("dkdv", {"1": 2.2, "2": 2.1, "4": 2.15}, BLOCK_M=64, BLOCK_N=64),
     ]
     static = TB.BwdStatic(None, [], None)
-    entry = TR.measured_entry(SHAPE, static, results, default, "race", {}, False, auto_splits=4)
+    entry = IB.measured_entry(SHAPE, static, results, default, "race", {}, False, auto_splits=4)
     assert entry["measured"] and entry["mode"] == "bwd"
     assert entry["best"]["dq"]["BLOCK_M"] == 128 and entry["best"]["dkdv"]["BLOCK_M"] == 64
     assert entry["best"]["head_splits"] == 2
@@ -208,9 +210,9 @@ def test_measured_entry_picks_each_kernels_best_and_reports_the_default():
     assert entry["speedup_vs_default"] == round(4.8 / 3.6, 3)
     assert [n["head_splits"] for n in entry["near_best"]["dkdv"]] == [4]  # 2.15 is within 3% of 2.1
     assert entry["counts"]["ok"] == 4 and entry["counts"]["incorrect"] == 1
-    TB.entry_config(entry)  # what is stored reads back
+    LB.entry_config(entry)  # what is stored reads back
     # a kernel with no correct result: nothing is measured, and the entry says which
-    bad = TR.measured_entry(SHAPE, static, results[:3], default, "race", {}, False)
+    bad = IB.measured_entry(SHAPE, static, results[:3], default, "race", {}, False)
     assert bad["measured"] is False and "dkdv" in bad["why_unmeasured"] and bad["best"] is None
 
 
@@ -218,14 +220,14 @@ def test_to_time_covers_survivors_defaults_and_strategies():
     rows = []
     for kernel in TB.KERNELS:
         for i, bn in enumerate((16, 32, 64)):
-            rows.append({"config": TB.space_point(kernel, K(BLOCK_M=bn, BLOCK_N=bn)), "kept": bn != 64,
+            rows.append({"config": BH.space_point(kernel, K(BLOCK_M=bn, BLOCK_N=bn)), "kept": bn != 64,
                          "static_rank": i if bn != 64 else None, "kernel": {"arch": "gfx942"}})
     static = TB.BwdStatic(None, rows, None)
-    default = {k: TB.space_point(k, K(BLOCK_M=64, BLOCK_N=64)) for k in TB.KERNELS}  # pruned, timed anyway
-    race = TR.to_time(static, "race", None, default)
+    default = {k: BH.space_point(k, K(BLOCK_M=64, BLOCK_N=64)) for k in TB.KERNELS}  # pruned, timed anyway
+    race = IB.to_time(static, "race", None, default)
     assert len(race) == 6 and all(d in race for d in default.values())
-    assert len(TR.to_time(static, "pruned", 1, default)) == 4
-    assert len(TR.to_time(static, "exhaustive", None, default)) == 6
+    assert len(IB.to_time(static, "pruned", 1, default)) == 4
+    assert len(IB.to_time(static, "exhaustive", None, default)) == 6
 
 
 # ----------------------------------------------------------------------------- run-time lookup and selection
@@ -239,22 +241,22 @@ def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))  # h200: no shipped database
     data = D.ConfigDB.new_data("h200", "sm_90", {})
     data["entries"] = {
-        TB.bwd_key(128, "bf16", True, 4, 2048): _entry(dkdv=(16, 32)),
-        TB.bwd_key(128, "bf16", True, 4, 16384): _entry(dkdv=(64, 128)),
-        TB.bwd_key(128, "bf16", True, 4, 4096): _entry(measured=False, dkdv=(32, 32)),  # static: never served
-        TB.bwd_key(128, "bf16", True, 4, 8192): _entry(timing="interpreter", dkdv=(32, 32)),  # never served
+        LB.bwd_key(128, "bf16", True, 4, 2048): _entry(dkdv=(16, 32)),
+        LB.bwd_key(128, "bf16", True, 4, 16384): _entry(dkdv=(64, 128)),
+        LB.bwd_key(128, "bf16", True, 4, 4096): _entry(measured=False, dkdv=(32, 32)),  # static: never served
+        LB.bwd_key(128, "bf16", True, 4, 8192): _entry(timing="interpreter", dkdv=(32, 32)),  # never served
     }
     D.atomic_write_json(str(tmp_path / "h200.json"), data)
-    TB.clear_cache()
-    m = TB.lookup_bwd("h200", 128, "bf16", True, 4, 2000)
+    LB.clear_cache()
+    m = LB.lookup_bwd("h200", 128, "bf16", True, 4, 2000)
     assert m.config.dkdv.BLOCK_N == 32 and m.config.head_splits == 2 and m.bucket_distance == 0
-    far = TB.lookup_bwd("h200", 128, "bf16", True, 4, 5000)  # 8192 bucket: 16384 is 1 away, 2048 is 2 away
+    far = LB.lookup_bwd("h200", 128, "bf16", True, 4, 5000)  # 8192 bucket: 16384 is 1 away, 2048 is 2 away
     assert far.config.dkdv.BLOCK_N == 128 and far.bucket_distance == 1
     assert far.config.head_splits == 0  # a split count is kept only in its own bucket
-    assert TB.lookup_bwd("h200", 128, "bf16", False, 4, 2048) is None  # other causal flag
-    assert TB.lookup_bwd("h200", 128, "bf16", True, 1, 2048) is None  # other GQA ratio
-    assert TB.lookup_bwd("h200", 64, "bf16", True, 4, 2048) is None  # other head dim
-    TB.clear_cache()
+    assert LB.lookup_bwd("h200", 128, "bf16", False, 4, 2048) is None  # other causal flag
+    assert LB.lookup_bwd("h200", 128, "bf16", True, 1, 2048) is None  # other GQA ratio
+    assert LB.lookup_bwd("h200", 64, "bf16", True, 4, 2048) is None  # other head dim
+    LB.clear_cache()
 
 
 def test_selection_and_autograd_use_a_measured_entry(fake_rocm, tmp_path, monkeypatch):
@@ -266,7 +268,7 @@ def test_selection_and_autograd_use_a_measured_entry(fake_rocm, tmp_path, monkey
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
     store = D.ConfigDB.open(str(tmp_path / "mi250.json"), "mi250", "gfx90a", D.environment("AMD Instinct MI250X / MI250"))
-    store.put(TB.bwd_key(32, "fp16", True, 2, 40), _entry(dkdv=(16, 16), dq=(16, 16), splits=2))
+    store.put(LB.bwd_key(32, "fp16", True, 2, 40), _entry(dkdv=(16, 16), dq=(16, 16), splits=2))
     store.save()
     seen = []
     real = bw.backward
@@ -295,8 +297,8 @@ def test_cli_tune_bwd_under_fake_rocm_measures_in_the_interpreter(fake_rocm, tmp
     from rocmflash.cli import main
     from rocmflash.kernels.backward.host import default_bwd_config
 
-    small = [TB.space_point("dq", K(BLOCK_M=32, BLOCK_N=16, num_stages=1)),
-             TB.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32, num_stages=1))]
+    small = [BH.space_point("dq", K(BLOCK_M=32, BLOCK_N=16, num_stages=1)),
+             BH.space_point("dkdv", K(BLOCK_M=16, BLOCK_N=32, num_stages=1))]
     monkeypatch.setattr(TB, "bwd_space", lambda arch, head_dim: small)
     db_path = tmp_path / "mi250.json"
     code = main(["tune", "--gpu", "mi250", "--pass", "bwd", "--head-dim", "32", "--dtype", "fp16", "--seqlen",
@@ -312,6 +314,6 @@ def test_cli_tune_bwd_under_fake_rocm_measures_in_the_interpreter(fake_rocm, tmp
                                                                                           default.dq.BLOCK_N))
     assert entry["default_time_ms"]["total"] > 0
     assert "interpreter" in out and "never served" in out
-    TB.clear_cache()
+    LB.clear_cache()
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
-    assert TB.lookup_bwd("mi250", 32, "fp16", False, 2, 64) is None  # interpreter timings are never served
+    assert LB.lookup_bwd("mi250", 32, "fp16", False, 2, 64) is None  # interpreter timings are never served

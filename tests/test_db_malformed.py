@@ -142,7 +142,7 @@ def test_the_decode_check_agrees_with_decodeconfig(best):
                                   dict(BWD_BEST, dq=dict(GOOD.to_dict(), BLOCK_N=7)), {"dkdv": GOOD.to_dict()}])
 def test_the_backward_check_agrees_with_the_lookups_reader(best):
     """(The check is stricter in one place: a fractional ``head_splits``, which the reader truncates, is malformed.)"""
-    from rocmflash.tuning.backward import entry_config
+    from rocmflash.db.lookups.backward import entry_config
 
     try:
         entry_config({"best": best})
@@ -218,7 +218,7 @@ def test_attention_serves_past_malformed_entries_with_one_warning_each(interpret
     the result matches fp64."""
     import rocmflash
     from rocmflash.kernels.launch import observe_launches
-    from rocmflash.tuning.backward import bwd_key
+    from rocmflash.db.lookups.backward import bwd_key
 
     S, H, Dh = 64, 2, 32
     near, far = D.problem_key(Dh, "fp16", False, 1, 64), D.problem_key(Dh, "fp16", False, 1, 128)

@@ -340,9 +340,9 @@ def test_clear_cache_makes_a_new_database_entry_seen(fake_triton, tmp_path, monk
 def test_decode_config_is_kept_per_database_bucket(fake_triton):
     """The config is looked up through the KV-length and batch buckets only, so it is kept per bucket:
     lengths of one bucket share it, the next bucket looks it up anew."""
-    from rocmflash.tuning import decode as TD
+    from rocmflash.db.lookups import decode as LD
 
-    assert all(C.next_pow2(n) == TD._bucket(n) for n in range(1, 70000))
+    assert all(C.next_pow2(n) == LD._bucket(n) for n in range(1, 70000))
     cpu = torch.device("cpu")
     a = Dm.decode_config(cpu, 64, torch.float16, 4, 1025, 3)
     assert Dm.decode_config(cpu, 64, torch.float16, 4, 2048, 4) is a and len(Dm._DECODE_CONFIGS) == 1
@@ -456,3 +456,21 @@ def test_a_second_cache_size_gets_its_own_kept_plan_and_launch_keys(fake_triton)
     second = Dm._plan(q, k2, v2, None, None, None, None, None, False, (-1, -1), 0.0, 0, False)
     assert second.capacity == 400 and second.launch_keys is not None
     assert Dm._plan(q, k2, v2, None, None, None, None, None, False, (-1, -1), 0.0, 0, False) is second
+
+
+def test_a_plan_kept_for_one_cache_tensor_as_k_and_v_never_serves_two(fake_triton):
+    """A cache passed as both ``k_cache`` and ``v_cache`` (legal: K and V then are one tensor) keeps plans whose
+    slots point both arguments at it; a later call with two caches of the same layout must get its own (the
+    aliasing is in the signature) and every launch passes its own ``v_cache``, as the JIT path does."""
+    for seed in range(3):  # kept from the second call on
+        args = _inputs(seed=seed)
+        args["v_cache"] = args["k_cache"]
+        Dm.flash_attn_with_kvcache(**args)
+    for seed in range(3, 6):
+        args = _inputs(seed=seed)
+        n = len(fake_triton)
+        Dm.flash_attn_with_kvcache(**args)
+        passed = [r[3] for r in fake_triton[n:]]
+        assert any(any(a is args["v_cache"] for a in launch) for launch in passed), "v_cache never reached a launch"
+        for launch in passed:
+            assert not any(a is args["k_cache"] for a in launch) or any(a is args["v_cache"] for a in launch)

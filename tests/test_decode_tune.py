@@ -8,6 +8,7 @@ import os
 import pytest
 
 from rocmflash import db as D
+from rocmflash.db.lookups import decode as LD
 from rocmflash.kernels.decode import host as KD
 from rocmflash.tuning import decode as TD
 
@@ -15,10 +16,10 @@ from rocmflash.tuning import decode as TD
 def test_keys_round_trip_and_forward_keys_are_not_decode():
     key = TD.decode_key(128, "bfloat16", 8, 3000, 24, 256)
     assert key == "decode-d128-bf16-gqa8-kv4096-b32-p256"
-    assert TD.parse_decode_key(key) == {"head_dim": 128, "dtype": "bf16", "group": 8, "kv_bucket": 4096,
+    assert LD.parse_decode_key(key) == {"head_dim": 128, "dtype": "bf16", "group": 8, "kv_bucket": 4096,
                                         "batch_bucket": 32, "page_size": 256}
-    assert TD.parse_decode_key(TD.decode_key(64, "fp16", 1, 2048, 1)) ["page_size"] == 0
-    assert TD.parse_decode_key("d128-bf16-causal-gqa1-s2048") is None
+    assert LD.parse_decode_key(TD.decode_key(64, "fp16", 1, 2048, 1)) ["page_size"] == 0
+    assert LD.parse_decode_key("d128-bf16-causal-gqa1-s2048") is None
 
 
 def test_split_choices_respect_blocks_and_include_the_heuristic():
@@ -51,17 +52,17 @@ def test_lookup_serves_nearest_measured_entry_only(tmp_path, monkeypatch):
     }
     D.atomic_write_json(str(tmp_path / "h100.json"), data)
     D.clear_cache()
-    TD.clear_cache()
-    got = TD.lookup_decode("h100", 128, "bf16", 8, 5000, 8)
+    LD.clear_cache()
+    got = LD.lookup_decode("h100", 128, "bf16", 8, 5000, 8)
     assert got is not None and got.BLOCK_N == 32 and got.num_splits == 8
-    assert TD.lookup_decode("h100", 128, "bf16", 8, 60000, 8).BLOCK_N == 128
+    assert LD.lookup_decode("h100", 128, "bf16", 8, 60000, 8).BLOCK_N == 128
     # another batch bucket: the tiles carry over, the split count is chosen per call
-    other = TD.lookup_decode("h100", 128, "bf16", 8, 8192, 1)
+    other = LD.lookup_decode("h100", 128, "bf16", 8, 8192, 1)
     assert other.BLOCK_N == 32 and other.num_splits == 0
-    assert TD.lookup_decode("h100", 64, "bf16", 8, 5000, 8) is None  # other head dim: nothing
+    assert LD.lookup_decode("h100", 64, "bf16", 8, 5000, 8) is None  # other head dim: nothing
     # the forward lookup reads the same file and ignores the decode entries
     assert D.lookup("h100", 128, "bf16", True, 8, 4096).BLOCK_M == 64
-    TD.clear_cache()
+    LD.clear_cache()
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +103,8 @@ def test_cli_tune_decode_static_only_on_cpu(cache_dir, tmp_path, capsys, monkeyp
     entries = D.ConfigDB.read(str(tmp_path / "mi300x.json"))["entries"]
     entry = entries["decode-d128-bf16-gqa4-kv8192-b16"]
     assert entry["measured"] is False and entry["best"]["num_splits"] == 0 and entry["mode"] == "decode"
-    TD.clear_cache()
-    assert TD.lookup_decode("mi300x", 128, "bf16", 4, 8192, 16) is None
+    LD.clear_cache()
+    assert LD.lookup_decode("mi300x", 128, "bf16", 4, 8192, 16) is None
     assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     assert exported["entries"] == {}  # the forward's; decode's is in its own section, unmeasured
@@ -175,23 +176,23 @@ def test_shipped_decode_entries_are_served_at_their_own_buckets(tmp_path, monkey
     empty user database) returns its config with its split count."""
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     D.clear_cache()
-    TD.clear_cache()
+    LD.clear_cache()
     seen = 0
     for name in sorted(os.listdir(D.shipped_config_dir())):
         if not name.endswith(".json"):
             continue
         gpu = name[:-len(".json")]
         for key, entry in D.ConfigDB.read(os.path.join(D.shipped_config_dir(), name))["entries"].items():
-            p = TD.parse_decode_key(key)
+            p = LD.parse_decode_key(key)
             if p is None or not D.servable(entry):
                 continue
             problem = entry["problem"]
             assert TD.decode_key(problem["head_dim"], problem["dtype"], problem["heads_q"] // problem["heads_kv"],
                                  problem["seqlen_k"], problem["batch"], problem["page_size"],
                                  problem.get("kv_dtype", "")) == key
-            got = TD.lookup_decode(gpu, p["head_dim"], p["dtype"], p["group"], problem["seqlen_k"],
+            got = LD.lookup_decode(gpu, p["head_dim"], p["dtype"], p["group"], problem["seqlen_k"],
                                    problem["batch"], p["page_size"], p.get("kv_dtype", ""))
             assert got == KD.DecodeConfig.from_dict(entry["best"]), key
             seen += 1
     assert seen >= 12  # the H100's decode grid (docs/evidence/decode-entries-2026-11-25-h100.md)
-    TD.clear_cache()
+    LD.clear_cache()

@@ -402,7 +402,7 @@ def test_exported_forward_configs_launch_on_the_live_gpu(live, compiled, tmp_pat
         q = tl.load(Q + i)
         tl.store(Out + i, q + tl.where(i == 0, BLOCK_M, tl.where(i == 1, BLOCK_N, tl.where(i == 2, PRE_LOAD_V, 0))))
 
-    q = torch.randn(4, device="cuda")
+    q = torch.randint(-8, 8, (4,), device="cuda").float()  # integers: q + 64 - q is exactly 64 in fp32
     for cfg in configs:
         out = torch.full((4,), float("nan"), device="cuda")
         triton.autotune(configs=[cfg], key=[])(probe)[(1,)](q, out)  # one config: launched as is, not timed

@@ -11,10 +11,11 @@ import types
 import pytest
 import torch
 
+from rocmflash import measure
 from rocmflash.hw import gpus
 from rocmflash.hw.roofline import Shape
-from rocmflash import measure
 from rocmflash.tuning import live
+from rocmflash.tuning import live_worker as LW
 
 MIB = 1024 * 1024
 MI300X = {"name": "AMD Instinct MI300X", "gcn_arch_name": "gfx942:sramecc+:xnack-", "multi_processor_count": 304,
@@ -80,11 +81,11 @@ CPU = torch.device("cpu")
 
 def test_the_forward_worker_takes_its_flush_from_flush_buffer(flushes):
     shape = Shape(batch=1, heads_q=2, heads_kv=1, seqlen_q=16, seqlen_k=16, head_dim=16)
-    live._STATE.clear()
+    LW._STATE.clear()
     try:
-        live._inputs(shape, live.LiveSettings(n_inputs=1), CPU)
+        LW._inputs(shape, live.LiveSettings(n_inputs=1), CPU)
     finally:
-        live._STATE.clear()
+        LW._STATE.clear()
     assert flushes == [(CPU, None)] and live.LiveSettings().flush_bytes is None  # None: sized for the device
 
 

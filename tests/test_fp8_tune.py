@@ -12,6 +12,7 @@ import torch
 from rocmflash import db as D
 from rocmflash.config import KernelConfig
 from rocmflash.hw.roofline import Shape
+from rocmflash.measure import TOLERANCE
 from rocmflash.static.space import DEFAULT_RESTRICTIONS, ConfigSpace
 from rocmflash.tuning import live_fp8, live_gate
 
@@ -95,7 +96,7 @@ def test_gate_passes_the_fp8_kernel_within_the_fp8_bound(gate_on_cpu):
     """The real kernel (interpreted): its error is fp8's (P rounded to e4m3), above bf16's gate, within u."""
     ok, err, why = live_gate.gate(live_fp8.Fp8Forward(None), CFG, SHAPE8)
     assert ok, why
-    assert 1e-3 < err <= U_E4M3 == live_gate.TOLERANCE["fp8"]
+    assert 1e-3 < err <= U_E4M3 == TOLERANCE["fp8"]
 
 
 def test_worker_measures_an_fp8_config_in_the_interpreter(gate_on_cpu):

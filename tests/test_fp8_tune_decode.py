@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rocmflash import db as D
+from rocmflash.db.lookups import decode as LD
 from rocmflash.hw.gpus import get_gpu
 from rocmflash.kernels.decode import host as KD
 from rocmflash.tuning import decode as TD
@@ -28,9 +29,9 @@ CONFIGS = [dict(BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2, num_split
 def test_kv_dtype_resolves_to_the_arch_format_in_the_key(gpu, kv, key):
     problem = TD.DecodeProblem(seqlen_k=8192, kv_dtype=kv).validate().for_gpu(get_gpu(gpu))
     assert problem.key() == key
-    parsed = TD.parse_decode_key(key)
+    parsed = LD.parse_decode_key(key)
     assert parsed.get("kv_dtype", "") == problem.kv_dtype and parsed["kv_bucket"] == 8192
-    paged = TD.parse_decode_key(TD.decode_key(128, "bf16", 4, 8192, 32, 256, problem.kv_dtype))
+    paged = LD.parse_decode_key(TD.decode_key(128, "bf16", 4, 8192, 32, 256, problem.kv_dtype))
     assert paged["page_size"] == 256 and paged["batch_bucket"] == 32 and paged.get("kv_dtype", "") == problem.kv_dtype
     if problem.kv_dtype:  # an fp8 cache: one byte an element read
         assert problem.kv_bytes() * 2 == TD.DecodeProblem(seqlen_k=8192).kv_bytes()
@@ -117,7 +118,7 @@ def test_kvcache_serves_the_entry_of_its_cache_format(fake_rocm, tmp_path, monke
     want8, want16 = KD.DecodeConfig.from_dict(fp8_cfg), KD.DecodeConfig.from_dict(bf16_cfg)
     assert Dm.decode_config(cpu, 64, torch.bfloat16, 2, 512, 2, 0, torch.float8_e4m3fnuz) == want8
     assert Dm.decode_config(cpu, 64, torch.bfloat16, 2, 512, 2, 0, False) == want16
-    assert TD.lookup_decode("mi300x", 64, "bf16", 2, 512, 2, 0, "fp8e4m3fn") is None  # the other family: never
+    assert LD.lookup_decode("mi300x", 64, "bf16", 2, 512, 2, 0, "fp8e4m3fn") is None  # the other family: never
 
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16, generator=gen)

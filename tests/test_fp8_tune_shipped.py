@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rocmflash import db as D
+from rocmflash.db.lookups import decode as LD
 from rocmflash.hw.gpus import get_gpu
 from rocmflash.static.space import fp8_format
-from rocmflash.tuning import decode as TD
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 FORMATS = {"mi300x": "fp8e4m3fnuz", "mi355x": "fp8e4m3fn"}
@@ -28,7 +28,7 @@ def test_shipped_fp8_entries_load_unmeasured_in_the_arch_format(gpu, tmp_path, m
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))  # an empty user database: the shipped file alone
     D.clear_cache()
-    TD.clear_cache()
+    LD.clear_cache()
     fmt = FORMATS[gpu]
     entries = _entries(gpu)
     fwd = {k: e for k, e in entries.items() if k.startswith("d") and f"-{fmt}-" in k}
@@ -48,9 +48,9 @@ def test_shipped_fp8_entries_load_unmeasured_in_the_arch_format(gpu, tmp_path, m
     entry = entries[key]
     assert entry["measured"] is False and entry["mode"] == "decode" and entry["best"]["num_splits"] == 0
     assert entry["problem"]["kv_dtype"] == fmt and "no live GPU" in entry["why_unmeasured"]
-    assert TD.lookup_decode(gpu, 128, "bf16", 4, 8192, 32, 0, fmt) is None  # unmeasured: never served
+    assert LD.lookup_decode(gpu, 128, "bf16", 4, 8192, 32, 0, fmt) is None  # unmeasured: never served
     D.clear_cache()
-    TD.clear_cache()
+    LD.clear_cache()
 
 
 def test_no_fp8_entries_for_mi250():

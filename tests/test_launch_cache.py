@@ -153,17 +153,30 @@ def test_a_plan_made_with_one_tensor_in_two_places_never_serves_two_tensors(fake
     assert [kind for kind, *_ in fake_triton] == ["jit", "jit", "replay", "replay", "replay"]
 
 
-def test_a_kept_key_follows_the_aliasing_of_its_tensors():
-    """``kept_key``'s caller promises shapes, strides and dtypes, not which arguments are one tensor: a key kept
-    for an aliased call is never handed to a call of distinct tensors (nor the reverse)."""
-    keys = {}
-    one, a, b = (torch.empty(16, dtype=torch.float16) for _ in range(3))
-    aliased = C.kept_key(keys, ("slot",), _bwd_dq, (), (one, one), KernelConfig(), "cuda")
-    distinct = C.kept_key(keys, ("slot",), _bwd_dq, (), (a, b), KernelConfig(), "cuda")
-    assert aliased != distinct
-    assert aliased == C.launch_key(_bwd_dq, (), (one, one), KernelConfig(), "cuda")
-    assert distinct == C.launch_key(_bwd_dq, (), (a, b), KernelConfig(), "cuda")
-    assert C.kept_key(keys, ("slot",), _bwd_dq, (), (b, b), KernelConfig(), "cuda") == aliased
+def test_kept_keys_are_per_aliasing_through_their_callers_signatures():
+    """``kept_key``'s callers promise their tensors' layout per signature; which arguments are one tensor is part
+    of it: the decode and fp8 signatures differ when k_cache is v_cache (or the descales are one tensor), so a
+    key kept for one never serves the other; and the launch key itself holds the aliasing."""
+    from rocmflash.api import decode as AD
+    from rocmflash.api import fp8_plans as FP
+
+    a, b = (torch.empty(2, 64, 2, 16, dtype=torch.float16) for _ in range(2))
+    q = torch.empty(2, 1, 4, 16, dtype=torch.float16)
+    lens = torch.full((2,), 5, dtype=torch.int32)
+
+    def sig(kc, vc):  # the tensors as flash_attn_with_kvcache passes them
+        return AD._signature("cuda", (q, kc, vc, None, None, lens, None, None, None, None, None, None),
+                             (None, True, 0.0, 0, False), (-1, -1))
+
+    assert sig(a, a) != sig(a, b) and sig(a, b) == sig(b, a) and sig(a, a) == sig(b, b)
+    assert AD._length_free(sig(a, a)) != AD._length_free(sig(a, b))
+    s1, s2 = (torch.ones(2, 2) for _ in range(2))
+    fsig = lambda ks, vs: FP.signature(q, a, b, True, None, False, (ks, vs), None, "bshd")  # noqa: E731
+    assert fsig(s1, s1) != fsig(s1, s2) and fsig(s1, s2) == fsig(s2, s1)
+    one, x, y = (torch.empty(16, dtype=torch.float16) for _ in range(3))
+    assert C.launch_key(_bwd_dq, (), (one, one), KernelConfig(), "cuda") != \
+        C.launch_key(_bwd_dq, (), (x, y), KernelConfig(), "cuda")
+    assert L.alias_pattern((one, x, one, None, None)) == (0, 1, 0, 3, 3) and L.alias_pattern((one, x)) == ()
 
 
 # ----------------------------------------------------------------------------- GPU

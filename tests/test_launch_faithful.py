@@ -16,7 +16,8 @@ import torch
 from rocmflash.config import KernelConfig
 from rocmflash.hw.roofline import Shape
 from rocmflash.kernels import build
-from rocmflash.tuning import live, live_gate
+from rocmflash.tuning import live_gate
+from rocmflash.tuning import live_worker as LW
 
 LINE = 2**31 - 1  #: Triton's AMD backend: storage <= this is addressed with 32-bit buffer offsets
 #: the issue's example: q, k, v and out are exactly 2 GiB each, one byte past the line
@@ -42,7 +43,7 @@ def test_the_rule_is_triton_s_line_and_stand_ins_keep_their_side():
 def test_static_problem_and_the_prewarm_cross_compile_follow_the_same_rule():
     from rocmflash.tuning.spec import static_problem
 
-    for make in (static_problem, live.prewarm_problem):
+    for make in (static_problem, LW.prewarm_problem):
         big, small = make(BIG), make(SMALL)
         assert (big.batch, big.seqlen_q, big.seqlen_k) == (16, 16384, 16384)  # real sizes: global loads
         assert small.batch == 1
@@ -60,10 +61,10 @@ def test_the_gate_of_a_big_problem_builds_with_storage_past_2_gib():
 
 def test_the_forward_prewarm_of_a_big_problem_launches_with_storage_past_2_gib():
     cfg = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4)
-    _, sq, sk = live.prewarm_plan(None, cfg, BIG, 304)
-    plan = live_gate.storage_plan(live.prewarm_specs(BIG, sq, sk), 2)
+    _, sq, sk = LW.prewarm_plan(None, cfg, BIG, 304)
+    plan = live_gate.storage_plan(LW.prewarm_specs(BIG, sq, sk), 2)
     assert sq < BIG.seqlen_q and all(n > LINE for n in plan.values()), plan
-    small = live.prewarm_specs(SMALL, 256, 256)
+    small = LW.prewarm_specs(SMALL, 256, 256)
     assert live_gate.storage_plan(small, 2) == {n: _own(d) for n, (d, _) in small.items()}
 
 

@@ -30,9 +30,10 @@ ALLOWED_OFFLINE = {
     ("rocmflash.api.build_check", "isa_tools"),
     ("rocmflash.api.build_check", "isa_tools.summary"),
     ("rocmflash.api.build_check", "isa_tools.occupancy"),
-    # an unmeasured varlen-backward config is cross-compiled once before it is served (its build check lives
-    # with the varlen-backward tune's build rules)
-    ("rocmflash.api.selection", "rocmflash.tuning.varlen_bwd"),
+    # ... and cross-compiles an unmeasured varlen-backward config once before it is served, judged by the pruner's
+    # build rules (``usable_config``)
+    ("rocmflash.api.build_check", "rocmflash.static.compile"),
+    ("rocmflash.api.build_check", "rocmflash.static.prune"),
 }
 #: packages that must have no import cycle at all
 ACYCLIC = ("rocmflash.kernels", "rocmflash.db", "rocmflash.hw", "isa_tools")

@@ -18,6 +18,7 @@ import pytest
 from conftest import synthetic_task_result
 from rocmflash import db as D
 from rocmflash.hw.gpus import get_gpu
+from rocmflash.kernels.backward import host as BH
 from rocmflash.static.prune import PruneSettings
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning.decode import DecodeProblem, decode_space
@@ -51,7 +52,7 @@ def small_bwd(arch, head_dim):
     out = []
     for kernel in TB.KERNELS:
         own = [p for p in points if p["kernel"] == kernel][:3]
-        dflt = TB.space_point(kernel, getattr(default, kernel))
+        dflt = BH.space_point(kernel, getattr(default, kernel))
         out += own + ([dflt] if dflt not in own else [])
     return out
 
@@ -192,7 +193,7 @@ def _bwd_observations(cache_dir, settings=None):
     configs = small_bwd("gfx942", 64)
     obs, _ = sweep_family("backward", configs, problem.to_dict(), gpu, cache_dir, 2)
     default = default_bwd_config("gfx942", 64)
-    defaults = {k: TB.space_point(k, getattr(default, k)) for k in TB.KERNELS}
+    defaults = {k: BH.space_point(k, getattr(default, k)) for k in TB.KERNELS}
     return gpu, problem, configs, obs, defaults
 
 

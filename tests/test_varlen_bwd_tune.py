@@ -16,7 +16,12 @@ import torch
 
 from rocmflash import db as D
 from rocmflash.api import selection
+from rocmflash.api import build_check as BC
 from rocmflash.config import KernelConfig as K
+from rocmflash.db.lookups import backward as LB
+from rocmflash.db.lookups import varlen as LV
+from rocmflash.db.lookups import varlen_bwd as LVB
+from rocmflash.kernels.backward import host as BH
 from rocmflash.kernels.backward.host import BwdConfig, default_bwd_config
 from rocmflash.tuning import backward as TB
 from rocmflash.tuning import varlen as TV
@@ -24,7 +29,7 @@ from rocmflash.tuning import varlen_bwd as VB
 
 
 def point(kernel, m, n, warps=4, wpe=2):
-    return TB.space_point(kernel, K(BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=1, waves_per_eu=wpe))
+    return BH.space_point(kernel, K(BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=1, waves_per_eu=wpe))
 
 
 #: six gfx942 points at D=128 bf16 GQA 4 causal, cross-compiled as the varlen kernels with Triton 3.6: dQ 64x32
@@ -36,18 +41,18 @@ ARGS = ["--gpu", "mi300x", "--head-dim", "128", "--dtype", "bf16", "--causal", "
 
 # ----------------------------------------------------------------------------- keys and the other lookups
 def test_keys_round_trip_and_only_the_varlen_backward_lookup_reads_them(tmp_path, monkeypatch):
-    from rocmflash.tuning import decode as TD
+    from rocmflash.db.lookups import decode as LD
 
     key = VB.varlen_bwd_key(128, torch.bfloat16, 4, True, 3000)
     assert (key, VB.varlen_bwd_key(64, "fp16", 1, False, 4096)) == ("varlen-bwd-d128-bf16-gqa4-causal-s4096",
                                                                     "varlen-bwd-d64-fp16-gqa1-s4096")
-    assert VB.parse_varlen_bwd_key(key) == {"head_dim": 128, "dtype": "bf16", "group": 4, "causal": True,
+    assert LVB.parse_varlen_bwd_key(key) == {"head_dim": 128, "dtype": "bf16", "group": 4, "causal": True,
                                             "bucket": 4096}
     for other in ("varlen-d128-bf16-gqa4-causal-s4096", "bwd-d128-bf16-causal-gqa4-s4096",
                   "d128-bf16-causal-gqa4-s4096", "varlen-bwd-d128-bf16-gqa4-full-s4096",
                   "varlen-bwd-x128-bf16-gqa4-s4096"):
-        assert VB.parse_varlen_bwd_key(other) is None, other
-    assert TV.parse_varlen_key(key) is None and TV.parse_varlen_key("varlen-bwd-d128-bf16-gqa4-s4096") is None
+        assert LVB.parse_varlen_bwd_key(other) is None, other
+    assert LV.parse_varlen_key(key) is None and LV.parse_varlen_key("varlen-bwd-d128-bf16-gqa4-s4096") is None
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))  # h200: no shipped database
     best = BwdConfig(K(BLOCK_M=16, BLOCK_N=64), K(BLOCK_M=64, BLOCK_N=16))
     entry = {"mode": "varlen", "pass": "bwd", "measured": True, "timing": "gpu",
@@ -58,10 +63,10 @@ def test_keys_round_trip_and_only_the_varlen_backward_lookup_reads_them(tmp_path
     selection.clear_cache()
     for causal in (True, False):
         assert D.lookup("h200", 128, "bf16", causal, 4, 4096) is None
-        assert TB.lookup_bwd("h200", 128, "bf16", causal, 4, 4096) is None
-        assert TV.lookup_varlen("h200", 128, "bf16", 4, causal, 4096) is None
-    assert TD.lookup_decode("h200", 128, "bf16", 4, 4096, 8) is None
-    match = VB.lookup_varlen_bwd("h200", 128, "bf16", 4, True, 4000)
+        assert LB.lookup_bwd("h200", 128, "bf16", causal, 4, 4096) is None
+        assert LV.lookup_varlen("h200", 128, "bf16", 4, causal, 4096) is None
+    assert LD.lookup_decode("h200", 128, "bf16", 4, 4096, 8) is None
+    match = LVB.lookup_varlen_bwd("h200", 128, "bf16", 4, True, 4000)
     assert match.config == best and match.key == key and match.bucket_distance == 0
     from rocmflash.cli.tune import export_json
 
@@ -127,10 +132,10 @@ def test_cli_tune_varlen_bwd_static_only_on_cpu(small_space, cache_dir, tmp_path
     assert entry["mode"] == "varlen" and entry["pass"] == "bwd" and entry["measured"] is False
     assert entry["counts"] == {"space": 6, "survivors": 4, "timed": 0}
     assert entry["problem"]["lengths"] == list(TV.spread_lengths(8, 3000))
-    cfg = TB.entry_config(entry)  # the AMD static key: 2 waves, then the largest owned block
+    cfg = LB.entry_config(entry)  # the AMD static key: 2 waves, then the largest owned block
     assert cfg.dq == TB.kernel_config(SMALL_SPACE[2]) and cfg.dkdv == TB.kernel_config(SMALL_SPACE[5])
-    VB.clear_cache()
-    assert VB.lookup_varlen_bwd("mi300x", 128, "bf16", 4, True, 4096) is None  # static entries are never served
+    LVB.clear_cache()
+    assert LVB.lookup_varlen_bwd("mi300x", 128, "bf16", 4, True, 4096) is None  # static entries are never served
     assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     assert exported["entries"] == {}  # the forward's; the packed backward's is in its own section, unmeasured
@@ -182,7 +187,8 @@ PROBLEM = TV.VarlenProblem(head_dim=32, dtype="fp16", heads_q=4, heads_kv=2, cau
 def test_tune_varlen_backward_live_phase_under_fake_rocm(fake_rocm, tmp_path, monkeypatch):
     """On a (fake) live MI250 every survivor of each kernel and the backward served before are gated on the
     packed batch and timed in the isolated worker (interpreter); the entry records it and is never served."""
-    from rocmflash.tuning.varlen_run import backward_baseline, tune_varlen_backward
+    from rocmflash.tuning.items_varlen import backward_baseline
+    from rocmflash.tuning.varlen_run import tune_varlen_backward
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     configs = [point("dq", 32, 16), point("dkdv", 16, 32)]
@@ -192,7 +198,7 @@ def test_tune_varlen_backward_live_phase_under_fake_rocm(fake_rocm, tmp_path, mo
     baseline = backward_baseline(result.gpu, PROBLEM)
     default = default_bwd_config("gfx90a", 32)
     assert baseline["source"] == "per-arch default (gfx90a)"
-    assert baseline["config"] == {"dq": TB.space_point("dq", default.dq), "dkdv": TB.space_point("dkdv", default.dkdv)}
+    assert baseline["config"] == {"dq": BH.space_point("dq", default.dq), "dkdv": BH.space_point("dkdv", default.dkdv)}
     timed = [r["config"] for r in result.results]
     assert sorted(map(json.dumps, timed)) == sorted(map(json.dumps, configs + list(baseline["config"].values())))
     assert [r["status"] for r in result.results] == ["ok"] * 4, result.results
@@ -204,9 +210,9 @@ def test_tune_varlen_backward_live_phase_under_fake_rocm(fake_rocm, tmp_path, mo
     assert entry["time_ms"]["total"] == pytest.approx(entry["time_ms"]["dq"] + entry["time_ms"]["dkdv"], abs=1e-4)
     assert entry["baseline"]["source"] == baseline["source"] and entry["baseline"]["time_ms"]["total"] > 0
     assert entry["speedup_vs_baseline"] > 0
-    TB.entry_config(entry)  # what is stored reads back as a BwdConfig
-    VB.clear_cache()
-    assert VB.lookup_varlen_bwd("mi250", 32, "fp16", 2, True, 40) is None  # interpreter times are never served
+    LB.entry_config(entry)  # what is stored reads back as a BwdConfig
+    LVB.clear_cache()
+    assert LVB.lookup_varlen_bwd("mi250", 32, "fp16", 2, True, 40) is None  # interpreter times are never served
 
 
 @pytest.fixture
@@ -274,7 +280,7 @@ def test_selection_order_varlen_entry_then_dense_entry_then_default(fake_rocm, t
     monkeypatch.setenv("ROCMFLASH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(selection.NO_DB_ENV, raising=False)
     tuned = BwdConfig(K(**TUNED["dkdv"]), K(**TUNED["dq"]))
-    dense_key = TB.bwd_key(32, "fp16", True, 2, 64)
+    dense_key = LB.bwd_key(32, "fp16", True, 2, 64)
     entries = {VB.varlen_bwd_key(32, "fp16", 2, True, 64): _bwd_entry(**TUNED),
                VB.varlen_bwd_key(32, "fp16", 2, True, 1024): _bwd_entry(**DENSE, measured=False),
                VB.varlen_bwd_key(32, "fp16", 2, True, 4096): _bwd_entry(**DENSE, timing="interpreter"),
@@ -323,7 +329,7 @@ def test_dense_entry_that_spills_as_the_varlen_kernel_is_replaced(fake_rocm, tmp
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.setenv("ROCMFLASH_CACHE_DIR", str(tmp_path / "cache"))
     dq, dkdv = dict(BLOCK_M=64, BLOCK_N=32, waves_per_eu=2), dict(BLOCK_M=64, BLOCK_N=32, waves_per_eu=1)
-    _write_db(tmp_path, "mi300x", "gfx942", {TB.bwd_key(128, "bf16", True, 4, 64): _bwd_entry(dq, dkdv, mode="bwd")})
+    _write_db(tmp_path, "mi300x", "gfx942", {LB.bwd_key(128, "bf16", True, 4, 64): _bwd_entry(dq, dkdv, mode="bwd")})
     cfg = selection.select_varlen_bwd_config(torch.device("cpu"), 128, torch.bfloat16, True, 4, 40)
     details = selection.varlen_bwd_selection_details(torch.device("cpu"), 128, torch.bfloat16, True, 4, 40)
     assert details["source"] == "dense-db" and list(details["replaced"]) == ["dkdv"], details
@@ -332,11 +338,11 @@ def test_dense_entry_that_spills_as_the_varlen_kernel_is_replaced(fake_rocm, tmp
     assert "does not build as the varlen kernel" in details["text"]
     # the tune's baseline is what this selection serves, replaced kernel included
     from rocmflash.hw.gpus import get_gpu
-    from rocmflash.tuning.varlen_run import backward_baseline
+    from rocmflash.tuning.items_varlen import backward_baseline
 
     base = backward_baseline(get_gpu("mi300x"), TV.VarlenProblem(head_dim=128, dtype="bf16", heads_q=32, heads_kv=8,
                                                                  lengths=(10, 40)))
-    assert base["config"] == {"dq": TB.space_point("dq", cfg.dq), "dkdv": TB.space_point("dkdv", cfg.dkdv)}
+    assert base["config"] == {"dq": BH.space_point("dq", cfg.dq), "dkdv": BH.space_point("dkdv", cfg.dkdv)}
     assert base["source"].startswith("dense entry bwd-d128-bf16-causal-gqa4-s64 (dkdv: per-arch default, spills")
     selection.clear_cache()
 
@@ -347,7 +353,7 @@ def test_build_check_on_sm_90(tmp_path):
     cfg = BwdConfig(K(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2), K(BLOCK_M=64, BLOCK_N=64, num_warps=4,
                                                                               num_stages=3))
     default = default_bwd_config("sm_90", 128)
-    served, replaced = VB.usable_config("h100", cfg, default, VB.build_problem(128, "bf16", 4, True), str(tmp_path))
+    served, replaced = BC.usable_config("h100", cfg, default, BC.build_problem(128, "bf16", 4, True), str(tmp_path))
     assert list(replaced) == ["dkdv"] and "local memory per thread" in replaced["dkdv"], replaced
     assert served == BwdConfig(default.dkdv, cfg.dq)
 

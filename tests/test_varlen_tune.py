@@ -15,6 +15,7 @@ import torch
 from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.config import KernelConfig as K
+from rocmflash.db.lookups import varlen as LV
 from rocmflash.tuning import varlen as TV
 
 #: six gfx942 configs at D=128 bf16: 128x64 wpe2, 128x32 m32 and 64x32 compile clean; 128x128 pv, 256x128 w8
@@ -40,18 +41,18 @@ def test_spread_is_deterministic_and_documented():
 
 
 def test_keys_round_trip_and_other_lookups_skip_them(tmp_path, monkeypatch):
-    from rocmflash.tuning import backward as TB
-    from rocmflash.tuning import decode as TD
+    from rocmflash.db.lookups import backward as LB
+    from rocmflash.db.lookups import decode as LD
 
     causal = TV.varlen_key(128, torch.bfloat16, 4, True, 3000)
     full = TV.varlen_key(64, "fp16", 1, False, 4096)
     assert (causal, full) == ("varlen-d128-bf16-gqa4-causal-s4096", "varlen-d64-fp16-gqa1-s4096")
-    assert TV.parse_varlen_key(causal) == {"head_dim": 128, "dtype": "bf16", "group": 4, "causal": True,
+    assert LV.parse_varlen_key(causal) == {"head_dim": 128, "dtype": "bf16", "group": 4, "causal": True,
                                            "bucket": 4096}
-    assert TV.parse_varlen_key(full)["causal"] is False
+    assert LV.parse_varlen_key(full)["causal"] is False
     for other in ("d128-bf16-causal-gqa4-s4096", "bwd-d128-bf16-causal-gqa4-s4096", "decode-d128-bf16-gqa4-kv4096-b8",
                   "varlen-d128-bf16-gqa4-full-s4096"):
-        assert TV.parse_varlen_key(other) is None, other
+        assert LV.parse_varlen_key(other) is None, other
     # a database holding only varlen entries gives the dense, backward and decode lookups nothing (GQA 2: the
     # shipped h100.json, also read, has no entry of that ratio)
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
@@ -65,10 +66,10 @@ def test_keys_round_trip_and_other_lookups_skip_them(tmp_path, monkeypatch):
     selection.clear_cache()
     assert D.lookup("h100", 128, "bf16", True, 2, 4096) is None
     assert D.lookup("h100", 128, "bf16", False, 2, 4096) is None
-    assert TB.lookup_bwd("h100", 128, "bf16", True, 2, 4096) is None
-    assert TD.lookup_decode("h100", 128, "bf16", 2, 4096, 8) is None
-    assert TV.lookup_varlen("h100", 128, "bf16", 2, True, 4096).config == K.from_dict(best)
-    assert TV.lookup_varlen("h100", 128, "bf16", 2, True, 512).bucket_distance == 3  # nearest bucket serves
+    assert LB.lookup_bwd("h100", 128, "bf16", True, 2, 4096) is None
+    assert LD.lookup_decode("h100", 128, "bf16", 2, 4096, 8) is None
+    assert LV.lookup_varlen("h100", 128, "bf16", 2, True, 4096).config == K.from_dict(best)
+    assert LV.lookup_varlen("h100", 128, "bf16", 2, True, 512).bucket_distance == 3  # nearest bucket serves
     selection.clear_cache()
 
 
@@ -143,8 +144,8 @@ def test_cli_tune_varlen_static_only_on_cpu(small_space, cache_dir, tmp_path, ca
     # the static #1: the dense forward's AMD static key prefers the 128-row, 64-wide tile at 2 waves
     assert K.from_dict(entry["best"]) == SMALL_SPACE[0]
     assert "no live GPU" in entry["why_unmeasured"]
-    TV.clear_cache()
-    assert TV.lookup_varlen("mi300x", 128, "bf16", 4, True, 4096) is None  # static entries are never served
+    LV.clear_cache()
+    assert LV.lookup_varlen("mi300x", 128, "bf16", 4, True, 4096) is None  # static entries are never served
     assert main(["export", "--gpu", "mi300x", "--format", "json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     assert exported["entries"] == {}  # the forward's; the packed forward's is in its own section, unmeasured
@@ -186,7 +187,8 @@ def test_cli_tune_varlen_bad_input_is_one_line(args, words, capsys):
 def test_tune_varlen_live_phase_under_fake_rocm(fake_rocm, tmp_path, monkeypatch):
     """On a (fake) live MI250 every survivor and the config served before are gated on a packed batch and
     timed in the isolated worker (interpreter); the entry records it and is never served (interpreter time)."""
-    from rocmflash.tuning.varlen_run import dense_choice, tune_varlen
+    from rocmflash.tuning.items_varlen import dense_choice
+    from rocmflash.tuning.varlen_run import tune_varlen
 
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     configs = [K(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2).to_dict(),
@@ -206,8 +208,8 @@ def test_tune_varlen_live_phase_under_fake_rocm(fake_rocm, tmp_path, monkeypatch
     assert entry["best"] in timed and entry["counts"]["ok"] == len(timed)
     assert entry["baseline"]["config"] == baseline["config"] and entry["baseline"]["status"] == "ok"
     assert entry["speedup_vs_baseline"] > 0
-    TV.clear_cache()
-    assert TV.lookup_varlen("mi250", 32, "fp16", 2, True, 40) is None  # interpreter times are never served
+    LV.clear_cache()
+    assert LV.lookup_varlen("mi250", 32, "fp16", 2, True, 40) is None  # interpreter times are never served
 
 
 def test_gate_catches_a_wrong_kernel(interpret, monkeypatch):

@@ -28,6 +28,14 @@ stated build check of the run time; nothing of them is imported with this module
 ``ROCMFLASH_NO_BUILD_CHECK=1`` turns the check off (read when a problem is first selected): the database's
 configs serve as stored. ``rocmflash explain`` shows the same decision (:func:`decide`, with cross-compiled
 profiles); ``rocmflash check-db --fix`` rewrites an entry for good.
+
+The packed (varlen) backward has a build check of its own (:func:`usable_config`, on any device: it needs no GPU):
+a config it serves that was not measured as that build (a dense ``bwd-`` entry; a varlen entry under a soft cap or a
+left window) is cross-compiled once for the device's arch as the varlen kernels
+(:func:`rocmflash.static.compile.observe_family_config`, in this process, cached on disk) and judged by the
+pruner's :data:`BUILD_RULES`; each kernel that fails them gets the per-arch default's config.
+:mod:`rocmflash.static` is imported only when such a check runs; ``ROCMFLASH_NO_BUILD_CHECK`` does not turn it off
+(only configs known to build are served).
 """
 
 from __future__ import annotations
@@ -361,6 +369,63 @@ def decide(check: Check, profile_of: Callable[[KernelConfig], dict]) -> Check:
     return check
 
 
+# ---------------------------------------------------------------------- the varlen backward's build rule
+#: the pruner's rules a config must pass as a varlen build to be served: it compiles, spills nothing that costs
+#: every loop iteration, fits the LDS/shared memory (the occupancy rules judge speed, which a measurement did)
+BUILD_RULES = ("compile_failed", "spills", "lds_over_budget")
+
+
+def build_problem(head_dim: int, dtype, group: int, causal: bool, softcap: bool = False,
+                  window: bool = False) -> dict:
+    """The compile problem of a varlen backward call (:func:`rocmflash.tuning.varlen_bwd.compile_task`'s
+    ``problem``): ``heads_kv`` 8 as the register studies of :mod:`rocmflash.kernels.varlen.host` build them (it only
+    sets strides); without a cap or a window, the :meth:`~rocmflash.tuning.varlen.VarlenProblem.compile_dict` of
+    such a problem (a tune's cached builds serve)."""
+    from rocmflash.config import normalize_dtype
+
+    problem = {"head_dim": int(head_dim), "dtype": normalize_dtype(dtype), "group": int(group), "heads_kv": 8,
+               "causal": bool(causal)}
+    return dict(problem, **{name: True for name, on in (("softcap", softcap), ("window", window)) if on})
+
+
+def build_rejection(gpu, kernel: str, cfg, problem: dict, cache_dir=None) -> Optional[str]:
+    """Why ``cfg`` (a :class:`KernelConfig`) must not run as the varlen ``kernel`` (``"dq"``/``"dkdv"``) on
+    ``gpu``'s arch for ``problem`` (:func:`build_problem`), or None: cross-compiled in this process (or read
+    from the static phase's cache, :func:`rocmflash.static.compile.observe_family_config`) and judged by
+    :data:`BUILD_RULES` (:mod:`rocmflash.static.prune`)."""
+    from rocmflash.kernels.backward.host import space_point
+    from rocmflash.static import prune
+    from rocmflash.static.compile import observe_family_config
+
+    obs = observe_family_config("varlen_bwd", space_point(kernel, cfg), problem, gpu, cache_dir)
+    return prune.first_rejection(obs, BUILD_RULES)
+
+
+def usable_config(gpu_name: str, cfg, fallback, problem: dict, cache_dir=None) -> tuple:
+    """``(config, replaced)``: ``cfg`` (a ``BwdConfig``) with each kernel whose varlen build
+    :func:`build_rejection` rejects on ``gpu_name``'s arch replaced by ``fallback``'s (the per-arch default);
+    ``replaced`` maps such kernels to the reason. Kernels equal to the fallback's are not compiled. A check
+    that cannot run (no compiler for the arch here, an unreadable code object) replaces the kernel too:
+    only configs known to build are served."""
+    from rocmflash.hw.gpus import get_gpu
+
+    gpu = get_gpu(gpu_name)
+    replaced = {}
+    for kernel in ("dq", "dkdv"):
+        mine, safe = getattr(cfg, kernel), getattr(fallback, kernel)
+        if mine == safe:
+            continue
+        try:
+            why = build_rejection(gpu, kernel, mine, problem, cache_dir)
+        except Exception as err:  # the check itself failed: do not serve what was not checked
+            lines = str(err).strip().splitlines()
+            why = f"build check failed: {type(err).__name__}: {lines[0][:200] if lines else ''}"
+        if why is not None:
+            replaced[kernel] = why
+            cfg = dataclasses.replace(cfg, **{kernel: safe})
+    return cfg, replaced
+
+
 __all__ = ["NO_BUILD_CHECK_ENV", "disabled", "armed", "holds", "Candidate", "candidates", "Check", "check_for",
            "clear", "kernel_profile", "is_build_failure", "failed_profile", "observe_launch", "decide",
-           "config_label", "compiler_text"]
+           "config_label", "compiler_text", "BUILD_RULES", "build_problem", "build_rejection", "usable_config"]

@@ -256,7 +256,8 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
     input is of a kind it does not cover (that call takes the checked path, uncached).
 
     Per tensor: dtype, shape, strides, device and, on ROCm, whether its storage fits 2 GiB
-    (Triton's buffer-load specialisation). Alignment is not in it: ``kv_decode.launch`` checks it
+    (Triton's buffer-load specialisation); and which tensors are one object (the kept launch keys' promise,
+    :func:`rocmflash.kernels.launch.kept_key`). Alignment is not in it: ``kv_decode.launch`` checks it
     per call. Other inputs (options, an int ``cache_seqlens``, None) as ``(type, value)``, so
     ``True`` never stands for ``1`` nor ``1`` for ``1.0``: a key equal to a known good one is
     one that passed :func:`_validate` and ``check_options``. Exact ``torch.Tensor`` only; a
@@ -277,14 +278,18 @@ def _signature(backend: str, tensors: tuple, options: tuple, window_size) -> Opt
             return None
         parts.append((kind, x))
     hip = backend == "hip"
+    ids = []
     for t in tensors:
         kind = type(t)
         if kind is torch.Tensor:
             parts.append((t.dtype, t.shape, t.stride(), t.device, hip and L.fits_buffer_addressing(t)))
+            ids.append(id(t))
         elif kind in _SCALARS:
             parts.append((kind, t))
         else:
             return None
+    if len({*ids}) != len(ids):  # one tensor in two places (k_cache is v_cache): its own launch plans; first,
+        parts.insert(1, ("aliased", tuple(map(ids.index, ids))))  # as _length_free counts from the end
     return tuple(parts)
 
 

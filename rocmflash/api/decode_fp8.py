@@ -73,7 +73,7 @@ def raise_bad_descale(bad_k, bad_v, k_descale, v_descale) -> None:
 
 
 def kv_format(kv_fp8):
-    """The cache format a decode entry is looked up under (:func:`rocmflash.tuning.decode.lookup_decode`): ""
+    """The cache format a decode entry is looked up under (:func:`rocmflash.db.lookups.decode.lookup_decode`): ""
     for a 16-bit cache (``kv_fp8`` False), the database name of an fp8 cache's torch dtype (``fp8e4m3fnuz``,
     ``fp8e4m3fn``, ...: the key of an entry tuned with ``--kv-dtype fp8`` on that GPU), None when the
     format is not known (``kv_fp8`` True: no entry is looked up)."""

@@ -56,8 +56,8 @@ def signature(q, k, v, causal, softmax_scale, return_lse, descales: tuple, out_d
 
     Per tensor (q, k, v and the descales): dtype, shape, strides, device (a GPU's index; other devices whole:
     ``get_device()`` is -1 for the CPU and ``meta`` alike), and on ROCm the 2 GiB storage bit Triton specialises
-    on; whether q's device can run here (the CPU only under the interpreter, read per call). Alignment is not in
-    it: the kept launch keys check it per call."""
+    on; whether q's device can run here (the CPU only under the interpreter, read per call); which tensors are
+    one object (the kept launch keys' promise). Alignment is not in it: the kept launch keys check it per call."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor \
             or not (causal is True or causal is False) or not (return_lse is True or return_lse is False) \
             or not (softmax_scale is None or type(softmax_scale) is float and math.isfinite(softmax_scale)) \
@@ -66,11 +66,15 @@ def signature(q, k, v, causal, softmax_scale, return_lse, descales: tuple, out_d
     hip = torch_backend() == "hip"
     parts = [layout, causal, softmax_scale, return_lse, out_dtype,
              True if q.is_cuda else (q.device, L.interpreting())]
-    for t in (q, k, v) + descales:
+    tensors = (q, k, v) + descales
+    for t in tensors:
         if type(t) is not torch.Tensor:
             return None
         parts.append((t.dtype, t.shape, t.stride(), t.get_device() if t.is_cuda else t.device,
                       hip and L.fits_buffer_addressing(t)))
+    pattern = L.alias_pattern(tensors)  # one tensor in two places (k_descale is v_descale): its own launch plans
+    if pattern:
+        parts.append(pattern)
     return tuple(parts)
 
 

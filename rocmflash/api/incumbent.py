@@ -422,7 +422,7 @@ def decode_timing(gpu_name: Optional[str], head_dim: int, dtype, group: int, seq
                   db_path: Optional[str] = None) -> tuple:
     """``(entry key or None, its incumbent field or None, why that timing does not decide or None)`` for a dense
     decode-shaped call: the measured 16-bit, unpaged ``decode-`` entry nearest in KV-length and batch buckets
-    (ranked as :func:`rocmflash.tuning.decode.lookup_decode` ranks them, so it is the entry whose config the
+    (ranked as :func:`rocmflash.db.lookups.decode.lookup_decode` ranks them, so it is the entry whose config the
     decode kernel serves), read from ``db_path`` or the GPU's databases (the user's, then the shipped one)."""
     from rocmflash.db.lookups.decode import nearest_decode_entry
 

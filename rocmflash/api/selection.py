@@ -364,7 +364,7 @@ def _varlen_key(device, head_dim, dtype, causal, gqa_ratio, max_seqlen_k) -> tup
 def select_varlen_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int,
                          max_seqlen_k: int) -> KernelConfig:
     """The packed (varlen) forward's config on ``device``: the nearest measured ``varlen-`` entry of the
-    live GPU's databases (``rocmflash tune --mode varlen``, :func:`rocmflash.tuning.varlen.lookup_varlen`:
+    live GPU's databases (``rocmflash tune --mode varlen``, :func:`rocmflash.db.lookups.varlen.lookup_varlen`:
     same head dim, dtype, causal flag and GQA ratio, nearest bucket of the longest key sequence), else
     what the dense problem of that length selects (:func:`select_config`, online variant).
 
@@ -431,7 +431,7 @@ def select_bwd_config(device, head_dim: int, dtype=None, causal: bool = False, g
 
     With ``dtype`` and ``seqlen_k`` given, the nearest measured ``bwd-`` entry of the live
     GPU's databases (same head dim, dtype, causal flag and GQA ratio; written by
-    ``rocmflash tune --pass bwd``, :func:`rocmflash.tuning.backward.lookup_bwd`), else the
+    ``rocmflash tune --pass bwd``, :func:`rocmflash.db.lookups.backward.lookup_bwd`), else the
     per-arch default. Cached per problem; the choice is logged once, like the forward's.
     """
     if _OVERRIDES and "backward" in _OVERRIDES:
@@ -489,7 +489,7 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
     """The packed (varlen) backward's :class:`~rocmflash.kernels.backward.host.BwdConfig` on ``device``, in order:
 
     1. the nearest measured ``varlen-bwd-`` entry (``rocmflash tune --mode varlen --pass bwd``,
-       :func:`rocmflash.tuning.varlen_bwd.lookup_varlen_bwd`: same head dim, dtype, causal flag and GQA
+       :func:`rocmflash.db.lookups.varlen_bwd.lookup_varlen_bwd`: same head dim, dtype, causal flag and GQA
        ratio, nearest bucket of the longest key sequence);
     2. else the dense backward's choice (:func:`select_bwd_config` with the longest key sequence: the
        nearest measured ``bwd-`` entry);
@@ -499,7 +499,7 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
     when ``softcap`` or a left ``window`` adds registers (the tune measured neither) -- is cross-compiled
     for the device's arch as the varlen kernels (in this process, cached on disk) and each kernel that
     fails to compile, spills in a loop or overflows LDS is replaced by the per-arch default's
-    (:func:`rocmflash.tuning.varlen_bwd.usable_config`). Cached per problem, bucket and flags; logged once.
+    (:func:`rocmflash.api.build_check.usable_config`). Cached per problem, bucket and flags; logged once.
     """
     if _OVERRIDES and "varlen_bwd" in _OVERRIDES:
         return _OVERRIDES["varlen_bwd"]
@@ -534,10 +534,9 @@ def select_varlen_bwd_config(device, head_dim: int, dtype, causal: bool, gqa_rat
         measured_build = source == "default"  # the per-arch default is register-checked as the varlen kernels
     replaced = {}
     if not measured_build:
-        from rocmflash.tuning.varlen_bwd import build_problem, usable_config
-
-        cfg, replaced = usable_config(gpu_name, cfg, default_bwd_config(arch, int(head_dim)),
-                                      build_problem(head_dim, dtype, gqa_ratio, causal, softcap, window))
+        cfg, replaced = build_check.usable_config(gpu_name, cfg, default_bwd_config(arch, int(head_dim)),
+                                                  build_check.build_problem(head_dim, dtype, gqa_ratio, causal,
+                                                                            softcap, window))
         for kernel, why in replaced.items():
             text += f"; its {kernel} config does not build as the varlen kernel ({why}): per-arch default instead"
     _LAST_SOURCE[key] = {"source": source, "entry": entry, "bucket_distance": match and match.bucket_distance,

@@ -167,8 +167,8 @@ def lookup(device, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k:
 
 def decide(gpu_name: str, head_dim: int, dtype, causal: bool, group: int, max_seqlen_k: int,
            train: bool = False) -> dict:
-    """What the nearest measured varlen entry of ``gpu_name`` (:func:`rocmflash.tuning.varlen.nearest_entry`, the one
-    whose tile the Triton kernel runs) says of the incumbent, for forward-only calls or (``train``) calls that need
+    """What the nearest measured varlen entry of ``gpu_name`` (:func:`rocmflash.db.lookups.varlen.nearest_entry`, the
+    one whose tile the Triton kernel runs) says of the incumbent, for forward-only calls or (``train``) calls that need
     gradients, by the training steps' times: ``{"entry", "bucket_distance", "incumbent_ms", "triton_ms", "serves"
     (:data:`NAME` or None), "why" (None when it serves)}``. It serves when the entry is at most
     ``INCUMBENT_MAX_BUCKET_DISTANCE`` length buckets away and its ``incumbent`` beat rocmflash

@@ -155,7 +155,8 @@ def grid_problems(grid: dict = DECODE_GRID) -> list:
 def decode_work(entries: dict, grid: dict = DECODE_GRID) -> list:
     """``[(key, problem, existing entry or None), ...]``: every dense 16-bit unpaged decode entry with a config
     (by key order), then each grid problem whose key the database lacks."""
-    from rocmflash.tuning.decode import DecodeProblem, parse_decode_key
+    from rocmflash.db.lookups.decode import parse_decode_key
+    from rocmflash.tuning.decode import DecodeProblem
 
     work, keys = [], set()
     for key in sorted(entries):

@@ -74,7 +74,7 @@ def _bwd_fields(key: str) -> Optional[dict]:
 
 
 def _varlen_fields(key: str, prefix: str = "varlen") -> Optional[dict]:
-    from rocmflash.tuning.varlen import parse_varlen_key
+    from rocmflash.db.lookups.varlen import parse_varlen_key
 
     p = parse_varlen_key(key, prefix)
     if p is None:

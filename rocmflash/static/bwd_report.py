@@ -9,9 +9,10 @@ that training runs with until a tune on the live GPU writes measured entries.
 
 from __future__ import annotations
 
+from rocmflash.kernels.backward.host import space_point
 from rocmflash.static import report_dirs as R
 from rocmflash.static.family_report import REGISTER_COLUMNS, publish, register_values
-from rocmflash.tuning.backward import KERNELS, BwdStatic, owned_and_looped, space_point, static_phase
+from rocmflash.tuning.backward import KERNELS, BwdStatic, owned_and_looped, static_phase
 
 COLUMNS = ("kernel", "config", *REGISTER_COLUMNS, "verdict", "rank", "default", "reason")
 #: the query heads of the report's problem without ``--heads`` (key/value heads: as many)

@@ -48,7 +48,7 @@ from rocmflash.static.db_record import (Build, CannotCheck, default_builds, entr
                                         recorded_profile, set_path, write_record)
 from rocmflash.static.profile import compare_profiles, profile_from_ranked_row, profile_label, static_profile
 
-#: the pruner's rules an unrecorded build must pass to hold (as :data:`rocmflash.tuning.varlen_bwd.BUILD_RULES`:
+#: the pruner's rules an unrecorded build must pass to hold (as :data:`rocmflash.api.build_check.BUILD_RULES`:
 #: it compiles, spills nothing that costs every iteration, fits the LDS; occupancy is what a measurement judged)
 UNRECORDED_RULES = ("compile_failed", "spills", "lds_over_budget")
 WINNER_CHANGED_BY = "check-db"
@@ -114,12 +114,7 @@ def _build_rule(observation: dict) -> Optional[str]:
     """``"<reason>: <detail>"`` of the first of :data:`UNRECORDED_RULES` that rejects the build now, or None."""
     from rocmflash.static import prune
 
-    rules = dict(prune.RULES)
-    for reason in UNRECORDED_RULES:
-        detail = rules[reason](observation, prune.PruneSettings())
-        if detail is not None:
-            return f"{reason}: {detail}"
-    return None
+    return prune.first_rejection(observation, UNRECORDED_RULES)
 
 
 def _then(entry: dict, build: Build) -> tuple:

@@ -335,7 +335,7 @@ def observe_family_config(family_name: str, config: dict, problem: dict, gpu: GP
                           cache_dir: Optional[str] = None) -> dict:
     """One observation of a family config, from the cache or compiled in this process (no worker pool).
 
-    For run-time checks of a single config (:func:`rocmflash.tuning.varlen_bwd.usable_config`): the
+    For run-time checks of a single config (:func:`rocmflash.api.build_check.usable_config`): the
     same fingerprint and cache as :func:`sweep_family`, so a check after a tune's static phase (or
     an earlier process's check) compiles nothing.
     """

@@ -193,7 +193,7 @@ def _bwd_builds(fam: str, entry: dict, problem: dict, roles) -> list:
 
 def _kernel_build(fam: str, role: str, kernel: str, index: int, cfg: dict, problem: dict, path, row=None) -> Build:
     from rocmflash.config import KernelConfig
-    from rocmflash.tuning.backward import space_point
+    from rocmflash.kernels.backward.host import space_point
 
     config = KernelConfig.from_dict(cfg).to_dict()
     return Build(role, kernel, index, config, _COMPILE_FAMILY[fam], space_point(kernel, KernelConfig.from_dict(cfg)),

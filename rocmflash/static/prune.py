@@ -281,6 +281,17 @@ RULES: tuple[tuple[str, Callable[[dict, PruneSettings], Optional[str]]], ...] = 
 )
 
 
+def first_rejection(obs: dict, reasons, settings: PruneSettings = PruneSettings()) -> Optional[str]:
+    """``"<reason>: <detail>"`` of the first rule named in ``reasons`` (in that order) that rejects ``obs``, or
+    None: a build check that asks only some of :data:`RULES` (the run time's and ``check-db``'s)."""
+    rules = dict(RULES)
+    for reason in reasons:
+        detail = rules[reason](obs, settings)
+        if detail is not None:
+            return f"{reason}: {detail}"
+    return None
+
+
 def judge(obs: dict, settings: PruneSettings = PruneSettings()) -> Verdict:
     """The verdict of the per-observation rules alone (no duplicate check)."""
     for reason, rule in RULES:

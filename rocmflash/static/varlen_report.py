@@ -62,9 +62,9 @@ def main(args, command: str) -> int:
 
 
 def _backward(args, command: str, gpu, problem: VarlenProblem, geometry: str) -> int:
-    from rocmflash.kernels.backward.host import default_bwd_config
+    from rocmflash.kernels.backward.host import default_bwd_config, space_point
     from rocmflash.static import bwd_report
-    from rocmflash.tuning.backward import KERNELS, space_point
+    from rocmflash.tuning.backward import KERNELS
     from rocmflash.tuning.varlen_bwd import static_phase as bwd_static_phase
 
     static = bwd_static_phase(gpu, problem, args.cache_dir, args.workers)

@@ -68,7 +68,8 @@ the live GPU runner is :class:`rocmflash.tuning.live.LiveRunner`), :mod:`~rocmfl
 _NAMES = {
     "rocmflash.tuning.entries": ("measured_entry", "shape_key", "static_entry"),
     "rocmflash.tuning.output": ("print_summary",),
-    "rocmflash.tuning.run": ("ProblemOutcome", "TuneInterrupted", "TuneResult", "resolve_gpu", "tune"),
+    "rocmflash.tuning.items_fwd": ("ProblemOutcome",),
+    "rocmflash.tuning.run": ("TuneInterrupted", "TuneResult", "resolve_gpu", "tune"),
     "rocmflash.tuning.runners": ("ReplayRunner",),
     "rocmflash.tuning.spec": ("DEFAULT_TOP_K_FRACTION", "HEADS_TIMES_D", "INJECT_ENV", "NEAR_BEST_PCT",
                               "STATIC_SCORE_DOC", "STRATEGIES", "TOKENS_PER_BATCH", "NoLiveGPUError", "TuneSpec",

@@ -15,7 +15,7 @@ says what tuning gained.
 
 Entries live in the GPU's config database under ``bwd-<forward key>`` (e.g.
 ``bwd-d128-bf16-causal-gqa1-s4096``) with ``"mode": "bwd"``; forward lookups skip them.
-At run time :func:`lookup_bwd` serves the measured entry of the same head dim, dtype,
+At run time :func:`rocmflash.db.lookups.backward.lookup_bwd` serves the measured entry of the same head dim, dtype,
 causal flag and GQA ratio with the nearest sequence-length bucket; its ``head_splits`` is
 kept only in its own bucket (elsewhere it is chosen per call). Without a live GPU of the
 named kind, the static #1 of each kernel is written with ``"measured": false``, never served.
@@ -24,15 +24,14 @@ named kind, the static #1 of each kernel is written with ``"measured": false``, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
-from typing import NamedTuple, Optional
+from typing import Optional
 
-from rocmflash.config import KernelConfig, Problem, normalize_dtype
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
-from rocmflash.db.lookups.backward import (PREFIX, bwd_key, parse_bwd_key, BwdMatch, entry_config, lookup_bwd,
-                                          clear_cache)  # noqa: F401
+from rocmflash.config import KernelConfig, Problem
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups.backward); bwd_key stays
+# importable from here for benchmarks/bwd_tune.py
+from rocmflash.db.lookups.backward import bwd_key  # noqa: F401
 
 #: the two kernels, in launch order
 KERNELS = ("dq", "dkdv")
@@ -54,12 +53,6 @@ def owned_and_looped(config: dict) -> tuple:
 def kernel_config(config: dict) -> KernelConfig:
     """The :class:`KernelConfig` of one space point (the ``kernel`` key dropped)."""
     return KernelConfig.from_dict({k: v for k, v in config.items() if k != "kernel"})
-
-
-def space_point(kernel: str, cfg: KernelConfig) -> dict:
-    """A :class:`KernelConfig` as a point of the backward space (the fields the backward uses)."""
-    return dict(kernel=kernel, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages, waves_per_eu=cfg.waves_per_eu)
 
 
 def bwd_space(arch: str, head_dim: int) -> list:
@@ -394,6 +387,5 @@ def prewarm_bwd(task: dict) -> Optional[str]:
         return error_line(err, 200)
 
 
-__all__ = ["PREFIX", "KERNELS", "bwd_key", "parse_bwd_key", "bwd_space", "kernel_config", "space_point",
-           "static_phase", "rank_each_kernel", "BwdStatic", "lookup_bwd", "BwdMatch", "entry_config",
-           "reference_grads", "measure_bwd", "prewarm_bwd", "split_choices", "clear_cache", "INPUTS"]
+__all__ = ["KERNELS", "bwd_space", "kernel_config", "static_phase", "rank_each_kernel", "BwdStatic",
+           "reference_grads", "measure_bwd", "prewarm_bwd", "split_choices", "INPUTS"]

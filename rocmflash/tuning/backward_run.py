@@ -12,10 +12,10 @@ import dataclasses
 import time
 from typing import Callable, Optional
 
+from rocmflash.db.lookups.backward import clear_cache
 from rocmflash.static.families import timed_line
-from rocmflash.tuning.backward import KERNELS, clear_cache
-from rocmflash.tuning.items_bwd import (NEAR_BEST_PCT, BwdOutcome, _auto_splits, measured_entry,  # noqa: F401
-                                        static_entry, to_time)
+from rocmflash.tuning.backward import KERNELS
+
 
 @dataclasses.dataclass
 class BwdTuneResult:
@@ -100,5 +100,4 @@ def print_backward_summary(result: BwdTuneResult, console) -> None:
     console.print(f"database: {result.db_path}")
 
 
-__all__ = ["tune_backward", "print_backward_summary", "BwdTuneResult", "BwdOutcome", "measured_entry",
-           "static_entry", "to_time"]
+__all__ = ["tune_backward", "print_backward_summary", "BwdTuneResult"]

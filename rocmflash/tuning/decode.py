@@ -12,8 +12,8 @@ Database entries live in the GPU's config database under keys
 next power of two; the last part for an fp8 cache, ``--kv-dtype fp8``: ``-kvfp8e4m3fnuz`` on gfx942,
 ``-kvfp8e4m3fn`` on gfx950 and sm_89+, so entries of a 16-bit and an fp8 cache of one problem
 coexist) with ``"mode": "decode"``; forward lookups skip them. At run time
-:func:`lookup_decode` serves the measured entry of the same head dim, dtype, GQA ratio and cache
-format (and page size) with the nearest KV-length bucket, then the nearest batch bucket.
+:func:`rocmflash.db.lookups.decode.lookup_decode` serves the measured entry of the same head dim, dtype, GQA ratio
+and cache format (and page size) with the nearest KV-length bucket, then the nearest batch bucket.
 
 An fp8 cache (:attr:`DecodeProblem.kv_dtype`) is timed as ``flash_attn_with_kvcache`` reads one: the
 cache holds fp8 values of random K/V quantised with fp32 ``(B, Hkv)`` descales, the gate's reference is
@@ -32,11 +32,10 @@ from typing import Optional
 
 from rocmflash.config import normalize_dtype
 from rocmflash.db import FP8_KEY_DTYPES
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups.decode)
+from rocmflash.db.lookups.decode import decode_key
 from rocmflash.static.families import FamilyStatic, family_rows
 from rocmflash.tuning.decode_kv import kv_format, kv_name
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
-from rocmflash.db.lookups.decode import (PREFIX, _bucket, clear_cache, decode_key,  # noqa: F401
-                                        lookup_decode, nearest_decode_entry, parse_decode_key)
 
 
 # ----------------------------------------------------------------------------- problem
@@ -193,8 +192,7 @@ def static_phase(gpu, problem: DecodeProblem, cache_dir=None, workers=None, sett
     return FamilyStatic(problem, rows, stats)
 
 
-__all__ = ["DecodeProblem", "decode_key", "parse_decode_key", "decode_space", "static_phase", "lookup_decode",
-           "nearest_decode_entry"]
+__all__ = ["DecodeProblem", "decode_key", "decode_space", "static_phase"]
 
 
 # ----------------------------------------------------------------------------- live phase (worker side)

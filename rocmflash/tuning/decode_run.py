@@ -12,7 +12,6 @@ from typing import Callable, Optional
 
 from rocmflash.static.families import FamilyTuneResult, timed_line
 from rocmflash.tuning.decode import DecodeProblem
-from rocmflash.tuning.items_decode import measured_entry, static_entry  # noqa: F401  (public here, as before)
 
 
 def tune_decode(gpu_name: str, problem: DecodeProblem, db_path: Optional[str] = None, cache_dir=None, workers=None,

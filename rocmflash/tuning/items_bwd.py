@@ -2,10 +2,10 @@
 
 :class:`BackwardItem` does per problem what :func:`rocmflash.tuning.backward_run.tune_backward`
 did: the static phase (shared by the problems of one static problem), the configs of
-:func:`~rocmflash.tuning.backward_run.to_time`, pre-warmed on the timing workers' cache, timed
+:func:`to_time`, pre-warmed on the timing workers' cache, timed
 as one batch of worker tasks with every dQ job before the dK/dV jobs (each dQ launch also
 writes ``delta``, which the dK/dV configs read), each result journaled as it arrives, and the
-entry of :func:`~rocmflash.tuning.backward_run.measured_entry` (the default dK/dV at the
+entry of :func:`measured_entry` (the default dK/dV at the
 head splits run-time selection would give it). A race's static phase streams (:meth:`BackwardItem.static_stream`):
 each kernel's certain survivors are timed as their compiles arrive, every dQ config before any dK/dV config.
 """
@@ -36,8 +36,9 @@ class BackwardItem(StreamedTiming):
     family = "bwd"
 
     def __init__(self, ctx, spec, shape, on_result=None):
-        from rocmflash.kernels.backward.host import default_bwd_config
-        from rocmflash.tuning.backward import bwd_key, measure_bwd, space_point
+        from rocmflash.db.lookups.backward import bwd_key
+        from rocmflash.kernels.backward.host import default_bwd_config, space_point
+        from rocmflash.tuning.backward import measure_bwd
 
         self.ctx, self.spec, self.shape = ctx, spec, shape
         self.key = bwd_key(shape.head_dim, shape.dtype, shape.causal, shape.heads_q // shape.heads_kv, shape.seqlen_k)
@@ -169,7 +170,7 @@ class BackwardItem(StreamedTiming):
         self.seconds = time.perf_counter() - (self._start or time.perf_counter())
 
     def outcome(self):
-        """Today's :class:`~rocmflash.tuning.backward_run.BwdOutcome` of this problem."""
+        """Today's :class:`BwdOutcome` of this problem."""
         return BwdOutcome(self.key, self.shape, self.static_result, self.entry, self.timing.results(), self.seconds)
 
 

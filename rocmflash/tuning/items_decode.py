@@ -3,7 +3,7 @@
 :class:`DecodeItem` does what the decode tune did for its problem: the static phase, every
 survivor pre-warmed at the split counts it is timed at, then timed as one batch of worker tasks
 (gated, then timed at each split count), each result journaled as it arrives, and the entry of
-:func:`~rocmflash.tuning.decode_run.measured_entry`. Once the winner is known, one more job on the same
+:func:`measured_entry`. Once the winner is known, one more job on the same
 timing worker times the platform's SDPA beside it (:func:`measure_incumbent`; a dense 16-bit cache only, as
 the forward's incumbent job does) and the entry carries its ``incumbent`` field. Its static phase streams: each
 certain survivor is timed as its compile arrives (:meth:`~rocmflash.tuning.items_tasks.TaskItem.static_stream`).
@@ -134,7 +134,7 @@ class DecodeItem(TaskItem):
 
     def stored(self) -> None:
         from rocmflash.api.decode import clear_cache
-        from rocmflash.tuning.decode import lookup_decode
+        from rocmflash.db.lookups.decode import lookup_decode
 
         lookup_decode.cache_clear()
         clear_cache()

@@ -202,9 +202,9 @@ def backward_baseline(gpu, problem: VarlenProblem) -> dict:
     :func:`rocmflash.api.selection.select_varlen_bwd_config` chooses it: the measured dense ``bwd-`` entry of the
     longest sequence's bucket (each kernel that does not build as the varlen kernel replaced by the per-arch
     default's), else the per-arch default. ``{"config": {"dq", "dkdv"}: space points, "source"}``."""
-    from rocmflash.kernels.backward.host import default_bwd_config
-    from rocmflash.tuning.backward import lookup_bwd, space_point
-    from rocmflash.tuning.varlen_bwd import build_problem, usable_config
+    from rocmflash.api.build_check import build_problem, usable_config
+    from rocmflash.db.lookups.backward import lookup_bwd
+    from rocmflash.kernels.backward.host import default_bwd_config, space_point
 
     default = default_bwd_config(gpu.arch, problem.head_dim)
     match = lookup_bwd(gpu.name, problem.head_dim, problem.dtype, problem.causal, problem.group, problem.max_seqlen)

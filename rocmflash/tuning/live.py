@@ -53,28 +53,11 @@ from typing import Optional
 from rocmflash.config import KernelConfig
 from rocmflash.hw.roofline import Shape
 from rocmflash.tuning.live_gate import interpreting as _interpreting
-from rocmflash.tuning.live_worker import (  # noqa: F401  (re-exported: the code moved there)
-    _STATE,
-    ESTIMATE_ALONE_MS,
-    INJECT_MODES,
-    INTERPRET_MAX_SEQLEN,
-    INTERPRET_REPS,
-    STATUSES,
+from rocmflash.tuning.live_worker import (
     LiveSettings,
-    _inputs,
-    _median,
     _ready,
-    _time,
-    active_target,
-    error_line,
-    events_ms,
-    interpreted_shape,
     measure,
-    prewarm_init,
     prewarm_one,
-    prewarm_plan,
-    prewarm_problem,
-    prewarm_specs,
     worker_env,
     worker_init,
 )

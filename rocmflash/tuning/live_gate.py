@@ -18,7 +18,7 @@ output, the reference computed from the dequantised inputs, and the fp8 bound (V
 The 2 GiB line. On AMD, Triton reads a tensor whose storage is under 2 GiB with 32-bit buffer
 loads and one past it with global loads: two binaries of one config. A batch-1 stand-in of a
 timed tensor past the line would build the other one, so on ROCm such stand-ins (the gate's
-here, the pre-warm's in :mod:`rocmflash.tuning.live` and the tuning workers) are views into one
+here, the pre-warm's in :mod:`rocmflash.tuning.live_worker` and the tuning workers) are views into one
 storage just past the line (:func:`stand_ins`); :func:`beyond_32bit_range` is the one rule
 that the static builds (:func:`rocmflash.tuning.spec.static_problem`, :func:`build_bytes`) follow too.
 
@@ -35,8 +35,6 @@ from typing import Optional
 from rocmflash import measure
 from rocmflash.config import FP8, KernelConfig
 from rocmflash.hw.roofline import Shape
-# the gate's bound and the cache flush live in measure (re-exported: their users imported them from here)
-from rocmflash.measure import TOLERANCE, device_flush_bytes, flush_buffer  # noqa: F401
 
 
 def interpreting() -> bool:

@@ -128,7 +128,7 @@ def _results(plan, items, path, measuring, why) -> tuple:
 def _clear_lookups() -> None:
     """Run-time lookups read the new entries (the backward's and decode's caches, selection's)."""
     from rocmflash.api import selection
-    from rocmflash.tuning.backward import clear_cache
+    from rocmflash.db.lookups.backward import clear_cache
 
     clear_cache()
     selection.clear_cache()

@@ -11,7 +11,6 @@ from rocmflash.db import default_db_path, journal_path, tune_lock
 from rocmflash.hw.detect import identify_live_device
 from rocmflash.hw.gpus import GPU, get_gpu
 from rocmflash.tuning.items import backward_items, forward_items, open_context, run_items, timing_workers
-from rocmflash.tuning.items_fwd import ProblemOutcome  # noqa: F401  (public here, as before)
 from rocmflash.tuning.spec import NoLiveGPUError, TuneSpec
 
 
@@ -153,7 +152,7 @@ def _compile_slots(spec: TuneSpec, backward: bool) -> tuple:
 def _clear_backward_lookups() -> None:
     """Run-time lookups read the new backward entries."""
     from rocmflash.api import selection
-    from rocmflash.tuning.backward import clear_cache
+    from rocmflash.db.lookups.backward import clear_cache
 
     clear_cache()
     selection.clear_cache()

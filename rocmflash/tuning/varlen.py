@@ -19,22 +19,21 @@ prefill of many prompts) whose lengths are spread evenly from ``S/8`` to ``S``
 (:func:`spread_lengths`), or lengths given one by one. Entries are keyed
 ``varlen-d{D}-{dtype}-gqa{G}[-causal]-s{bucket}`` (bucket: the next power of two of the
 longest sequence) with ``"mode": "varlen"``; forward, backward and decode lookups skip them. At
-run time :func:`lookup_varlen` serves the measured entry of the same head dim, dtype, GQA ratio
-and causal flag with the nearest bucket. Without a live GPU of the named kind the static #1 is
+run time :func:`rocmflash.db.lookups.varlen.lookup_varlen` serves the measured entry of the same head dim, dtype,
+GQA ratio and causal flag with the nearest bucket. Without a live GPU of the named kind the static #1 is
 written with ``"measured": false`` and never served.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from rocmflash.config import KernelConfig, Problem, normalize_dtype
+# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups.varlen); parse_varlen_key
+# stays importable from here for benchmarks/varlen.py
+from rocmflash.db.lookups.varlen import parse_varlen_key, varlen_key  # noqa: F401
 from rocmflash.static.families import FamilyStatic, family_rows
-# the entry keys and the run-time lookup live on the run-time side (rocmflash.db.lookups)
-from rocmflash.db.lookups.varlen import (PREFIX, _bucket, varlen_key, parse_varlen_key, VarlenMatch, nearest_entry,
-                                        lookup_varlen, clear_cache)  # noqa: F401
 
 #: the shortest sequence of a spread is the longest divided by this
 SPREAD_RATIO = 8
@@ -182,5 +181,4 @@ def static_phase(gpu, problem: VarlenProblem, cache_dir=None, workers=None, sett
 # ----------------------------------------------------------------------------- run-time lookup
 
 
-__all__ = ["PREFIX", "VarlenProblem", "spread_lengths", "varlen_key", "parse_varlen_key", "varlen_space",
-           "config_label", "static_phase", "lookup_varlen", "nearest_entry", "VarlenMatch", "clear_cache"]
+__all__ = ["VarlenProblem", "spread_lengths", "varlen_key", "varlen_space", "config_label", "static_phase"]

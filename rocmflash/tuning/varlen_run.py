@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Optional
 
 from rocmflash.static.families import FamilyTuneResult, timed_line
-from rocmflash.tuning.items_varlen import (STATUSES, _varlen_bwd_entry, backward_baseline,  # noqa: F401
-                                           dense_choice, measured_entry, static_entry)
 from rocmflash.tuning.varlen import VarlenProblem, config_label
+
 
 def tune_varlen(gpu_name: str, problem: VarlenProblem, db_path: Optional[str] = None, cache_dir=None,
                 workers=None, timeout_s: float = 120.0, on_result=None,
@@ -120,5 +119,4 @@ def print_varlen_bwd_summary(result: FamilyTuneResult, console) -> None:
     console.print(f"database: {result.db_path}")
 
 
-__all__ = ["tune_varlen", "print_varlen_summary", "measured_entry", "static_entry", "dense_choice",
-           "tune_varlen_backward", "print_varlen_bwd_summary", "backward_baseline"]
+__all__ = ["tune_varlen", "print_varlen_summary", "tune_varlen_backward", "print_varlen_bwd_summary"]

@@ -43,7 +43,7 @@ def parse_varlen_key(key: str, prefix: str = PREFIX) -> Optional[dict]:
 
 class VarlenMatch(NamedTuple):
     """The entry a varlen lookup chose: its config (a :class:`KernelConfig`; for the backward's
-    :func:`~rocmflash.tuning.varlen_bwd.lookup_varlen_bwd` a ``BwdConfig``), key, distance from the
+    :func:`~rocmflash.db.lookups.varlen_bwd.lookup_varlen_bwd` a ``BwdConfig``), key, distance from the
     asked bucket, file."""
 
     config: object

@@ -31,7 +31,7 @@ def lookup_varlen_bwd(gpu_name: str, head_dim: int, dtype, group: int, causal: b
     """The measured varlen backward entry nearest to this problem (its config a
     :class:`~rocmflash.kernels.backward.host.BwdConfig`), or None.
 
-    Same rules as the forward's :func:`~rocmflash.tuning.varlen.lookup_varlen`: same head dim, dtype,
+    Same rules as the forward's :func:`~rocmflash.db.lookups.varlen.lookup_varlen`: same head dim, dtype,
     GQA ratio and causal flag, nearest bucket of the longest key sequence (ties: the larger, then the
     user's file); entries not measured on a GPU are never served. Cached; :func:`clear_cache` forgets.
     """

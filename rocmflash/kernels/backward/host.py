@@ -90,6 +90,14 @@ class BwdConfig:
         return self
 
 
+def space_point(kernel: str, cfg: KernelConfig) -> dict:
+    """A :class:`KernelConfig` as a point of the backward space (the fields the backward uses): how the backward
+    tune (:mod:`rocmflash.tuning.backward`), its static phase and the run-time varlen build check
+    (:func:`rocmflash.api.build_check.build_rejection`) name one kernel's config."""
+    return dict(kernel=kernel, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, waves_per_eu=cfg.waves_per_eu)
+
+
 def default_bwd_config(arch: Optional[str], head_dim: int) -> BwdConfig:
     """A per-architecture backward config known to compile and be correct.
 
