@@ -21,6 +21,22 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def _no_first_use_timing(monkeypatch):
+    """Tests exercise what they name: no run-time first-use timing (``rocmflash.api.first_use``), which would serve
+    SDPA on a GPU wherever it measured faster, and would write decisions into the user's config directory. The
+    tests of that decision turn it back on (``first_use_timing``)."""
+    monkeypatch.setenv("ROCMFLASH_FIRST_USE_TIMING", "0")
+
+
+@pytest.fixture
+def first_use_timing(monkeypatch, tmp_path):
+    """First-use timing on, its decisions (and any tuned database) in ``tmp_path/configs``."""
+    monkeypatch.delenv("ROCMFLASH_FIRST_USE_TIMING", raising=False)
+    monkeypatch.setenv("ROCMFLASH_CONFIG_DIR", str(tmp_path / "configs"))
+    return tmp_path / "configs"
+
+
 @pytest.fixture(scope="module")
 def live():
     """The live GPU's catalog entry (GPU tests); skipped without a live GPU that is in the catalog."""

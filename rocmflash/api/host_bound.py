@@ -37,6 +37,20 @@ def call_incumbents(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, 
                  for train in (False, True))
 
 
+def timed_sides(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seqlen_k: int) -> tuple:
+    """``(forward, forward+backward)``: whether a measured entry's timing decides that side of a dense problem
+    (an entry within the incumbent rule's bucket distance, timed on this platform, with both sides' times). A side
+    that none decides is timed at its first use (:mod:`rocmflash.api.first_use`)."""
+    field = _fields(device, int(head_dim), dtype, bool(causal), int(gqa_ratio), int(seqlen_k))[0]
+    if field is None:
+        return False, False
+    return _has_times(field), _has_times(field.get("train"))
+
+
+def _has_times(side) -> bool:
+    return isinstance(side, dict) and side.get("time_ms") is not None and side.get("triton_ms") is not None
+
+
 def side_winner(field, shape, floors, train: bool, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
                 causal: bool, check: bool = True) -> Optional[str]:
     """The backend that serves one side (forward, or forward+backward with ``train``) of a call, from the entry's
@@ -148,5 +162,5 @@ def host_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int,
     return None
 
 
-__all__ = ["call_incumbents", "side_winner", "work_scale", "expected_ms", "expected_winner", "fields_for",
+__all__ = ["call_incumbents", "timed_sides", "side_winner", "work_scale", "expected_ms", "expected_winner", "fields_for",
            "shape_and_floors", "host_floors"]

@@ -50,9 +50,10 @@ from rocmflash.api.decode import attend_whole_cache
 from rocmflash.kernels.decode.shape import is_decode_shaped
 from rocmflash.api.scale import fold_scale_sign
 from rocmflash.api import selection as _selection
-from rocmflash.api.incumbent import (decode_host_floor, decode_timing, decode_winner, fell_back, first_call,
-                                     refusal_problem, sdpa_causal, sdpa_server, shape_excludes)
-from rocmflash.api.host_bound import call_incumbents
+from rocmflash.api.incumbent import (DEFAULT, decode_host_floor, decode_timing, decode_winner, fell_back,
+                                     first_call, refusal_problem, sdpa_causal, sdpa_server, shape_excludes)
+from rocmflash.api import first_use
+from rocmflash.api.host_bound import call_incumbents, timed_sides
 from rocmflash.api.selection import incumbent_disabled, register_clear, select_bwd_config, select_config
 
 
@@ -157,6 +158,19 @@ class _Call:
         self.serve = self.serve_train = serve
         self.serving = serve is not None
 
+    def settle(self, side: str, backend: Optional[str]) -> None:
+        """Serve ``backend`` on ``side`` ("" forward, "_train") unguarded (None: rocmflash's kernels): what the
+        first-use timing decided (:func:`_first_use_call`), which ran that backend on this problem."""
+        setattr(self, "_incumbent" + side, backend)
+        setattr(self, "serve" + side, sdpa_server(backend, self.sdpa_causal, self.gqa))
+        self.serving = self.serve is not None or self.serve_train is not None
+
+    def await_first_use(self, side: str, decide) -> None:
+        """Have ``side``'s next served call be ``decide`` (:func:`_first_use_call`), which times both sides once
+        and settles the side (:meth:`settle`)."""
+        setattr(self, "serve" + side, decide)
+        self.serving = True
+
     def _serve_side(self, side: str, backend: Optional[str]) -> None:
         """Set ``_incumbent{side}`` and its ready call ``serve{side}`` (``side``: "" forward, "_train"), the first
         call guarded unless :meth:`pin` set it."""
@@ -190,6 +204,7 @@ class _Call:
 _CALLS: dict = {}  #: :func:`_call_plan`'s key -> _Call; cleared with the selection caches (register_clear)
 _MAX_CALLS = 4096
 register_clear(_CALLS.clear)
+register_clear(first_use.forget)  # decisions in memory (their files are read again)
 
 
 def _layout_strides(shape, bshd: bool) -> tuple:
@@ -257,12 +272,66 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
         train = None if train is not None and fell_back(train, True, problem) else train
     call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
                  sdpa_causal(causal, Sq), bool(causal), problem)
+    if not empty and not decode and shape_excludes(causal, Sq, Sk, group) is None and first_use.enabled() \
+            and first_use.on_live_gpu(q) and _selection.overridden("forward") is None:
+        untimed = [not timed for timed in timed_sides(q.device, D, q.dtype, causal, group, Sk)]
+        if any(untimed):
+            _arm_first_use(call, q, k, untimed)
     if D > 0:
         call.scale = 1.0 / math.sqrt(D)  # what the API computes for softmax_scale=None
     if len(_CALLS) >= _MAX_CALLS:  # a new shape every call (a growing cache): start over, never grow unbounded
         _CALLS.clear()
     _CALLS[key] = call
     return call
+
+
+def _arm_first_use(call: _Call, q, k, untimed: list) -> None:
+    """For each side no measured entry decides (``untimed``: forward, forward+backward), the decision recorded at
+    a first use before (:mod:`rocmflash.api.first_use`), else a first call that times both sides."""
+    gpu, _ = _selection.device_identity(q.device)
+    env = first_use.environment(q.device)
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    shape = {"batch": B, "heads_q": Hq, "heads_kv": Hkv, "seqlen_q": Sq, "seqlen_k": Sk, "head_dim": D}
+    for side, train in (("", False), ("_train", True)):
+        if not untimed[train]:
+            continue
+        key = first_use.decision_key(D, q.dtype, call.causal, Hq // Hkv, B, Hq, Sq, Sk, train)
+        rec = first_use.recorded(gpu, key, env)
+        if rec is not None:
+            call.settle(side, DEFAULT if rec["served_by"] == "sdpa" else None)
+        else:
+            call.await_first_use(side, _first_use_call(call, side, gpu, key, env, shape))
+
+
+def _first_use_call(call: _Call, side: str, gpu, key: str, env: dict, shape: dict):
+    """The served call of an undecided side: times rocmflash's call against SDPA's on this call's tensors
+    (:func:`rocmflash.api.first_use.decide`, unless another plan of the problem decided it meanwhile), settles the
+    side, and runs the winner. While a graph captures, or on traced/mode-wrapped tensors, SDPA serves the call and
+    nothing is timed or recorded."""
+    train = side == "_train"
+    sdpa = sdpa_server(DEFAULT, call.sdpa_causal, call.gqa)
+
+    def first_use_call(q, k, v, scale):
+        if first_use.capturing(q) or _needs_dispatcher(q, k, v):
+            return sdpa(q, k, v, scale)
+        run_scale = call.scale if scale is None else float(scale)
+        rec = first_use.recorded(gpu, key, env)
+        if rec is None:
+            steps = first_use.side_steps(lambda q, k, v, s, grad: _rocmflash_call(call, q, k, v, run_scale, grad),
+                                         sdpa, q, k, v, scale, train)
+            rec = first_use.decide(gpu, key, env, steps, shape)
+        backend = DEFAULT if rec["served_by"] == "sdpa" else None
+        call.settle(side, backend)
+        return sdpa(q, k, v, scale) if backend else _rocmflash_call(call, q, k, v, run_scale, train)
+    return first_use_call
+
+
+def _rocmflash_call(call: _Call, q, k, v, scale: float, grad: bool):
+    """rocmflash's output of a default call by its plan (differentiable with ``grad``), bypassing the served side."""
+    if grad:
+        return _EagerAttention.apply(q, k, v, call.causal, scale, "online", None, call)[0]
+    return _forward_impl(q, k, v, call.causal, scale, "online", None, False, call)[0]
 
 
 _DECODE_INCUMBENT: dict = {}  #: (device, problem, KV and batch buckets) -> the decode entry's SDPA backend or None

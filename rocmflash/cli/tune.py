@@ -43,10 +43,20 @@ from rocmflash.hw.gpus import UnknownGPUError
 
 def run_tune(args: argparse.Namespace) -> int:
     """``rocmflash tune``: its exit code (0; 1 when a problem had no passing config; 2 a user error; 130 Ctrl-C)."""
+    from rocmflash.api.first_use import ENV as FIRST_USE_ENV
     from rocmflash.tuning.items_base import recording_failures
 
-    with recording_failures() as failures:
-        code = _run_tune(args)
+    # a tune times what it names: no run-time first-use decision in it or its workers (they inherit the switch)
+    before = os.environ.get(FIRST_USE_ENV)
+    os.environ[FIRST_USE_ENV] = "0"
+    try:
+        with recording_failures() as failures:
+            code = _run_tune(args)
+    finally:
+        if before is None:
+            os.environ.pop(FIRST_USE_ENV, None)
+        else:
+            os.environ[FIRST_USE_ENV] = before
     return failed_tune_exit(code, failures)
 
 
