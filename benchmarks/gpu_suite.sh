@@ -15,7 +15,7 @@ CHAIN1="$T/test_kvcache_gpu.py $T/test_decode_fused_gpu.py $T/test_graphs_gpu.py
  $T/test_sdpa_registry.py $T/test_served_backend_gpu.py $T/test_ops_gpu.py $T/test_sdpa_gpu.py $T/test_fp8_plans_gpu.py
  $T/test_small_incumbent_gpu.py $T/test_launch_cache.py $T/test_varlen_no_sync.py $T/test_varlen_incumbent_gpu.py
  $T/test_decode_sinks_gpu.py $T/test_sinks_gpu.py $T/test_export.py $T/test_hf_families_gpu.py
- $T/test_compile_varlen_kvcache_gpu.py $T/test_build_check_gpu.py"
+ $T/test_compile_varlen_kvcache_gpu.py $T/test_build_check_gpu.py $T/test_first_use_gpu.py"
 CHAIN2="$T/test_kernels_gpu.py $T/test_varlen_gpu.py $T/test_backward_gpu.py $T/test_fp8_forward.py $T/test_fp8_vlayout.py
  $T/test_static_reuse_gpu.py $T/test_multi_gpu.py"
 CHAIN3="$T/test_tune_gpu.py $T/test_backward_tune_gpu.py $T/test_decode_tune_gpu.py $T/test_fp8_tune_gpu.py

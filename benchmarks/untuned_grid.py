@@ -13,8 +13,8 @@ process, one GPU. For each shape, forward and forward+backward:
 * diagnostics: ``own`` (``rocmflash.attention`` with ``ROCMFLASH_NO_INCUMBENT=1``: rocmflash's kernel whatever the
   decision) and ``cudnn`` (SDPA's cuDNN backend).
 
-Timing: ``n`` back-to-back calls between two events (host time included), ``n`` filling ~30 ms, median of
-``--rounds`` interleaved rounds, after two warm-up calls. The first call of ``attention`` per shape and pass is
+Timing: ``n`` back-to-back calls between two events (host time included; Python's cyclic collector paused in the
+loop), ``n`` filling ~30 ms, median of ``--rounds`` interleaved rounds, after two warm-up calls. The first call of ``attention`` per shape and pass is
 timed alone too (``first call``: the compile of rocmflash's kernels and the first-use timing, both once per
 problem). The decisions file is copied beside the report.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import shutil
@@ -57,13 +58,20 @@ AGAINST = {"attention": "sdpa", "flash_attn_func": "sdpa bshd", "patch_sdpa": "s
 
 
 def _time(torch, step, n: int) -> float:
+    """ms per call of ``n`` back-to-back calls; Python's cyclic collector paused for the loop (as ``timeit`` does:
+    a collection landing in one path's loop would charge it a few hundred µs that no other path pays)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        step()
-    end.record()
-    torch.cuda.synchronize()
+    gc.collect()
+    gc.disable()
+    try:
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(n):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+    finally:
+        gc.enable()
     return start.elapsed_time(end) / n
 
 

@@ -277,3 +277,23 @@ def test_the_cost_is_bounded():
 def test_decision_key_buckets():
     key = first_use.decision_key(128, torch.bfloat16, True, 7, 2, 28, 8000, 8192, True)
     assert key == "d128-bf16-causal-gqa7-q8192-k8192-bh64-train"
+
+
+def test_explain_shows_the_first_use_decision(on_gpu, monkeypatch, capsys):
+    """``rocmflash explain`` on the asked problem: before its first use, that it is not timed yet; after, the
+    recorded side and both times (CLI end to end, in-process)."""
+    import rocmflash
+    from rocmflash.cli import main
+
+    argv = ["explain", "--gpu", "h100", "--head-dim", "32", "--dtype", "fp16", "--seqlen", "48", "--gqa", "2",
+            "--batch", "1", "--heads", "4", "--no-compile"]
+    assert main(argv) == 0
+    assert "first use (d32-fp16-full-gqa2-q64-k64-bh4-fwd): not timed yet" in capsys.readouterr().out
+    _timer(monkeypatch, 2.0, 1.0)
+    rocmflash.attention(*_qkv())
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "forward runs: SDPA (default) (first-use times: SDPA default 1.0 ms vs rocmflash 2.0 ms)" in text
+    assert main(argv + ["--json"]) == 0
+    fwd = json.loads(capsys.readouterr().out)["runs"]["forward"]
+    assert fwd["first_use"]["record"]["served_by"] == "sdpa" and fwd["runs"] == "SDPA (default)"

@@ -205,6 +205,13 @@ def recorded(gpu: Optional[str], key: str, env: dict) -> Optional[dict]:
     return rec
 
 
+def stored(gpu: str, key: str) -> Optional[dict]:
+    """The record of ``key`` in ``gpu``'s decisions file whatever environment made it (``rocmflash explain``), or
+    None."""
+    rec = (_read_file(gpu) or {}).get(key)
+    return rec if isinstance(rec, dict) else None
+
+
 def record(gpu: Optional[str], key: str, rec: dict) -> None:
     """Keep ``rec`` in memory and, for a catalog GPU, in its decisions file (read, merged, written atomically under
     a lock; a file that is malformed or cannot be written is left alone, with one warning)."""
@@ -276,5 +283,5 @@ def _round(x: Optional[float]) -> Optional[float]:
     return None if x is None else round(float(x), 5)
 
 
-__all__ = ["ENV", "enabled", "decision_key", "winner", "measure", "side_steps", "recorded", "record", "decide",
+__all__ = ["ENV", "enabled", "decision_key", "winner", "measure", "side_steps", "recorded", "stored", "record", "decide",
            "decisions_path", "forget", "event_timer", "environment"]

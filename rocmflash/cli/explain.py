@@ -178,6 +178,10 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
                      "sdpa_backend": times.get("backend") if times else None,
                      "rocmflash_ms": times.get("triton_ms") if times else None,
                      "why": why or refused or ("SDPA was faster" if backend else "rocmflash was as fast or faster")}
+        if not _side_timed(why, refused, times) and variant == "online" \
+                and shape_excludes(causal, seqlen_q, seqlen_k, gqa_ratio) is None:
+            out[side].update(_first_use(gpu_name, head_dim, dtype, causal, gqa_ratio, batch, heads, seqlen_q, seqlen_k,
+                                        train))
         floor = (floors.get("train") if train else floors) if floors else None
         out[side]["asked"] = _asked_times(times, floor, _entry_shape(gpu_name, head_dim, dtype, causal, gqa_ratio,
                                                                      match), batch, heads, seqlen_q, seqlen_k, causal)
@@ -190,6 +194,34 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
                                  f"its kernel time scaled to this call, x{scale:.3g} of the entry's work): "
                                  + ("SDPA faster" if backend else "rocmflash as fast or faster"))
     return out
+
+
+def _side_timed(why, refused, times) -> bool:
+    """Whether an entry's timing decides this side (else the first-use decision does)."""
+    return not why and not refused and bool(times) and times.get("time_ms") is not None \
+        and times.get("triton_ms") is not None
+
+
+def _first_use(gpu_name, head_dim, dtype, causal, gqa_ratio, batch, heads, seqlen_q, seqlen_k, train) -> dict:
+    """What the first-use decision (:mod:`rocmflash.api.first_use`) says of a side no entry's timing decides: the
+    record of this problem's bucket in the user's decisions file, or that the first eager call will time it."""
+    from rocmflash.api import first_use
+    from rocmflash.api.selection import incumbent_disabled
+
+    key = first_use.decision_key(head_dim, dtype, causal, gqa_ratio, batch, heads, seqlen_q, seqlen_k, train)
+    if not first_use.enabled() or incumbent_disabled():
+        return {"first_use": {"key": key, "record": None, "note": "first-use timing is off"}}
+    rec = first_use.stored(gpu_name, key)
+    if rec is None:
+        return {"first_use": {"key": key, "record": None, "path": first_use.decisions_path(gpu_name),
+                              "note": "not timed yet: the first eager call on a live GPU times rocmflash against SDPA"}}
+    env = rec.get("environment") or {}
+    served = "SDPA (default)" if rec.get("served_by") == "sdpa" else "rocmflash"
+    return {"runs": served, "sdpa_ms": rec.get("sdpa_ms"), "sdpa_backend": "default",
+            "rocmflash_ms": rec.get("rocmflash_ms"),
+            "why": f"first-use timing {key} on {env.get('device')} at {rec.get('when')} (torch {env.get('torch')}, "
+                   f"Triton {env.get('triton')}, rocmflash {env.get('rocmflash')}; another environment times it again)",
+            "first_use": {"key": key, "record": rec, "path": first_use.decisions_path(gpu_name)}}
 
 
 def _entry_shape(gpu_name, head_dim, dtype, causal, gqa_ratio, match) -> Optional[dict]:
@@ -376,8 +408,12 @@ def print_explanation(result: dict, console) -> None:
         r = result["runs"][side]
         times = ""
         if r["sdpa_ms"] is not None and r["rocmflash_ms"] is not None:
-            times = f" (entry's times: SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
+            whose = "first-use" if (r.get("first_use") or {}).get("record") else "entry's"
+            times = f" ({whose} times: SDPA {r['sdpa_backend']} {r['sdpa_ms']} ms vs rocmflash {r['rocmflash_ms']} ms)"
         console.print(f"{side} runs: {r['runs']}{times}: {r['why']}", highlight=False)
+        fu = r.get("first_use")
+        if fu and fu.get("record") is None:
+            console.print(f"  first use ({fu['key']}): {fu['note']}", highlight=False)
         asked = r.get("asked")
         if asked:  # the call asked about, which the entry's shape rarely is
             sh = asked["shape"]
