@@ -297,3 +297,16 @@ def test_explain_shows_the_first_use_decision(on_gpu, monkeypatch, capsys):
     assert main(argv + ["--json"]) == 0
     fwd = json.loads(capsys.readouterr().out)["runs"]["forward"]
     assert fwd["first_use"]["record"]["served_by"] == "sdpa" and fwd["runs"] == "SDPA (default)"
+
+
+def test_timing_out_of_memory_serves_sdpa_records_nothing(on_gpu, monkeypatch):
+    import rocmflash
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(first_use, "decide", no_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    q, k, v = _qkv()
+    with pytest.warns(RuntimeWarning, match="ran out of GPU memory"), observe_launches() as seen:
+        out = rocmflash.attention(q, k, v)
+    assert seen == [] and rel_err(out, _ref(q, k, v)) < 1e-2 and not on_gpu.exists()

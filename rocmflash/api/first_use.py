@@ -16,7 +16,8 @@ problem, ``2 + 3 = 5`` for one that takes 1 ms or more. Training inputs are deta
 (no copy, the caller's graph untouched) with a random output gradient. rocmflash serves only when it is faster by
 more than :data:`MARGIN`; a tie goes to SDPA.
 
-Kept: in memory for the process, and in ``<user config dir>/<gpu>.first-use.json`` (beside the user's tuned
+Timing that runs out of GPU memory (its training buffers come on top of the model's) serves SDPA for the
+process, records nothing and warns once. Kept: in memory for the process, and in ``<user config dir>/<gpu>.first-use.json`` (beside the user's tuned
 database, written atomically under a lock; a record from another rocmflash, Triton, torch, GPU runtime or device is
 timed again). Never timed while a CUDA graph captures (SDPA serves that call, nothing is recorded), nor under
 ``torch.compile`` (the op keeps the graph whole: rocmflash's kernel), nor under ``ROCMFLASH_NO_INCUMBENT``, a
@@ -236,6 +237,12 @@ def record(gpu: Optional[str], key: str, rec: dict) -> None:
     except Exception as err:
         _warn_once(("write", gpu), f"first-use decisions of {gpu} are kept in memory only: "
                                    f"{type(err).__name__}: {err}")
+
+
+def out_of_memory(key: str) -> None:
+    """Say once that timing ``key`` ran out of GPU memory (SDPA serves it in this process, nothing is recorded)."""
+    _warn_once(("oom", key), f"first-use timing of {key} ran out of GPU memory; the platform's SDPA serves it in "
+                             "this process and nothing is recorded (rocmflash tune times it apart from a model)")
 
 
 def forget() -> None:

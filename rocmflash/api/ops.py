@@ -36,6 +36,7 @@ its launch (or the incumbent SDPA) is a few attribute reads (``archive/reports:b
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Optional
@@ -320,7 +321,13 @@ def _first_use_call(call: _Call, side: str, gpu, key: str, env: dict, shape: dic
         if rec is None:
             steps = first_use.side_steps(lambda q, k, v, s, grad: _rocmflash_call(call, q, k, v, run_scale, grad),
                                          sdpa, q, k, v, scale, train)
-            rec = first_use.decide(gpu, key, env, steps, shape)
+            try:
+                with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # its stream's events
+                    rec = first_use.decide(gpu, key, env, steps, shape)
+            except torch.OutOfMemoryError:  # the timing's own buffers did not fit: SDPA serves, nothing recorded
+                torch.cuda.empty_cache()
+                first_use.out_of_memory(key)
+                rec = {"served_by": "sdpa"}
         backend = DEFAULT if rec["served_by"] == "sdpa" else None
         call.settle(side, backend)
         return sdpa(q, k, v, scale) if backend else _rocmflash_call(call, q, k, v, run_scale, train)
