@@ -22,11 +22,21 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _no_first_use_timing(monkeypatch):
+def _no_first_use_timing():
     """Tests exercise what they name: no run-time first-use timing (``rocmflash.api.first_use``), which would serve
     SDPA on a GPU wherever it measured faster, and would write decisions into the user's config directory. The
-    tests of that decision turn it back on (``first_use_timing``)."""
-    monkeypatch.setenv("ROCMFLASH_FIRST_USE_TIMING", "0")
+    tests of that decision turn it back on (``first_use_timing``). Not through ``monkeypatch``: an autouse fixture
+    that requests it sets it up first, so it would undo every test's patches only after the other fixtures'
+    teardowns ran (``fresh_decode`` clears a cache of a function a test may have patched)."""
+    import os
+
+    before = os.environ.get("ROCMFLASH_FIRST_USE_TIMING")
+    os.environ["ROCMFLASH_FIRST_USE_TIMING"] = "0"
+    yield
+    if before is None:
+        os.environ.pop("ROCMFLASH_FIRST_USE_TIMING", None)
+    else:
+        os.environ["ROCMFLASH_FIRST_USE_TIMING"] = before
 
 
 @pytest.fixture
