@@ -32,7 +32,7 @@ class Family(NamedTuple):
 
 def _families():
     """Each family's :class:`Family`, by name."""
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
     from rocmflash.api import decode_errors as DE
     from rocmflash.kernels.fp8 import errors as FE
     from rocmflash.kernels.decode import host as KD
@@ -195,7 +195,7 @@ def test_a_copy_in_flight_is_dropped_by_check_errors(family, monkeypatch):
 def test_no_event_query_and_no_copy_while_a_graph_is_captured(family, monkeypatch):
     """``Event.query()`` is not permitted during capture (the H100 fp8 benchmark hit it in decode): every family's
     poll leaves a pending copy alone and starts none until capture ends."""
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
     from rocmflash.api import decode_errors as DE
     from rocmflash.kernels import error_words as EW
 
@@ -230,7 +230,7 @@ def test_cpu_poll_reads_the_word_where_the_family_says(family, raises):
 # ----------------------------------------------------------------------------- read and clear in one device op
 def _message(family: str, bits: int, device, how: str) -> str:
     """What ``family``'s Report says of ``bits`` (the families' texts are checked whole above)."""
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
     from rocmflash.api import decode_errors as DE
     from rocmflash.kernels.fp8 import errors as FE
 

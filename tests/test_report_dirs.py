@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from rocmflash.cli import _check_report_args, build_parser
+from rocmflash.cli import _check_report_args, build_parser, default_folder_name
 from rocmflash.static import report_dirs as R
 
 
@@ -22,7 +22,7 @@ def name(*argv) -> str:
     """The default folder name of ``rocmflash vgpr-report ARGV`` (after the CLI's checks, which fill defaults)."""
     args = build_parser().parse_args(["vgpr-report", *argv])
     _check_report_args(args)
-    return R.default_folder_name(args)
+    return default_folder_name(args)
 
 
 #: the default spaces' names, as they were before #46 (the archived report archive/reports:reports/vgpr-mi250-d128-fp16/...)

@@ -13,6 +13,7 @@ import torch
 from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.api import varlen_incumbent as VI
+from rocmflash.hw import platform
 from rocmflash.config import KernelConfig as K
 from rocmflash.tuning import varlen as TV
 
@@ -69,7 +70,7 @@ class StandIn:
 @pytest.fixture
 def stand_in(monkeypatch, tmp_path):
     fn = StandIn()
-    monkeypatch.setattr(VI, "_FN", [fn, frozenset(inspect.signature(fn.__call__).parameters) - {"self"}])
+    monkeypatch.setattr(platform, "_VARLEN_ATTN", [fn, frozenset(inspect.signature(fn.__call__).parameters) - {"self"}])
     monkeypatch.setenv(D.CONFIG_DIR_ENV, str(tmp_path))
     monkeypatch.delenv(selection.NO_INCUMBENT_ENV, raising=False)
     yield fn
@@ -290,7 +291,7 @@ def test_a_varlen_attn_that_refuses_its_first_call_falls_back_once(stand_in, tmp
     def refusing(*args, **kwargs):
         tried.append(1)
         raise RuntimeError("No available kernel. Aborting execution.")
-    monkeypatch.setattr(VI, "_FN", [refusing, VI._FN[1]])  # the stand-in's keywords
+    monkeypatch.setattr(platform, "_VARLEN_ATTN", [refusing, platform._VARLEN_ATTN[1]])  # the stand-in's keywords
     _write_db(tmp_path, {TV.varlen_key(32, "fp16", 2, True, 64): _entry(0.05)})
     launched = _triton_launches(monkeypatch)
     for i, lens in enumerate(((7, 40, 23), (7, 40, 23), (33, 5))):

@@ -13,6 +13,7 @@ import torch
 from rocmflash import db as D
 from rocmflash.api import selection
 from rocmflash.api import varlen_incumbent as VI
+from rocmflash.hw.platform import varlen_attn
 from rocmflash.tuning import varlen as TV
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiled")]
 
 @pytest.fixture
 def incumbent_db(live, tmp_path, monkeypatch):
-    if VI._function()[0] is None:
+    if varlen_attn()[0] is None:
         pytest.skip("this torch has no torch.nn.attention.varlen.varlen_attn")
     entries = {}
     for causal, group in ((True, 1), (False, 1), (True, 4)):
@@ -113,7 +114,7 @@ def test_gqa_runs_the_incumbent_only_where_this_torch_takes_it(incumbent_db, mon
     q, k, v, cu = _pack(lengths, hq=16, hkv=4, seed=9)
     with torch.no_grad():
         out = rocmflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
-    takes_gqa = "enable_gqa" in VI._function()[1]
+    takes_gqa = "enable_gqa" in varlen_attn()[1]
     assert (launched == []) == takes_gqa
     ref = _reference(q, k, v, cu, True)
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2

@@ -108,7 +108,7 @@ def cpu_error_word():
 def _clean_error_words():
     from rocmflash.kernels.varlen import checks as VC
 
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
 
     VC._ERROR_WORDS.clear()
     V._WATCHES.clear()
@@ -236,7 +236,7 @@ def test_bad_cu_seqlens_stay_inside_the_tensors_and_are_reported(interpret, monk
     gradients inside guard rows of 7.0 (a write outside would change them): forward and backward with
     wrong values leave every guard untouched and produce no NaN; check_errors() names what was wrong.
     The CPU's immediate report is switched off here to run as on a GPU, where it comes later."""
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
     from rocmflash import flash_attn_varlen_func
 
     real = V._read_and_report
@@ -282,7 +282,7 @@ def test_cpu_call_raises_at_once_and_check_values_true_names_the_index(interpret
 def test_a_later_call_reports_an_earlier_bad_one(interpret, monkeypatch):
     """As on a GPU (the call's own report switched off): the next call raises before it launches anything,
     once; check_values=True also reports what an earlier unchecked call left."""
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
     from rocmflash import flash_attn_varlen_func
     from rocmflash.kernels import launch
 
@@ -324,7 +324,7 @@ def test_gpu_default_calls_never_synchronise_and_a_later_call_reports(compiled):
     """On the GPU, under torch.cuda.set_sync_debug_mode("error"): forward + backward calls (polls, the
     error word's copies and their event queries included) never synchronise; a bad call is reported by a
     later one, from a copy that completed on its own, within two poll periods."""
-    import rocmflash.api.varlen as V
+    import rocmflash.api.varlen_errors as V
     from rocmflash import flash_attn_varlen_func
 
     lens = [300, 1, 1200, 64]

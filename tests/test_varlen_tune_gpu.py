@@ -46,11 +46,12 @@ def test_varlen_tune_then_varlen_serves_the_entry(live, compiled, run_cli_tune, 
     assert entry["baseline"]["status"] == "ok" and entry["speedup_vs_baseline"] >= 1.0, entry["baseline"]
     # the platform's varlen attention, timed beside the winner on the same packed batch (or why it was not)
     from rocmflash.api import varlen_incumbent as VI
+    from rocmflash.hw.platform import varlen_attn
 
     inc = entry["incumbent"]
     row = inc["backends"][VI.NAME]
     assert inc["triton_ms"] == entry["time_ms"], inc
-    fn, names = VI._function()
+    fn, names = varlen_attn()
     if fn is None or "enable_gqa" not in names:  # this problem has GQA 4
         assert row["status"] == "skipped" and ("varlen_attn" in row["error"] or "GQA" in row["error"]), row
         assert inc["backend"] is None, inc

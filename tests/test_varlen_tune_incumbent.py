@@ -38,11 +38,13 @@ def _reference_varlen_attn(scale_error=1.0, fail=None):
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """Put a stand-in in place of torch's varlen_attn (read through VI._function)."""
+    """Put a stand-in in place of torch's varlen_attn (read through rocmflash.hw.platform.varlen_attn)."""
     import inspect
 
+    from rocmflash.hw import platform
+
     def use(fn):
-        monkeypatch.setattr(VI, "_FN", [fn, frozenset(inspect.signature(fn).parameters)] if fn else [None, frozenset()])
+        monkeypatch.setattr(platform, "_VARLEN_ATTN", [fn, frozenset(inspect.signature(fn).parameters)] if fn else [None, frozenset()])
     yield use
 
 

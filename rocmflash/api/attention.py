@@ -365,7 +365,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
             and softcap == 0.0:
         banded = False  # the defaults: what check_options checks beyond the above passed (scale: _check_inputs)
     else:
-        from rocmflash.api.varlen import check_options
+        from rocmflash.api.varlen_checks import check_options
 
         left, right = check_options(softmax_scale, causal, window_size, softcap)
         banded = _banded(left, right, causal) or softcap > 0
@@ -467,21 +467,21 @@ def _equal_offsets(batch: int, length: int, device) -> torch.Tensor:
 
 
 def _batch_as_packed(q, k, v, softmax_scale, causal: bool, window_size: tuple, softcap: float, sinks=None):
-    """A ``(B, S, H, D)`` batch through the packed (varlen) kernel: ``(out (B, Sq, Hq, D), lse (B, Hq, Sq))``.
+    """A ``(B, S, H, D)`` batch through the packed (varlen) kernel: ``(out (B, Sq, Hq, D), lse (B, Hq, Sq))``
+    (:func:`rocmflash.api.varlen_kernel.packed_forward`: ``flash_attn_varlen_func``'s kernel path, LSE returned).
 
     Every batch row is one sequence of the same length, so the packed views are reshapes
     (views for inputs contiguous over batch and sequence) and the offsets are known without
     reading anything back from the GPU.
     """
-    from rocmflash.api.varlen import flash_attn_varlen_func
+    from rocmflash.api.varlen_kernel import packed_forward
 
     B, Sq, Hq, D = q.shape
     Sk = k.shape[1]
     cu_q, cu_k = _equal_offsets(B, Sq, q.device), _equal_offsets(B, Sk, q.device)
-    out, lse = flash_attn_varlen_func(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, k.shape[2], D),
-                                      v.reshape(B * Sk, v.shape[2], D), cu_q, cu_k, Sq, Sk, 0.0, softmax_scale,
-                                      causal, window_size, softcap, return_lse=True, check_values=False,
-                                      s_aux=sinks)
+    out, lse = packed_forward(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, k.shape[2], D),
+                              v.reshape(B * Sk, v.shape[2], D), cu_q, cu_k, Sq, Sk, softmax_scale, causal,
+                              window_size, softcap, sinks)
     return out.view(B, Sq, Hq, D), lse.view(Hq, B, Sq).transpose(0, 1)
 
 

@@ -48,7 +48,7 @@ from rocmflash.api.decode_errors import (  # noqa: E402,F401 (re-exported)
     _poll_errors,
     check_errors,
 )
-from rocmflash.api.varlen import check_options  # noqa: E402
+from rocmflash.api.varlen_checks import check_options  # noqa: E402
 from rocmflash.kernels import common as C  # noqa: E402
 from rocmflash.kernels.decode import append as kv_append  # noqa: E402
 from rocmflash.kernels.decode import host as KD  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from rocmflash.api import decode_fp8 as F8D
-from rocmflash.api.varlen import _capturing
+from rocmflash.api.decode_errors import _capturing
 from rocmflash.kernels.decode import checks as KC
 from rocmflash.kernels.decode import host as KD
 

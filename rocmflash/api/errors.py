@@ -15,7 +15,7 @@ import importlib
 import sys
 
 #: per family: the module that keeps its words (``ERRORS``), and the module and name of its Report; in message order
-_FAMILIES = (("rocmflash.kernels.varlen.checks", "rocmflash.api.varlen", "_REPORT"),
+_FAMILIES = (("rocmflash.kernels.varlen.checks", "rocmflash.api.varlen_errors", "_REPORT"),
              ("rocmflash.kernels.decode.checks", "rocmflash.api.decode_errors", "_REPORT"),
              ("rocmflash.kernels.fp8.errors", "rocmflash.kernels.fp8.errors", "_REPORT"))
 HOW = "a call since the last check"  #: what each message says reported the bits (as the families' own checks)

@@ -156,19 +156,6 @@ def _fp8_config(config, arch: Optional[str], head_dim: int):
     return check_config(config)
 
 
-class _InferenceOnly(torch.autograd.Function):
-    """Passes the fp8 output through; its backward is a clear error (there is no fp8 backward kernel)."""
-
-    @staticmethod
-    def forward(ctx, out, *inputs):
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError("fp8 attention is inference-only: rocmflash has no fp8 backward; run the "
-                                  "training step in bfloat16/float16, or call under torch.no_grad()")
-
-
 __all__ = ["attention_fp8", "FP8_DTYPES", "FAMILY_DTYPES", "is_fp8", "fp8_family", "check_format", "fp8_max", "triton_type",
            "unit_roundoff", "check_out_dtype", "check_descale", "check_descales", "refuse_descales", "error_word",
            "check_errors", "poll_errors", "ERROR_POLL_CALLS"]

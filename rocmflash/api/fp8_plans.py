@@ -19,7 +19,6 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from rocmflash.api.fp8 import _InferenceOnly
 from rocmflash.api.selection import register_clear
 from rocmflash.config import KernelConfig
 from rocmflash.kernels.fp8 import errors as FE
@@ -111,6 +110,20 @@ def clear() -> None:
 
 
 register_clear(clear)
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """Passes the fp8 output through; its backward is a clear error (there is no fp8 backward kernel). What
+    :func:`execute` wraps an output in when autograd records the call."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("fp8 attention is inference-only: rocmflash has no fp8 backward; run the "
+                                  "training step in bfloat16/float16, or call under torch.no_grad()")
 
 
 def run(plan: Fp8Plan, q, k, v, q_descale, k_descale, v_descale):

@@ -275,12 +275,10 @@ def backend_refusal(backend: Optional[str]) -> Optional[str]:
     not define, torch's ``varlen_attn`` where this torch has none, a name rocmflash does not know."""
     if backend is None or backend == DEFAULT:
         return None
-    from rocmflash.hw.platform import PLATFORM_NAMES, SDPA_BACKENDS, missing_sdpa_backend, torch_platform
+    from rocmflash.hw.platform import PLATFORM_NAMES, SDPA_BACKENDS, missing_sdpa_backend, torch_platform, varlen_attn
 
     if backend == _VARLEN_NAME:
-        from rocmflash.api.varlen_incumbent import _function
-
-        return None if _function()[0] is not None else \
+        return None if varlen_attn()[0] is not None else \
             f"the entry names {backend}, which this torch does not have: rocmflash's kernel serves"
     if backend not in SDPA_BACKENDS:
         return f"the entry names SDPA backend {backend!r}, which rocmflash does not know: rocmflash's kernel serves"
@@ -555,7 +553,7 @@ def eager_field(result: dict) -> dict:
 
 def _register() -> None:
     """Forget the databases' platforms when a database is saved in this process or ``rocmflash.clear_cache`` runs."""
-    from rocmflash.api.selection import register_clear
+    from rocmflash.api.clear_hooks import register_clear
     from rocmflash.db.files import AFTER_SAVE
 
     AFTER_SAVE.append(_forget_db_platforms)

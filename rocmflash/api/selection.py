@@ -44,6 +44,7 @@ import warnings
 from typing import Optional
 
 from rocmflash.api import build_check
+from rocmflash.api.clear_hooks import register_clear, run_clear_hooks
 from rocmflash.config import KernelConfig, default_config, normalize_dtype
 from rocmflash.kernels.launch import env_reader
 
@@ -57,7 +58,6 @@ _VARLEN: dict = {}  # packed-forward problem key -> KernelConfig
 _VARLEN_BWD: dict = {}  # packed-backward problem key -> BwdConfig
 _LAST_SOURCE: dict = {}  # problem key -> "db" | "default" (introspection / tests)
 _PENDING: dict = {}  # forward problem key -> its entry's undecided first-use build check (build_check.Check)
-_CLEAR_HOOKS: list = []  # callables that forget what callers keep from a selection (rocmflash.api.ops's call plans)
 
 
 _OVERRIDES: dict = {}  # family -> the config every problem of it runs (rocmflash.api.select.Selector.override)
@@ -77,16 +77,11 @@ def set_override(family: str, config) -> None:
         _OVERRIDES[family] = config
 
 
-def register_clear(hook) -> None:
-    """Have :func:`clear_cache` call ``hook()`` too: for a cache kept elsewhere of answers given here."""
-    _CLEAR_HOOKS.append(hook)
-
-
 def clear_cache() -> None:
     """Forget the detected devices and every selected config (also the database's caches and what callers
-    keep from a selection: :mod:`rocmflash.api.ops`'s per-signature call plans, :func:`register_clear`)."""
-    for hook in _CLEAR_HOOKS:
-        hook()
+    keep from a selection: :mod:`rocmflash.api.ops`'s per-signature call plans, :func:`register_clear` of
+    :mod:`rocmflash.api.clear_hooks`)."""
+    run_clear_hooks()
     _DEVICE.clear()
     _FWD.clear()
     _BWD.clear()

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from rocmflash.api import varlen as VA
+from rocmflash.api import varlen_errors as VE
+from rocmflash.api import varlen_kernel as VR
+from rocmflash.api.varlen_checks import _capturing, _check_fa2_options, check_cu_seqlens, check_options, check_qkv
 from rocmflash.kernels import launch as L
 from rocmflash.kernels.varlen import host as VK
 
@@ -27,16 +29,16 @@ def varlen_seqused(q, k, v, cu_q, cu_k, max_q, max_k, seqused_q, seqused_k, soft
                    softcap, deterministic, return_lse, check_values):
     """The call described in the module docstring: ``out``, or ``(out, lse)`` with ``return_lse`` (flash-attn 3's
     returns). Always rocmflash's kernel, whose backward is deterministic (``deterministic`` needs nothing more)."""
-    VA.check_qkv(q, k, v)
-    left, right = VA.check_options(softmax_scale, causal, window_size, softcap)
-    VA._check_fa2_options(None, deterministic, return_lse, check_values)
+    check_qkv(q, k, v)
+    left, right = check_options(softmax_scale, causal, window_size, softcap)
+    _check_fa2_options(None, deterministic, return_lse, check_values)
     device = q.device
-    batch = VA.check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], max_q, device, read_values=check_values)
-    VA.check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], max_k, device, batch, read_values=check_values)
+    batch = check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], max_q, device, read_values=check_values)
+    check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], max_k, device, batch, read_values=check_values)
     for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
         _check_used(name, used, batch, device, check_values, cu_q if name == "seqused_q" else cu_k)
     if check_values:
-        VA.check_errors(device)
+        VE.check_errors(device)
     if batch == 0:
         out = torch.zeros_like(q)
         lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=device)
@@ -44,12 +46,12 @@ def varlen_seqused(q, k, v, cu_q, cu_k, max_q, max_k, seqused_q, seqused_k, soft
     with L.on_device(q):
         safe_q, safe_k = VK.launch_sanitised_lengths(cu_q, cu_k, batch, q.shape[0], k.shape[0], max_q, max_k)
     if device.type != "cuda":  # Triton's interpreter ran the check: reading the word waits for nothing
-        VA._read_and_report(device, "this call")
+        VE._read_and_report(device, "this call")
     cu_q2, rows_q = _repack(safe_q, seqused_q, q.shape[0])
     cu_k2, rows_k = _repack(safe_k, seqused_k, k.shape[0])
     q2 = q if rows_q is None else q.index_select(0, rows_q)
     k2, v2 = (k, v) if rows_k is None else (k.index_select(0, rows_k), v.index_select(0, rows_k))
-    got = VA._run(q2, k2, v2, cu_q2, cu_k2, batch, max_q, max_k, softmax_scale, softcap, (left, right), True,
+    got = VR._run(q2, k2, v2, cu_q2, cu_k2, batch, max_q, max_k, softmax_scale, softcap, (left, right), True,
                   False, device)  # strict_end False: the packings' tails are rows no sequence uses
     out, lse = got
     if rows_q is not None:
@@ -70,7 +72,7 @@ def _check_used(name: str, used, batch: int, device, check_values: bool, cu) -> 
         raise ValueError(f"{name} must be (batch={batch},), got shape {tuple(used.shape)}")
     if used.device != device:
         raise ValueError(f"{name} is on {used.device} but q is on {device}; all must share a device")
-    if check_values and not VA._capturing(device):
+    if check_values and not _capturing(device):
         spans = (cu[1:] - cu[:-1]).tolist()
         for b, (n, span) in enumerate(zip(used.tolist(), spans)):
             if not 0 <= n <= span:

@@ -31,34 +31,20 @@ with one warning and is not tried again.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Optional
 
+from rocmflash.hw.platform import varlen_attn
+
 #: the backend name an entry stores
 NAME = "varlen_attn"
-
-_FN: list = []  #: [torch's varlen_attn, or None] and its keyword names, bound on first use
-
-
-def _function() -> tuple:
-    """``(varlen_attn or None, frozenset of its parameter names)``."""
-    if not _FN:
-        try:
-            from torch.nn.attention.varlen import varlen_attn
-
-            names = frozenset(inspect.signature(varlen_attn).parameters)
-        except (ImportError, AttributeError, TypeError, ValueError):
-            varlen_attn, names = None, frozenset()
-        _FN.extend((varlen_attn, names))
-    return _FN[0], _FN[1]
 
 
 def excludes(causal: bool, same_cu: bool, group: int, head_dim: int, scale: Optional[float], want_lse: bool = False,
              windowed: bool = False, softcap: float = 0.0) -> Optional[str]:
     """Why this call never runs the incumbent, or None. ``same_cu``: queries and keys share one ``cu_seqlens``
     tensor; ``scale``: the softmax scale asked (None: ``1/sqrt(D)``)."""
-    fn, names = _function()
+    fn, names = varlen_attn()
     if fn is None:
         return "this torch has no torch.nn.attention.varlen.varlen_attn"
     if want_lse:
@@ -78,7 +64,7 @@ def excludes(causal: bool, same_cu: bool, group: int, head_dim: int, scale: Opti
 
 def run(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: Optional[float]):
     """``(total_q, Hq, D)``: torch's ``varlen_attn`` of packed tensors (a call :func:`excludes` lets through)."""
-    fn, names = _function()
+    fn, names = varlen_attn()
     kwargs = {}
     if causal:
         if "window_size" in names:
@@ -215,7 +201,7 @@ def clear() -> None:
 
 
 def _register() -> None:
-    from rocmflash.api.selection import register_clear
+    from rocmflash.api.clear_hooks import register_clear
 
     register_clear(clear)
 

@@ -6,7 +6,7 @@ Two functional ops (no input is mutated, outputs never alias inputs):
 window_left, window_right, strict_end, check_values, sinks=None) -> (out, lse)``
     The varlen kernel's forward (:mod:`rocmflash.kernels.varlen.host`): ``q (total_q, Hq, D)``, ``k/v (total_k, Hkv,
     D)``, int32 ``cu_seqlens`` ``(batch + 1,)``; ``window_left/right`` the band of
-    :func:`rocmflash.api.varlen.check_options` (``-1``/``UNBOUNDED`` conventions of the kernels);
+    :func:`rocmflash.api.varlen_checks.check_options` (``-1``/``UNBOUNDED`` conventions of the kernels);
     ``strict_end``: ``cu_seqlens[-1]`` must be the packed length (False: the HF packing, rows after it zero).
     ``out`` is ``torch.empty_like(q)`` (q's strides), ``lse`` fp32 ``(Hq, total_q)`` contiguous, always
     computed (the backward needs it; a traced call that drops it costs one small store). ``sinks``: checked fp32
@@ -20,7 +20,7 @@ The forward has an autograd formula calling the backward op, so AOTAutograd sees
 that needs tensor *values* or the database runs in the ops' implementations, i.e. per call at run time, exactly
 as an eager call does it: the config choice, the error-word poll (and on the CPU, the read right after the
 launch), and ``check_values=True``'s host checks. What :func:`rocmflash.api.varlen.flash_attn_varlen_func` runs
-while torch.compile traces (``varlen._traced``) does only the metadata checks, at trace time. Imported by
+while torch.compile traces (``varlen_kernel._traced``) does only the metadata checks, at trace time. Imported by
 :mod:`rocmflash.api.ops` (the module ``torch.ops.rocmflash`` loads on first use).
 
 Adding an optional tensor argument (e.g. attention sinks) is one line in an op's signature, at its end with a
@@ -34,14 +34,17 @@ from typing import Optional
 
 import torch
 
-from rocmflash.api import varlen as V
+from rocmflash.api import varlen_errors as VE
+from rocmflash.api import varlen_kernel as VR
+from rocmflash.api.varlen_checks import check_cu_seqlens
 from rocmflash.kernels import launch as L
 from rocmflash.kernels.varlen import host as VK
 
 
 def _call(q, k, cu_q, max_q: int, max_k: int, scale: float, softcap: float, left: int, right: int,
           strict_end: bool) -> VK.VarlenCall:
-    """The kernels' :class:`~rocmflash.kernels.varlen.host.VarlenCall` of the ops' arguments (as ``varlen._run``)."""
+    """The kernels' :class:`~rocmflash.kernels.varlen.host.VarlenCall` of the ops' arguments (as
+    ``varlen_kernel._run``)."""
     return VK.VarlenCall(cu_q.shape[0] - 1, q.shape[1], k.shape[1], q.shape[2], int(max_q), int(max_k), float(scale),
                          float(softcap), int(left), int(right), bool(strict_end))
 
@@ -54,11 +57,11 @@ def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
                check_values: bool, sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     device = q.device
     if check_values:  # the values on the host, as the eager call checks them (index and value in the message)
-        batch = V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, device)
-        V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, device, batch)
-        V.check_errors(device)
+        batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, device)
+        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, device, batch)
+        VE.check_errors(device)
     else:
-        V._poll_errors(device)  # what earlier calls' kernels found wrong, never waiting (as the eager call)
+        VE._poll_errors(device)  # what earlier calls' kernels found wrong, never waiting (as the eager call)
     call = _call(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, scale, softcap, window_left, window_right,
                  strict_end)
     # rows after the last sequence (strict_end False) are never written: zero, not garbage
@@ -68,12 +71,12 @@ def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
     else:  # the sinks' gradient sums every row: rows no sequence owns (never written) must add 0
         lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=device)
     if q.shape[0]:
-        cfg = V._forward_config(device, call.head_dim, q.dtype, window_right == 0, call.group, call.max_seqlen_k,
-                                call.softcap, call.win_left)
+        cfg = VR._forward_config(device, call.head_dim, q.dtype, window_right == 0, call.group, call.max_seqlen_k,
+                                 call.softcap, call.win_left)
         with L.on_device(q):
             VK.launch_forward(call, q, k, v, cu_seqlens_q, cu_seqlens_k, cfg, out, lse, sinks)
         if device.type != "cuda":  # Triton's interpreter: reading the word waits for nothing (as the eager call)
-            V._read_and_report(device, "this call")
+            VE._read_and_report(device, "this call")
     return out, lse
 
 
@@ -90,11 +93,11 @@ def varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                window_left: int, window_right: int, strict_end: bool,
                sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if q.shape[0] == 0 or k.shape[0] == 0:
-        dsinks = _no_sinks(q) if sinks is None else V._no_key_sink_grad(sinks, lse, dlse)
+        dsinks = _no_sinks(q) if sinks is None else VR._no_key_sink_grad(sinks, lse, dlse)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
     call = _call(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, scale, softcap, window_left, window_right,
                  strict_end)
-    cfg = V._backward_config(q.device, q.dtype, call)
+    cfg = VR._backward_config(q.device, q.dtype, call)
     with L.on_device(q):
         grads = VK.launch_backward(call, dout, q, k, v, out, lse, dlse.contiguous() if dlse is not None else None,
                                    cu_seqlens_q, cu_seqlens_k, cfg, sinks)

@@ -319,9 +319,9 @@ def _check_report_args(args: argparse.Namespace) -> None:
 
 
 def _check_report_out(args: argparse.Namespace) -> None:
-    """``--out``, else the report's default folder (:mod:`rocmflash.static.report_dirs`: named by the options that
-    select the report, under the reports root), must be a directory that can be written; ``--json`` without
-    ``--out`` writes nothing, so there is nothing to check."""
+    """``--out``, else the report's default folder (:func:`default_folder_name`: named by the options that select
+    the report, under the reports root of :mod:`rocmflash.static.report_dirs`), must be a directory that can be
+    written; ``--json`` without ``--out`` writes nothing, so there is nothing to check."""
     from rocmflash.cli.tune import check_writable_dir
     from rocmflash.static import report_dirs
 
@@ -329,10 +329,34 @@ def _check_report_out(args: argparse.Namespace) -> None:
         check_writable_dir("--out", args.out)
     elif not args.json:
         try:
-            name = report_dirs.default_folder_name(args)
+            name = default_folder_name(args)
         except ValueError:  # a bad head dim, dtype, ...: the mode's own check says it, in its words, next
             return
         check_writable_dir(report_dirs.root_flag(), os.path.join(report_dirs.reports_root(), name))
+
+
+def default_folder_name(args) -> str:
+    """The folder name the ``vgpr-report`` flags ``args`` select (what :func:`rocmflash.static.report_dirs.out_dir`
+    puts under the reports root without ``--out``): the report module's ``default_name`` of the problem its flags
+    make -- the module :func:`main` runs for them. Raises the one-line ValueError the report itself would raise for
+    a bad value (unknown GPU, dtype, decode geometry)."""
+    gpu = get_gpu(args.gpu)
+    if args.mode == "varlen":
+        from rocmflash.static import varlen_report
+
+        prefix = "vgpr-varlen-bwd" if args.pass_ == "bwd" else "vgpr-varlen"
+        return varlen_report.default_name(gpu, varlen_report.problem_of(args), prefix)
+    if args.pass_ == "bwd":
+        from rocmflash.static import bwd_report
+
+        return bwd_report.default_name(gpu, bwd_report.problem_of(args))
+    if args.mode == "decode":
+        from rocmflash.static import decode_report
+
+        return decode_report.default_name(gpu, decode_report.problem_of(args, gpu))
+    from rocmflash.static import vgpr_report
+
+    return vgpr_report.default_name_of(args, gpu)
 
 
 def _check_report_dtype(args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@
   of this process (the live tuner's timing and pre-warm workers).
 * :func:`visible_device_ids`: the devices a launcher pinned this process to, as the node names them.
 * :func:`sdpa_backends`: the PyTorch SDPA backends a benchmark can compare against here.
+* :func:`varlen_attn`: torch's own packed (varlen) attention, where this torch has it.
 * :func:`sdpa_record`: what an SDPA timing ran on (torch, CUDA or HIP version, the library behind SDPA where
   torch says), kept with an entry's incumbent; :func:`torch_platform` and :func:`record_platform` compare it.
 
@@ -123,6 +124,27 @@ def sdpa_backend_enum(name: str):
     return getattr(SDPBackend, _SDPA_ENUM[name], None)
 
 
+_VARLEN_ATTN: list = []  #: [torch's varlen_attn or None, frozenset of its parameter names], bound on first use
+
+
+def varlen_attn() -> tuple:
+    """``(torch.nn.attention.varlen.varlen_attn or None, frozenset of its parameter names)``: torch's own packed
+    attention, or None where this torch has none. The names of its keywords are read from its signature, never
+    assumed. Bound once; the packed forward's incumbent (:mod:`rocmflash.api.varlen_incumbent`) runs it, and
+    :func:`rocmflash.api.incumbent.backend_refusal` refuses an entry naming it where this torch lacks it."""
+    if not _VARLEN_ATTN:
+        import inspect
+
+        try:
+            from torch.nn.attention.varlen import varlen_attn as fn
+
+            names = frozenset(inspect.signature(fn).parameters)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            fn, names = None, frozenset()
+        _VARLEN_ATTN.extend((fn, names))
+    return _VARLEN_ATTN[0], _VARLEN_ATTN[1]
+
+
 #: the platforms a torch build runs SDPA on, as people name them
 PLATFORM_NAMES = {"hip": "ROCm", "cuda": "CUDA", "cpu": "CPU (a torch without CUDA or HIP)"}
 
@@ -194,5 +216,5 @@ def lower_priority(increment: int) -> None:
 
 
 __all__ = ["VISIBILITY_VARS", "SDPA_BACKENDS", "is_rocm", "visible_devices_env", "visible_device_ids", "sdpa_backends",
-           "missing_sdpa_backend", "sdpa_backend_enum", "lower_priority", "PLATFORM_NAMES", "torch_platform",
-           "sdpa_record", "record_platform", "runtime_platform"]
+           "missing_sdpa_backend", "sdpa_backend_enum", "varlen_attn", "lower_priority", "PLATFORM_NAMES",
+           "torch_platform", "sdpa_record", "record_platform", "runtime_platform"]

@@ -42,37 +42,13 @@ def root_flag() -> str:
 
 def out_dir(args, name: str) -> Optional[str]:
     """The folder a report writes to: ``--out``; None with ``--json`` and no ``--out`` (nothing is written);
-    else ``name`` (:func:`folder_name`) under :func:`reports_root`."""
+    else ``name`` (:func:`folder_name`; the CLI's :func:`rocmflash.cli.default_folder_name` of the flags) under
+    :func:`reports_root`."""
     if args.out:
         return args.out
     if args.json:
         return None
     return os.path.join(reports_root(), name)
-
-
-def default_folder_name(args) -> str:
-    """The folder name the ``vgpr-report`` flags ``args`` select (what :func:`out_dir` puts under the root): the
-    report module's ``default_name`` of the problem its flags make. Raises the one-line ValueError the report
-    itself would raise for a bad value (unknown GPU, dtype, decode geometry)."""
-    from rocmflash.hw.gpus import get_gpu
-
-    gpu = get_gpu(args.gpu)
-    if args.mode == "varlen":
-        from rocmflash.static import varlen_report
-
-        prefix = "vgpr-varlen-bwd" if args.pass_ == "bwd" else "vgpr-varlen"
-        return varlen_report.default_name(gpu, varlen_report.problem_of(args), prefix)
-    if args.pass_ == "bwd":
-        from rocmflash.static import bwd_report
-
-        return bwd_report.default_name(gpu, bwd_report.problem_of(args))
-    if args.mode == "decode":
-        from rocmflash.static import decode_report
-
-        return decode_report.default_name(gpu, decode_report.problem_of(args, gpu))
-    from rocmflash.static import vgpr_report
-
-    return vgpr_report.default_name_of(args, gpu)
 
 
 def folder_name(prefix: str, gpu, head_dim: int, dtype: str, *suffixes: str) -> str:
@@ -115,5 +91,5 @@ def reference_suffix(reference: bool, reference_file: Optional[str]) -> str:
     return "reference" if reference else ""
 
 
-__all__ = ["REPORTS_ENV", "reports_root", "root_flag", "out_dir", "default_folder_name", "folder_name", "flag_suffix",
-           "number_suffix", "heads_suffixes", "variants_suffix", "reference_suffix"]
+__all__ = ["REPORTS_ENV", "reports_root", "root_flag", "out_dir", "folder_name", "flag_suffix", "number_suffix",
+           "heads_suffixes", "variants_suffix", "reference_suffix"]

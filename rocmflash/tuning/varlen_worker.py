@@ -199,7 +199,7 @@ def measure_varlen_incumbent(task: dict) -> dict:
 
 def _rocmflash_forward(p: VarlenProblem, config: dict, cu):
     """rocmflash's differentiable varlen forward with ``config`` (its backward as this process selects it)."""
-    from rocmflash.api.varlen import _VarlenAttention
+    from rocmflash.api.varlen_kernel import _VarlenAttention
     from rocmflash.config import KernelConfig
 
     cfg, call = KernelConfig.from_dict(config), varlen_call(p)
