@@ -200,3 +200,26 @@ def test_kept_launch_keys_replay_the_launch_a_checked_call_makes(monkeypatch):
     off = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
     off.copy_(q)
     assert fp8_plans.FF is fp8_forward and L.kept_key(plan_keys, ("fp8",), None, (), (off,), cfg, "cuda") is None
+
+
+def test_a_selector_override_reaches_the_fp8_kernel_and_ends_with_its_block(monkeypatch):
+    """``SELECTOR.override("fp8", cfg)``: an fp8 call (its plan kept from before) launches ``cfg``, still within
+    fp8's bound of the reference; after the block the kernel's default comes back."""
+    import rocmflash
+    from rocmflash.api.select import SELECTOR
+    from rocmflash.config import KernelConfig
+    from rocmflash.kernels.launch import observe_launches
+
+    (q, k, v), ds = _inputs()
+    kw = dict(zip(("q_descale", "k_descale", "v_descale"), ds))
+    ref = _reference(q, k, v, ds, False)
+    with observe_launches() as before:
+        rocmflash.attention(q, k, v, **kw)
+        rocmflash.attention(q, k, v, **kw)  # a kept plan now
+    forced = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=2, num_stages=1)
+    with SELECTOR.override("fp8", forced), observe_launches() as seen:
+        out = rocmflash.attention(q, k, v, **kw)
+    assert [r["options"]["num_warps"] for r in seen] == [2] and _rel(out, ref) < 0.1
+    with observe_launches() as after:
+        rocmflash.attention(q, k, v, **kw)
+    assert [r["options"]["num_warps"] for r in after] == [before[0]["options"]["num_warps"]] != [2]

@@ -18,6 +18,7 @@ PROBLEMS = {
     "varlen": dict(head_dim=64, dtype=torch.float16, causal=True, gqa_ratio=2, max_seqlen_k=128),
     "varlen_bwd": dict(head_dim=64, dtype=torch.float16, causal=True, gqa_ratio=2, max_seqlen_k=128),
     "decode": dict(head_dim=64, dtype=torch.float16, group=2, seqlen_k=512, batch=2),
+    "fp8": dict(head_dim=64, dtype=torch.float8_e4m3fn, causal=True, gqa_ratio=2, seqlen_k=128),
 }
 
 
@@ -37,7 +38,7 @@ def _rel_err(out, ref):
 def test_choose_answers_every_family_with_the_selectors_own_config(family):
     choice = SELECTOR.choose(family, PROBLEMS[family], CPU)
     assert isinstance(choice, Choice) and choice.family == family and choice.served_by == "rocmflash"
-    kinds = {"forward": KernelConfig, "varlen": KernelConfig, "decode": DecodeConfig}
+    kinds = {"forward": KernelConfig, "varlen": KernelConfig, "decode": DecodeConfig, "fp8": KernelConfig}
     if family in kinds:
         assert isinstance(choice.config, kinds[family])
     else:
@@ -120,3 +121,29 @@ def test_a_forward_override_serves_rocmflash_and_nests(interpret):
         assert selection.select_incumbent(CPU, 32, torch.float16, True, 1, 64) is None
     assert selection.overridden("forward") is None
     assert _rel_err(out, ref) < 1e-2
+
+
+def test_fp8_family_chooses_the_fp8_default_and_takes_an_override(monkeypatch):
+    """``choose("fp8", ...)``: the fp8 kernel's per-arch default where no entry of the format exists; under
+    ``override("fp8", cfg)`` that config, for ``choose`` and for the run-time selection the fp8 call makes."""
+    import torch
+
+    from rocmflash.api import selection
+    from rocmflash.api.select import SELECTOR
+    from rocmflash.api.selection_fp8 import select_fp8_config
+    from rocmflash.config import KernelConfig
+    from rocmflash.kernels.fp8.forward import default_config
+
+    monkeypatch.setenv(selection.NO_DB_ENV, "1")
+    monkeypatch.setattr(selection, "device_identity", lambda device: ("mi300x", "gfx942"))
+    problem = {"head_dim": 128, "dtype": torch.float8_e4m3fnuz, "causal": True, "gqa_ratio": 4, "seqlen_k": 4096}
+    SELECTOR.clear()
+    choice = SELECTOR.choose("fp8", problem, torch.device("cpu"))
+    assert choice.source == "default" and choice.served_by == "rocmflash"
+    assert choice.config == default_config("gfx942", 128)
+    forced = KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1)
+    with SELECTOR.override("fp8", forced.to_dict()):
+        assert SELECTOR.choose("fp8", problem, torch.device("cpu")).config == forced
+        assert select_fp8_config(torch.device("cpu"), 128, torch.float8_e4m3fnuz, True, 4, 4096) == forced
+    assert SELECTOR.choose("fp8", problem, torch.device("cpu")).source == "default"
+    SELECTOR.clear()

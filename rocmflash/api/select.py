@@ -13,11 +13,13 @@ varlen_bwd head_dim, dtype, causal, gqa_ratio, max_seqlen_k,           ``BwdConf
            [softcap, window]
 decode     head_dim, dtype, group, seqlen_k, batch, [page_size,        ``DecodeConfig``
            kv_fp8]
+fp8        head_dim, dtype (an fp8 torch dtype), causal, gqa_ratio,    ``KernelConfig`` (online)
+           seqlen_k
 ========== =========================================================== ====================================
 
 The rules themselves (database entry of the nearest bucket, else the per-arch default; the first-use build check;
 the incumbent an entry names) are the per-family selectors' (:mod:`rocmflash.api.selection`,
-:mod:`rocmflash.api.decode_choice`), which the entry points call directly on their hot path (a dict read per
+:mod:`rocmflash.api.decode_choice`, :mod:`rocmflash.api.selection_fp8`), which the entry points call directly on their hot path (a dict read per
 call). This module is their one front: one :meth:`Selector.choose`, one :meth:`Selector.clear` that forgets every
 kept choice and every plan built on one, and :meth:`Selector.override`, the one way for the tuner and the tests to
 force a config (no monkeypatching of the selectors).
@@ -31,16 +33,17 @@ from typing import Any, Iterator, Optional
 
 from rocmflash.api import decode_choice, selection
 
-FAMILIES = ("forward", "backward", "varlen", "varlen_bwd", "decode")
+FAMILIES = ("forward", "backward", "varlen", "varlen_bwd", "decode", "fp8")
 _REQUIRED = {
     "forward": ("head_dim", "dtype", "causal", "gqa_ratio", "seqlen_q", "seqlen_k"),
     "backward": ("head_dim", "dtype", "causal", "gqa_ratio", "seqlen_k"),
     "varlen": ("head_dim", "dtype", "causal", "gqa_ratio", "max_seqlen_k"),
     "varlen_bwd": ("head_dim", "dtype", "causal", "gqa_ratio", "max_seqlen_k"),
     "decode": ("head_dim", "dtype", "group", "seqlen_k", "batch"),
+    "fp8": ("head_dim", "dtype", "causal", "gqa_ratio", "seqlen_k"),
 }
 _OPTIONAL = {"forward": ("variant",), "backward": (), "varlen": (), "varlen_bwd": ("softcap", "window"),
-             "decode": ("page_size", "kv_fp8")}
+             "decode": ("page_size", "kv_fp8"), "fp8": ()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,8 @@ class Selector:
             cfg = decode_choice.decode_config(device, p["head_dim"], p["dtype"], p["group"], p["seqlen_k"],
                                               p["batch"], p.get("page_size", 0), p.get("kv_fp8", False))
             return Choice(family, cfg, "override" if forced is not None else "db-or-default")
+        if family == "fp8":
+            return _choose_fp8(p, device, forced)
         if family == "forward":
             variant = p.get("variant", "online")
             args = (device, p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"])
@@ -130,6 +135,24 @@ class Selector:
         finally:
             selection.set_override(family, before)
             self.clear()
+
+
+def _choose_fp8(p: dict, device, forced) -> Choice:
+    """The fp8 forward's choice: the measured entry of the inputs' own fp8 format, else the fp8 kernel's per-arch
+    default (what ``attention`` runs for fp8 q/k/v without ``config=``); rocmflash's kernel always serves
+    (SDPA has no fp8 path here)."""
+    from rocmflash.api.selection_fp8 import fp8_selection_details, select_fp8_config
+    from rocmflash.kernels.fp8.forward import default_config
+
+    if forced is not None:
+        return Choice("fp8", forced, "override", "rocmflash")
+    args = (device, p["head_dim"], p["dtype"], p["causal"], p["gqa_ratio"], p["seqlen_k"])
+    cfg = select_fp8_config(*args)
+    details = fp8_selection_details(*args) or {}
+    if cfg is None:
+        cfg = default_config(selection.device_identity(device)[1], p["head_dim"])
+        return Choice("fp8", cfg, "default", "rocmflash", None, details or None)
+    return Choice("fp8", cfg, details.get("source", "db"), "rocmflash", details.get("entry"), details or None)
 
 
 def _as_config(family: str, config):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rocmflash.api.selection import (_FWD, _LAST_SOURCE, _bucket, _db_lookup, _describe, _interpreting, _log,
-                                     device_identity)
+                                     device_identity, overridden)
 from rocmflash.config import KernelConfig
 
 
@@ -21,7 +21,11 @@ def select_fp8_config(device, head_dim: int, dtype, causal: bool, gqa_ratio: int
     """The fp8 forward's config for fp8 inputs of torch dtype ``dtype`` on ``device``: the nearest measured entry of
     that format (``rocmflash tune --dtype fp8``: same head dim, causal flag and GQA ratio, nearest bucket of the
     key length), or None (the caller uses the fp8 kernel's per-arch default). An entry whose config the fp8
-    kernel cannot run (another variant, key blocks under 32) is not served. Cached per bucket; logged once."""
+    kernel cannot run (another variant, key blocks under 32) is not served. Cached per bucket; logged once.
+    Under :meth:`rocmflash.api.select.Selector.override` of ``"fp8"``: the forced config."""
+    forced = overridden("fp8")
+    if forced is not None:
+        return forced
     key = _key(device, head_dim, dtype, causal, gqa_ratio, seqlen_k)
     if key in _FWD:
         return _FWD[key]
