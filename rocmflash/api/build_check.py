@@ -46,6 +46,7 @@ import warnings
 from typing import Callable, Optional
 
 from rocmflash.config import KernelConfig, default_config
+from rocmflash.messages import error_line
 
 #: ``ROCMFLASH_NO_BUILD_CHECK=1``: serve database configs without the first-use build check
 NO_BUILD_CHECK_ENV = "ROCMFLASH_NO_BUILD_CHECK"
@@ -344,8 +345,7 @@ def is_build_failure(err: BaseException) -> bool:
 
 def failed_profile(err: BaseException) -> dict:
     """The profile of a build that failed with ``err``."""
-    first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-    return {"status": "failed", "error": f"{type(err).__name__}: {first}"}
+    return {"status": "failed", "error": error_line(err)}
 
 
 def observe_launch(check: Check, seen: list, cfg: KernelConfig) -> None:
@@ -418,8 +418,7 @@ def usable_config(gpu_name: str, cfg, fallback, problem: dict, cache_dir=None) -
         try:
             why = build_rejection(gpu, kernel, mine, problem, cache_dir)
         except Exception as err:  # the check itself failed: do not serve what was not checked
-            lines = str(err).strip().splitlines()
-            why = f"build check failed: {type(err).__name__}: {lines[0][:200] if lines else ''}"
+            why = f"build check failed: {error_line(err, 200)}"
         if why is not None:
             replaced[kernel] = why
             cfg = dataclasses.replace(cfg, **{kernel: safe})

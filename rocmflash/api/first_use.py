@@ -265,7 +265,9 @@ def decide(gpu: Optional[str], key: str, env: dict, steps: dict, shape: dict, ti
         if isinstance(err, torch.OutOfMemoryError) or not _sdpa_refused(steps):
             raise
         times, served = {}, "rocmflash"
-        why = f"SDPA refused: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+        from rocmflash.messages import error_line
+
+        why = f"SDPA refused: {error_line(err, 200)}"
     from rocmflash.db import now_iso
 
     rec = {"served_by": served, "measured": "online", "rocmflash_ms": _round(times.get("rocmflash")),

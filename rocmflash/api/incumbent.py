@@ -391,8 +391,9 @@ def first_call(sdpa, backend: str, train: bool, problem: tuple, q, *args):
         if isinstance(err, torch.OutOfMemoryError) or capturing(q.device):
             raise
         key = (backend, bool(train), problem)
-        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-        _FELL_BACK[key] = f"{type(err).__name__}: {line}"
+        from rocmflash.messages import error_line
+
+        _FELL_BACK[key] = error_line(err)
         if (backend, bool(train), problem[0]) not in _WARNED:
             _WARNED.add((backend, bool(train), problem[0]))
             import warnings

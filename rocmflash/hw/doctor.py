@@ -19,6 +19,7 @@ import platform
 import sys
 
 from rocmflash.hw import compat
+from rocmflash.messages import error_line
 
 #: environment variables worth showing in a bug report
 ENV_VARS = ("ROCMFLASH_CONFIG_DIR", "ROCMFLASH_CACHE_DIR", "ROCMFLASH_NO_DB", "ROCMFLASH_NO_INCUMBENT",
@@ -46,7 +47,7 @@ def gather() -> dict:
         try:
             report["runtime"], report["gpus"] = _torch_devices()
         except Exception as err:  # a broken driver or torch build: report it, never crash the doctor
-            report["gpu_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            report["gpu_error"] = error_line(err, 10_000)
     report["config_dir"] = config_dir_report(report["gpus"])
     report["verdict"] = verdict(report)
     return report

@@ -258,8 +258,9 @@ def observe(task: dict) -> dict:
             cfg = KernelConfig.from_dict(task["config"])
             compiled = compile_forward(gpu.triton_target(), cfg, Problem.from_dict(task["problem"]), gpu)
     except Exception as err:  # a failed compile is data: record it and move on
-        text = str(err).strip().splitlines()
-        record.update(status="failed", error=f"{type(err).__name__}: {text[0][:300] if text else ''}",
+        from rocmflash.messages import error_line
+
+        record.update(status="failed", error=error_line(err),
                       kernels=[], binary_sha256=None)
     else:
         record.update(status="ok", error=None, kernels=[_summarize(k, gpu) for k in compiled],

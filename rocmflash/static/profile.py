@@ -186,7 +186,9 @@ def _code_object_producer(backend: str) -> dict:
         if backend == "cuda":
             return {"producer": _ptxas_version()}
     except Exception as err:  # noqa: BLE001 - no compiler for it here: the record says so instead of guessing
-        return {"producer": f"unknown ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"}
+        from rocmflash.messages import error_line
+
+        return {"producer": f"unknown ({error_line(err, 120)})"}
     return {}
 
 

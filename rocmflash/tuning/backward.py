@@ -284,7 +284,8 @@ def measure_bwd(task: dict) -> dict:
     from rocmflash.kernels.common import interpreting, torch_backend
     from rocmflash.measure import back_to_back_ms, time_flushed
     from rocmflash.measure import gate
-    from rocmflash.tuning.live_worker import error_line, interpreted_shape
+    from rocmflash.messages import error_line
+    from rocmflash.tuning.live_worker import interpreted_shape
 
     shape = Shape.from_dict(task["shape"])
     kernel = task["config"]["kernel"]
@@ -357,7 +358,7 @@ def prewarm_bwd(task: dict) -> Optional[str]:
     from rocmflash.hw.roofline import Shape
     from rocmflash.kernels.backward import host as bw
     from rocmflash.kernels.common import torch_backend
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     try:

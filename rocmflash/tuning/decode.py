@@ -291,7 +291,7 @@ def measure_decode(task: dict) -> dict:
     import torch
 
     from rocmflash.kernels.decode import host as KD
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
     from rocmflash.kernels.common import interpreting, num_compute_units
     from rocmflash.measure import gate, graph_replay_ms, time_flushed
 
@@ -385,7 +385,7 @@ def prewarm_decode(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.kernels.decode import host as KD
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     p = DecodeProblem(**task["problem"])

@@ -20,7 +20,8 @@ def measure(task: dict) -> dict:
     from rocmflash.config import KernelConfig
     from rocmflash.hw.roofline import Shape
     from rocmflash.tuning.live_gate import gate, interpreting
-    from rocmflash.tuning.live_worker import LiveSettings, _median, _time, error_line
+    from rocmflash.messages import error_line
+    from rocmflash.tuning.live_worker import LiveSettings, _median, _time
 
     shape, settings = Shape.from_dict(task["shape"]), LiveSettings(**task["settings"])
     cfg = KernelConfig.from_dict(task["config"])
@@ -107,7 +108,7 @@ def measure_decode(problem: dict, config=None, backends=None, rounds: int = 3, i
     from rocmflash.api.incumbent import DECODE_TIMING, candidates
     from rocmflash.tuning.decode import DecodeProblem
     from rocmflash.tuning.live_gate import interpreting
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
 
     p = DecodeProblem(**problem).validate()
     if p.page_size or p.kv_dtype:
@@ -176,7 +177,7 @@ def measure_eager(problem: dict, backends=None, rounds: int = 3, iters: int = 20
 
     from rocmflash.api.incumbent import candidates
     from rocmflash.tuning.live_gate import interpreting
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
 
     start, timed = time.perf_counter(), not interpreting()
     held = list(_dense_inputs(torch, problem, torch.device("cuda" if timed else "cpu")))

@@ -15,6 +15,7 @@ from typing import Optional
 
 from rocmflash.config import FP8, KernelConfig, Problem
 from rocmflash.hw.roofline import Shape, tflops
+from rocmflash.messages import error_line
 from rocmflash.measure import events_ms  # the timers live in measure (re-exported: users import it from here)
 from rocmflash.tuning.live_gate import gate as _gate
 from rocmflash.tuning.live_gate import interpreting as _interpreting
@@ -186,13 +187,6 @@ def _time_interpreted(mod, cfg: KernelConfig, shape: Shape) -> tuple[list[float]
         launch_set(mod, cfg, tiny.causal, scale, s)
         times.append((time.perf_counter() - start) * 1e3)
     return times, tiny
-
-
-def error_line(err: BaseException, limit: int = 300) -> str:
-    """``"TypeName: first line of the message"`` (cut at ``limit`` characters): how a worker reports a
-    failed compile, launch or run in a result (the full text can be pages of MLIR)."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0][:limit] if lines else ''}"
 
 
 def _median(times: list[float]) -> float:

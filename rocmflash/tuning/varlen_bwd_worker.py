@@ -113,7 +113,7 @@ def measure_varlen_bwd(task: dict) -> dict:
     from rocmflash.tuning.backward import kernel_config
     from rocmflash.measure import time_flushed
     from rocmflash.measure import gate
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
     kernel = task["config"]["kernel"]
@@ -151,7 +151,7 @@ def prewarm_varlen_bwd(task: dict) -> Optional[str]:
     import torch
 
     from rocmflash.tuning.backward import kernel_config
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
     from rocmflash.tuning.varlen_worker import PREWARM_TOKENS, prewarm_specs
 

@@ -119,7 +119,7 @@ def measure_varlen(task: dict) -> dict:
     from rocmflash.kernels.varlen import host as VK
     from rocmflash.kernels.common import interpreting
     from rocmflash.measure import time_flushed
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
     result = {"config": task["config"], "status": "failed", "error": None, "rel_err": None, "time_ms": None}
@@ -160,7 +160,7 @@ def measure_varlen_incumbent(task: dict) -> dict:
     from rocmflash.api import varlen_incumbent as VI
     from rocmflash.kernels.common import interpreting
     from rocmflash.measure import time_flushed
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
 
     p = VarlenProblem.from_dict(task["problem"])
     row = {"status": "failed", "time_ms": None, "train_ms": None, "rel_err": None, "error": None}
@@ -250,7 +250,7 @@ def prewarm_varlen(task: dict) -> Optional[str]:
 
     from rocmflash.config import KernelConfig
     from rocmflash.kernels.varlen import host as VK
-    from rocmflash.tuning.live_worker import error_line
+    from rocmflash.messages import error_line
     from rocmflash.tuning.live_gate import pads_storage, stand_ins
 
     try:

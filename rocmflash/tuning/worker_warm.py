@@ -91,7 +91,9 @@ def warm_device(steps=STEPS) -> dict:
             torch.cuda.synchronize(dev)
             done[name] = round(time.perf_counter() - start, 3)
         except Exception as err:  # noqa: BLE001 - best effort: the measurement meets it again and reports it
-            done[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+            from rocmflash.messages import error_line
+
+            done[name] = error_line(err, 160)
     return done
 
 
