@@ -310,3 +310,23 @@ def test_timing_out_of_memory_serves_sdpa_records_nothing(on_gpu, monkeypatch):
     with pytest.warns(RuntimeWarning, match="ran out of GPU memory"), observe_launches() as seen:
         out = rocmflash.attention(q, k, v)
     assert seen == [] and rel_err(out, _ref(q, k, v)) < 1e-2 and not on_gpu.exists()
+
+
+def test_a_decode_shaped_call_without_a_decode_entry_is_timed_too(on_gpu, monkeypatch):
+    """One query token over many keys and no ``decode-`` entry: the first call times the decode kernel against
+    SDPA (forward only); a call that needs gradients is not timed (no SDPA side for it, as before)."""
+    import rocmflash
+
+    timer = _timer(monkeypatch, 2.0, 1.0)
+    q, k, v = _qkv(Sq=1, Sk=512, Hq=8, Hkv=2)
+    out = rocmflash.attention(q, k, v, causal=True)
+    assert rel_err(out, _ref(q, k, v, True)) < 1e-2 and timer.calls["rocmflash"] > 0
+    assert list(_decisions(on_gpu)) == ["d32-fp16-causal-gqa4-q1-k512-bh8-fwd"]
+    before = dict(timer.calls)
+    with observe_launches() as seen:
+        rocmflash.attention(*_qkv(Sq=1, Sk=512, Hq=8, Hkv=2, seed=8), causal=True)
+    assert seen == [] and timer.calls == before
+    qg, kg, vg = _qkv(Sq=1, Sk=512, Hq=8, Hkv=2, seed=9, grad=True)
+    with observe_launches() as seen:
+        rocmflash.attention(qg, kg, vg, causal=True).float().sum().backward()
+    assert seen and timer.calls == before and qg.grad is not None

@@ -2,7 +2,8 @@
 
 Importing rocmflash must never make a model slower, and most problems a model runs were never tuned. So where no
 measured database entry decides a dense call (:func:`rocmflash.api.host_bound.timed_sides`: no entry within the
-incumbent rule's bucket distance, or one without a timed incumbent, forward or forward+backward), the first eager
+incumbent rule's bucket distance, or one without a timed incumbent, forward or forward+backward; a decode-shaped
+call: no ``decode-`` entry's timing, forward only, :func:`rocmflash.api.ops.decode_timed`), the first eager
 call of the problem on a live GPU times both sides -- rocmflash's served call and the platform's SDPA (its own
 backend choice, ``default``) -- on the call's own tensors, and the faster one serves this call and every later one,
 as ``torch.backends.cudnn.benchmark`` does for convolutions. The decision is made per side (forward alone;

@@ -273,9 +273,12 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
         train = None if train is not None and fell_back(train, True, problem) else train
     call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
                  sdpa_causal(causal, Sq), bool(causal), problem)
-    if not empty and not decode and shape_excludes(causal, Sq, Sk, group) is None and first_use.enabled() \
+    if not empty and shape_excludes(causal, Sq, Sk, group) is None and first_use.enabled() \
             and first_use.on_live_gpu(q) and _selection.overridden("forward") is None:
-        untimed = [not timed for timed in timed_sides(q.device, D, q.dtype, causal, group, Sk)]
+        if decode:  # forward only: a decode-shaped call that needs gradients has no SDPA side (as before)
+            untimed = [not decode_timed(q.device, D, q.dtype, group, Sk, B), False]
+        else:
+            untimed = [not timed for timed in timed_sides(q.device, D, q.dtype, causal, group, Sk)]
         if any(untimed):
             _arm_first_use(call, q, k, untimed)
     if D > 0:
@@ -341,7 +344,8 @@ def _rocmflash_call(call: _Call, q, k, v, scale: float, grad: bool):
     return _forward_impl(q, k, v, call.causal, scale, "online", None, False, call)[0]
 
 
-_DECODE_INCUMBENT: dict = {}  #: (device, problem, KV and batch buckets) -> the decode entry's SDPA backend or None
+_DECODE_INCUMBENT: dict = {}  #: (device, problem, KV and batch buckets) -> (the decode entry's SDPA backend or None,
+#: whether an entry's timing decided it)
 register_clear(_DECODE_INCUMBENT.clear)
 
 
@@ -352,6 +356,16 @@ def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, ba
     route to stay ahead on a slower host (:func:`rocmflash.api.incumbent.decode_winner`). Before the
     ``ROCMFLASH_NO_INCUMBENT`` switch (read per call by the caller). Cached per bucket: a cache one key longer each
     step costs one dict lookup, no database read, no host-device sync."""
+    return _decode_decision(device, head_dim, dtype, group, seqlen_k, batch)[0]
+
+
+def decode_timed(device, head_dim: int, dtype, group: int, seqlen_k: int, batch: int) -> bool:
+    """Whether a ``decode-`` entry's timing decides this decode-shaped call (:func:`decode_incumbent`); where none
+    does, its first use times the decode kernel against SDPA (:mod:`rocmflash.api.first_use`)."""
+    return _decode_decision(device, head_dim, dtype, group, seqlen_k, batch)[1]
+
+
+def _decode_decision(device, head_dim: int, dtype, group: int, seqlen_k: int, batch: int) -> tuple:
     key = (getattr(device, "type", str(device)), getattr(device, "index", None), L.interpreting(), int(head_dim),
            dtype, int(group), int(seqlen_k - 1).bit_length(), int(batch - 1).bit_length())
     try:
@@ -364,8 +378,8 @@ def decode_incumbent(device, head_dim: int, dtype, group: int, seqlen_k: int, ba
         floor = None if why_not else decode_host_floor(gpu_name, head_dim, dtype)
     except Exception:  # a broken database must not break attention: the decode kernel
         field, why_not, floor = None, "unreadable database", None
-    backend = _DECODE_INCUMBENT[key] = None if why_not else decode_winner(field, floor)[0]
-    return backend
+    decision = _DECODE_INCUMBENT[key] = (None if why_not else decode_winner(field, floor)[0], not why_not)
+    return decision
 
 
 def _call_cfg(call: _Call, q, k, causal: bool) -> tuple:
