@@ -6,6 +6,7 @@ each round (so drift hits all paths alike), and returns the median per path in Â
 ``capture_graph`` captures calls into a CUDA/HIP graph for GPU-time-only paths.
 ``MarkdownTable`` rewrites its file after every row group, so a killed run keeps what it measured.
 ``gpu_table_head`` checks for a GPU and starts a report: title, device, versions, command, notes, columns.
+``grid_parser``, ``chosen_cases`` and ``run_meta``: the grid benchmarks' options, case subset and report header.
 """
 
 from __future__ import annotations
@@ -103,3 +104,38 @@ def gpu_table_head(torch, script: str, title: str, note: str, columns: list) -> 
             f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
             f"- command: `python {' '.join(sys.argv)}`", f"- {note}", "",
             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def grid_parser(doc: str):
+    """The grid benchmarks' shared options: ``--rounds``, ``--cases`` (a subset of the grid's case names),
+    ``--label``, ``--commit`` (the rocmflash commit measured, for the report header) and ``--out``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default="", help="comma-separated subset of the grid's case names")
+    ap.add_argument("--label", default="gpu")
+    ap.add_argument("--commit", default="", help="the rocmflash commit measured (for the report header)")
+    ap.add_argument("--out", default=".")
+    return ap
+
+
+def chosen_cases(ap, grid: dict, cases: str) -> dict:
+    """The cases of ``grid`` that ``--cases`` names (all when empty); an unknown name is the parser's error."""
+    if not cases:
+        return grid
+    wanted = [c.strip() for c in cases.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in grid]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {list(grid)}")
+    return {c: grid[c] for c in wanted}
+
+
+def run_meta(torch, args, script: str, argv=None) -> dict:
+    """A grid report's header: label, date, device, torch and Triton versions, commit, rounds, the exact command."""
+    import triton
+
+    return {"label": args.label, "date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit or "working tree",
+            "rounds": args.rounds,
+            "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)}

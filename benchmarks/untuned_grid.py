@@ -25,8 +25,6 @@ Usage (on a GPU)::
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
 import json
 import os
@@ -35,6 +33,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+from interleaved import chosen_cases, grid_parser, run_meta  # beside this script (python benchmarks/untuned_grid.py)
 
 #: name -> (B, Hq, Hkv, Sq, Sk, D, causal, dtype)
 GRID = {
@@ -209,26 +209,14 @@ def markdown(results: dict, meta: dict, decisions: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", default="", help="comma-separated subset of the grid's case names")
-    ap.add_argument("--label", default="gpu")
-    ap.add_argument("--commit", default="", help="the rocmflash commit measured (for the report header)")
-    ap.add_argument("--out", default=".")
+    ap = grid_parser(__doc__)
     args = ap.parse_args(argv)
     config_dir = tempfile.mkdtemp(prefix="rocmflash-untuned-")
     os.environ["ROCMFLASH_CONFIG_DIR"] = config_dir  # a fresh user directory: no tune, no earlier decision
     os.environ.pop("ROCMFLASH_FIRST_USE_TIMING", None)
     import torch
-    import triton
 
-    grid = GRID
-    if args.cases:
-        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in GRID]
-        if unknown:
-            ap.error(f"unknown case(s) {unknown}; known: {list(GRID)}")
-        grid = {c: GRID[c] for c in wanted}
+    grid = chosen_cases(ap, GRID, args.cases)
     os.makedirs(args.out, exist_ok=True)
     results = measure(args.rounds, grid, args.out)
     decisions = {}
@@ -237,10 +225,7 @@ def main(argv=None) -> int:
             shutil.copy(os.path.join(config_dir, name), os.path.join(args.out, name))
             with open(os.path.join(config_dir, name)) as f:
                 decisions.update(json.load(f)["decisions"])
-    meta = {"label": args.label, "date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit or "working tree",
-            "rounds": args.rounds,
-            "command": "python benchmarks/untuned_grid.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    meta = run_meta(torch, args, "untuned_grid.py", argv)
     text = markdown(results, meta, decisions)
     with open(os.path.join(args.out, f"untuned-grid-{args.label}.md"), "w") as f:
         f.write(text)

@@ -21,12 +21,12 @@ Usage (on a GPU)::
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import statistics
 import sys
+
+from interleaved import chosen_cases, grid_parser, run_meta  # beside this script (python benchmarks/user_grid.py)
 
 #: name -> (B, Hq, Hkv, S, D, causal, dtype)
 GRID = {
@@ -217,29 +217,14 @@ def markdown(results: dict, host: dict, meta: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", default="", help="comma-separated subset of the grid's case names")
-    ap.add_argument("--label", default="gpu")
-    ap.add_argument("--commit", default="", help="the rocmflash commit measured (for the report header)")
-    ap.add_argument("--out", default=".")
+    ap = grid_parser(__doc__)
     args = ap.parse_args(argv)
     import torch
-    import triton
 
-    grid = GRID
-    if args.cases:
-        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in GRID]
-        if unknown:
-            ap.error(f"unknown case(s) {unknown}; known: {list(GRID)}")
-        grid = {c: GRID[c] for c in wanted}
+    grid = chosen_cases(ap, GRID, args.cases)
     results = measure(args.rounds, grid)
     host = host_section(args.rounds)
-    meta = {"label": args.label, "date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit or "working tree",
-            "rounds": args.rounds,
-            "command": "python benchmarks/user_grid.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    meta = run_meta(torch, args, "user_grid.py", argv)
     os.makedirs(args.out, exist_ok=True)
     text = markdown(results, host, meta)
     with open(os.path.join(args.out, f"user-grid-{args.label}.md"), "w") as f:

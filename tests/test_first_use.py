@@ -3,8 +3,8 @@ CPU SDPA the other, and a stand-in timer says which is faster (it runs each step
 by whether a rocmflash kernel launched). The faster side serves, is kept in memory and in the decisions file, is
 not timed again, and nothing is timed while a graph captures, with the switch off, or where an entry decides."""
 
+import functools
 import json
-import math
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ import torch
 from rocmflash.api import first_use, selection
 from rocmflash.config import KernelConfig
 from rocmflash.kernels.launch import observe_launches
-from varlen_reference import attention_fp64, rel_err
+from varlen_reference import bhsd_fp64, bhsd_inputs, rel_err
 
 pytestmark = pytest.mark.usefixtures("fresh_selection", "interpret")
 
@@ -52,16 +52,8 @@ def _timer(monkeypatch, *times):
     return timer
 
 
-def _qkv(Sq=48, Sk=48, Hq=4, Hkv=2, D=32, seed=0, grad=False):
-    g = torch.Generator().manual_seed(seed)
-    ts = [torch.randn(1, h, s, D, generator=g).half() for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk))]
-    return [t.requires_grad_(grad) for t in ts]
-
-
-def _ref(q, k, v, causal=False):
-    o, _ = attention_fp64(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                          1 / math.sqrt(q.shape[-1]), causal)
-    return o.transpose(0, 1)[None]
+_qkv = functools.partial(bhsd_inputs, Sq=48, Sk=48)  # 48: a length bucket (64) the call does not fill
+_ref = bhsd_fp64
 
 
 def _decisions(path):

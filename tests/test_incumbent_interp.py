@@ -2,8 +2,6 @@
 field (forward alone, forward+backward), the cases that always stay on rocmflash's kernels, the backend
 list per platform, and the worker task's gate -- in Triton's interpreter (CPU)."""
 
-import math
-
 import pytest
 import torch
 
@@ -11,7 +9,7 @@ from rocmflash.api import incumbent
 from rocmflash.api import selection
 from rocmflash.config import KernelConfig
 from rocmflash.kernels.launch import observe_launches
-from varlen_reference import attention_fp64, rel_err
+from varlen_reference import bhsd_fp64, bhsd_inputs, rel_err
 
 
 pytestmark = pytest.mark.usefixtures("fresh_selection")
@@ -30,16 +28,8 @@ def _entry_db(tmp_path, monkeypatch, field, causal=False, group=2, D=32, bucket=
     d.save()
 
 
-def _qkv(Sq=64, Sk=64, Hq=4, Hkv=2, D=32, seed=0, grad=False):
-    g = torch.Generator().manual_seed(seed)
-    ts = [torch.randn(1, h, s, D, generator=g).half() for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk))]
-    return [t.requires_grad_(grad) for t in ts]
-
-
-def _ref(q, k, v, causal=False):
-    o, _ = attention_fp64(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                          1 / math.sqrt(q.shape[-1]), causal)
-    return o.transpose(0, 1)[None]
+_qkv = bhsd_inputs
+_ref = bhsd_fp64
 
 
 FASTER_FWD = {"backend": "default", "time_ms": 0.1, "triton_ms": 0.2,

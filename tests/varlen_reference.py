@@ -1,4 +1,7 @@
-"""fp64 reference for packed (varlen) attention with bands and soft-capping, in plain torch; a database writer for the varlen tests."""
+"""fp64 references in plain torch (packed varlen attention with bands and soft-capping; one-batch (B, H, S, D)
+attention and its fp16 inputs), and a database writer for the varlen tests."""
+
+import math
 
 import torch
 
@@ -44,6 +47,20 @@ def varlen_fp64(q, k, v, cu_q, cu_k, scale, causal=False, window=(-1, -1), softc
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, 1)
+
+
+def bhsd_inputs(Sq=64, Sk=64, Hq=4, Hkv=2, D=32, seed=0, grad=False) -> list:
+    """Fresh fp16 ``q (1, Hq, Sq, D)``, ``k``/``v (1, Hkv, Sk, D)`` on the CPU (``grad``: leaves needing gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    ts = [torch.randn(1, h, s, D, generator=g).half() for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk))]
+    return [t.requires_grad_(grad) for t in ts]
+
+
+def bhsd_fp64(q, k, v, causal=False):
+    """fp64 attention of one-batch ``(1, H, S, D)`` tensors (:func:`attention_fp64`, scale ``1/sqrt(D)``)."""
+    o, _ = attention_fp64(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                          1 / math.sqrt(q.shape[-1]), causal)
+    return o.transpose(0, 1)[None]
 
 
 def rel_err(a, b) -> float:

@@ -18,8 +18,8 @@ problem, ``2 + 3 = 5`` for one that takes 1 ms or more. Training inputs are deta
 more than :data:`MARGIN`; a tie goes to SDPA.
 
 Timing that runs out of GPU memory (its training buffers come on top of the model's) serves SDPA for the
-process, records nothing and warns once. Kept: in memory for the process, and in ``<user config dir>/<gpu>.first-use.json`` (beside the user's tuned
-database, written atomically under a lock; a record from another rocmflash, Triton, torch, GPU runtime or device is
+process, records nothing and warns once. Kept: in memory for the process, and in
+``<user config dir>/<gpu>.first-use.json`` (beside the user's tuned database, written atomically under a lock; a record from another rocmflash, Triton, torch, GPU runtime or device is
 timed again). Never timed while a CUDA graph captures (SDPA serves that call, nothing is recorded), nor under
 ``torch.compile`` (the op keeps the graph whole: rocmflash's kernel), nor under ``ROCMFLASH_NO_INCUMBENT``, a
 config override (the tuner's) or deterministic gradients. ``ROCMFLASH_FIRST_USE_TIMING=0`` turns it off: an
@@ -35,6 +35,8 @@ import os
 import statistics
 import warnings
 from typing import Callable, Optional
+
+from rocmflash.messages import error_line
 
 #: ``ROCMFLASH_FIRST_USE_TIMING=0``: never time a problem at its first use (an untimed one runs rocmflash's kernel)
 ENV = "ROCMFLASH_FIRST_USE_TIMING"
@@ -69,17 +71,13 @@ def capturing(q) -> bool:
     return stream_capturing(q.device)
 
 
-def _bucket(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 def decision_key(head_dim: int, dtype, causal: bool, group: int, batch: int, heads_q: int, seqlen_q: int,
                  seqlen_k: int, train: bool) -> str:
     """The problem bucket a decision holds for: ``d128-bf16-causal-gqa4-q8192-k8192-bh64-train``."""
-    from rocmflash.db import key_dtype
+    from rocmflash.db import key_dtype, seqlen_bucket as bucket
 
     return (f"d{int(head_dim)}-{key_dtype(dtype)}-{'causal' if causal else 'full'}-gqa{int(group)}"
-            f"-q{_bucket(seqlen_q)}-k{_bucket(seqlen_k)}-bh{_bucket(batch * heads_q)}-{'train' if train else 'fwd'}")
+            f"-q{bucket(seqlen_q)}-k{bucket(seqlen_k)}-bh{bucket(batch * heads_q)}-{'train' if train else 'fwd'}")
 
 
 def winner(rocmflash_ms: float, sdpa_ms: float) -> str:
@@ -189,7 +187,7 @@ def _read_file(gpu: str) -> Optional[dict]:
             raise ValueError(f"not a {FORMAT} file of schema {SCHEMA_VERSION}")
         return data["decisions"]
     except Exception as err:  # a broken file must not break attention: decisions stay in memory
-        _warn_once(("read", gpu), f"first-use decisions file of {gpu} is not used ({type(err).__name__}: {err}); "
+        _warn_once(("read", gpu), f"first-use decisions file of {gpu} is not used ({error_line(err)}); "
                                   "decisions stay in memory and the file is left as it is")
         return None
 
@@ -236,8 +234,7 @@ def record(gpu: Optional[str], key: str, rec: dict) -> None:
                                      "decisions": dict(sorted(current.items()))})
             _FILES[gpu] = current
     except Exception as err:
-        _warn_once(("write", gpu), f"first-use decisions of {gpu} are kept in memory only: "
-                                   f"{type(err).__name__}: {err}")
+        _warn_once(("write", gpu), f"first-use decisions of {gpu} are kept in memory only: {error_line(err)}")
 
 
 def out_of_memory(key: str) -> None:
@@ -266,8 +263,6 @@ def decide(gpu: Optional[str], key: str, env: dict, steps: dict, shape: dict, ti
         if isinstance(err, torch.OutOfMemoryError) or not _sdpa_refused(steps):
             raise
         times, served = {}, "rocmflash"
-        from rocmflash.messages import error_line
-
         why = f"SDPA refused: {error_line(err, 200)}"
     from rocmflash.db import now_iso
 
@@ -293,5 +288,5 @@ def _round(x: Optional[float]) -> Optional[float]:
     return None if x is None else round(float(x), 5)
 
 
-__all__ = ["ENV", "enabled", "decision_key", "winner", "measure", "side_steps", "recorded", "stored", "record", "decide",
-           "decisions_path", "forget", "event_timer", "environment"]
+__all__ = ["ENV", "enabled", "decision_key", "winner", "measure", "side_steps", "recorded", "stored", "record",
+           "decide", "decisions_path", "forget", "out_of_memory", "event_timer", "environment"]

@@ -44,10 +44,11 @@ def timed_sides(device, head_dim: int, dtype, causal: bool, gqa_ratio: int, seql
     field = _fields(device, int(head_dim), dtype, bool(causal), int(gqa_ratio), int(seqlen_k))[0]
     if field is None:
         return False, False
-    return _has_times(field), _has_times(field.get("train"))
+    return has_times(field), has_times(field.get("train"))
 
 
-def _has_times(side) -> bool:
+def has_times(side) -> bool:
+    """Whether one side of an incumbent field holds both times (SDPA's ``time_ms``, rocmflash's ``triton_ms``)."""
     return isinstance(side, dict) and side.get("time_ms") is not None and side.get("triton_ms") is not None
 
 
@@ -162,5 +163,5 @@ def host_floors(gpu_name, head_dim: int, dtype, causal: bool, gqa_ratio: int,
     return None
 
 
-__all__ = ["call_incumbents", "timed_sides", "side_winner", "work_scale", "expected_ms", "expected_winner", "fields_for",
-           "shape_and_floors", "host_floors"]
+__all__ = ["call_incumbents", "timed_sides", "has_times", "side_winner", "work_scale", "expected_ms",
+           "expected_winner", "fields_for", "shape_and_floors", "host_floors"]

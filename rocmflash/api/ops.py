@@ -263,7 +263,8 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
     decode = not empty and is_decode_shaped(Sq, Sk, group)
     fwd = train = None
     problem = () if empty else refusal_problem(q, k, sdpa_causal(causal, Sq))
-    if not empty and shape_excludes(causal, Sq, Sk, group) is None:
+    sdpa_applies = not empty and shape_excludes(causal, Sq, Sk, group) is None
+    if sdpa_applies:
         if decode:  # the decode entry's eager timing decides; forward only (no training timing for decode)
             fwd = decode_incumbent(q.device, D, q.dtype, group, Sk, B)
         else:  # the entry's kernel times scaled to this call, against the eager host floors (host-bound calls)
@@ -273,8 +274,7 @@ def _new_call(key: tuple, q, k, causal: bool) -> _Call:
         train = None if train is not None and fell_back(train, True, problem) else train
     call = _Call(q.device, _layout_strides(q.shape, _is_bshd(q)), (B, Hq, Sq), empty, decode, Hq != Hkv, fwd, train,
                  sdpa_causal(causal, Sq), bool(causal), problem)
-    if not empty and shape_excludes(causal, Sq, Sk, group) is None and first_use.enabled() \
-            and first_use.on_live_gpu(q) and _selection.overridden("forward") is None:
+    if sdpa_applies and first_use.enabled() and first_use.on_live_gpu(q) and _selection.overridden("forward") is None:
         if decode:  # forward only: a decode-shaped call that needs gradients has no SDPA side (as before)
             untimed = [not decode_timed(q.device, D, q.dtype, group, Sk, B), False]
         else:

@@ -198,8 +198,9 @@ def _what_runs(gpu_name: str, head_dim: int, dtype: str, causal: bool, seqlen_q:
 
 def _side_timed(why, refused, times) -> bool:
     """Whether an entry's timing decides this side (else the first-use decision does)."""
-    return not why and not refused and bool(times) and times.get("time_ms") is not None \
-        and times.get("triton_ms") is not None
+    from rocmflash.api.host_bound import has_times
+
+    return not why and not refused and has_times(times)
 
 
 def _first_use(gpu_name, head_dim, dtype, causal, gqa_ratio, batch, heads, seqlen_q, seqlen_k, train) -> dict:
